@@ -1,0 +1,35 @@
+"""The committed inputs under data/inputs/, and the script that made them. Introduced in 00.
+
+The reference voice is espeak-ng speech resampled by sox to 24 kHz mono 16-bit:
+native 24 kHz, so no chapter ever needs a resampler it cannot reproduce.
+Run `python -m qtts_lib.inputs` to remake it (needs espeak-ng and sox).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from . import paths
+
+REF_TEXT = "Good morning. This short sentence is the reference voice for the qtts tutorial."
+TARGET_TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
+
+
+def make_reference_wav(out: Path | None = None) -> Path:
+    out = out or paths.reference_wav()
+    for tool in ("espeak-ng", "sox"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"{tool} is needed to remake {out} (apt-get install espeak-ng sox)")
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "raw.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), REF_TEXT], check=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["sox", str(raw), "-r", "24000", "-c", "1", "-b", "16", str(out), "rate", "-v"], check=True)
+    (out.with_suffix(".txt")).write_text(REF_TEXT + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    print(make_reference_wav())
