@@ -77,3 +77,10 @@ def outputs_dir(ckpt: str) -> Path:
 
 def reference_wav() -> Path:
     return INPUTS / "ref.wav"
+
+
+def threads() -> int:
+    """CPU threads for torch and ncnn (`QTTS_THREADS`, default 2: the CI machine's cores).
+
+    Golden references are only bitwise repeatable at a fixed thread count."""
+    return int(os.environ.get("QTTS_THREADS", "2"))

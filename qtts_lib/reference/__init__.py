@@ -40,6 +40,10 @@ def load(model_dir: str | Path, threads: int | None = None, attn: str = "sdpa"):
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import transformers
+
+    # generate() warns on every call about flags the greedy path ignores (temperature) and pad_token_id.
+    transformers.logging.set_verbosity_error()
     if threads is not None:
         torch.set_num_threads(threads)
     qwen_tts = import_qwen_tts()
@@ -56,3 +60,69 @@ GREEDY = dict(do_sample=False, subtalker_dosample=False)
 Everything else (repetition_penalty 1.05, min_new_tokens 2, the suppressed
 control-token range) stays as the checkpoint's generation_config and
 `Qwen3TTSForConditionalGeneration.generate` set it, so the port must reproduce it."""
+
+
+def _np(t):
+    return t.detach().float().cpu().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
+
+
+def synthesize(tts, text: str, language: str, ref_wav, ref_text: str | None = None,
+               max_new_tokens: int = 45, eos_token_id: int | None = None, **gen_kwargs) -> dict:
+    """Run the original voice-clone pipeline once and capture what the port must reproduce.
+
+    x-vector mode without `ref_text`, ICL mode with it. Greedy unless `gen_kwargs` say
+    otherwise. Probes wrap three methods of this model instance for the duration of the call:
+    the talker's `generate` (prompt embeddings in, codebook-0 sequence out), the speaker
+    encoder call (the x-vector) and the codec `decode` (the (T, 16) codes). Returns numpy arrays.
+    """
+    import numpy as np
+    import torch
+
+    model = tts.model
+    got: dict = {}
+    talker_generate = model.talker.generate
+    extract = model.extract_speaker_embedding
+    decode = model.speech_tokenizer.decode
+
+    def talker_probe(*args, **kw):
+        got["inputs_embeds"] = _np(kw["inputs_embeds"][0])
+        got["trailing_text_hidden"] = _np(kw["trailing_text_hidden"][0])
+        got["tts_pad_embed"] = _np(kw["tts_pad_embed"].reshape(-1))
+        out = talker_generate(*args, **kw)
+        got["talker_sequences"] = _np(out.sequences[0])
+        return out
+
+    def extract_probe(audio, sr):
+        x = extract(audio=audio, sr=sr)
+        got["xvector"] = _np(x)
+        return x
+
+    def decode_probe(items):
+        got["decoded_codes"] = _np(items[0]["audio_codes"])
+        return decode(items)
+
+    model.talker.generate = talker_probe
+    model.extract_speaker_embedding = extract_probe
+    model.speech_tokenizer.decode = decode_probe
+    try:
+        kwargs = dict(GREEDY, **gen_kwargs)
+        if eos_token_id is not None:
+            kwargs["eos_token_id"] = eos_token_id
+        with torch.inference_mode():
+            wavs, sr = tts.generate_voice_clone(
+                text=text, language=language, ref_audio=(np.asarray(ref_wav, np.float32), 24000),
+                ref_text=ref_text, x_vector_only_mode=ref_text is None,
+                max_new_tokens=max_new_tokens, **kwargs,
+            )
+    finally:
+        del model.talker.generate, model.extract_speaker_embedding, model.speech_tokenizer.decode
+    codes = got.pop("decoded_codes")
+    n_ref = 0 if ref_text is None else codes.shape[0] - _generated_frames(got["talker_sequences"], eos_token_id, tts)
+    got.update(codes=codes[n_ref:], ref_codes=codes[:n_ref], wav=np.asarray(wavs[0], np.float32), sr=sr)
+    return got
+
+
+def _generated_frames(sequence, eos_token_id, tts) -> int:
+    eos = eos_token_id if eos_token_id is not None else tts.model.config.talker_config.codec_eos_token_id
+    hits = [i for i, t in enumerate(sequence.tolist()) if t == eos]
+    return hits[0] if hits else len(sequence) - 1

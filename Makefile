@@ -1,0 +1,46 @@
+# qtts: the two commands are `make test` and `make book`; both set up .venv on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.qtts-installed
+CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]*.py))
+# Figures vanish from executed notebooks under MPLBACKEND=Agg.
+unexport MPLBACKEND
+export PYTHONHASHSEED := 0
+
+.PHONY: setup test unit notebooks book lab clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps qwen-tts==0.1.1
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest tests -q
+	$(MAKE) notebooks
+
+notebooks: setup
+	$(BIN)/jupytext --to ipynb -q $(CHAPTERS)
+	$(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q $(CHAPTERS:.py=.ipynb)
+
+book: setup
+	rm -rf book/chapters && mkdir -p book/chapters
+	for f in $(CHAPTERS); do \
+	  stem=$$(basename $$f .py); \
+	  $(BIN)/jupytext --to ipynb -q -o book/chapters/$$stem.ipynb $$f || exit 1; \
+	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=3600 book/chapters/$$stem.ipynb || exit 1; \
+	done
+	$(BIN)/jupyter-book build book -W -n --keep-going
+	@echo "book: $(CURDIR)/book/_build/html/index.html"
+
+lab: setup
+	$(BIN)/jupyter lab --ServerApp.jpserver_extensions="{'jupytext': True}" notebooks/
+
+clean:
+	rm -rf book/_build book/chapters notebooks/*.ipynb data/reports data/golden data/outputs

@@ -1,0 +1,267 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Read the model's structure
+# > Every later decision about where to cut the graph rests on knowing what each block takes and returns.
+#
+# **You will:** hang forward hooks on every block of the original model, run it once, and tabulate the real
+# tensor shapes; then establish three facts live, each with a check.
+#
+# **You will learn:** Qwen3-TTS = Talker (autoregressive LLM → codebook 0) + Code Predictor (15-step MTP →
+# codebooks 1..15) + Codec Decoder (codes → 24 kHz), plus two encoders for cloning (ECAPA speaker encoder,
+# Mimi encoder); that its multimodal rope is plain rope here; that `config.json`, not the class defaults,
+# is the truth; how HF's `min_new_tokens` really works.
+#
+# **You need:** `models/<ckpt>/` (chapter 00). **Leaves behind:** `data/reports/<ckpt>/01_read_structure.json`.
+
+# %%
+import inspect
+import json
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from IPython.display import HTML, display
+
+from qtts_lib import check, checkpoint, paths, reference
+from qtts_lib.runtime.audio import load_wav
+
+ckpt = paths.checkpoint()
+torch.set_num_threads(paths.threads())
+report = check.begin("01_read_structure", ckpt)
+tts = reference.load(checkpoint.ensure(ckpt), threads=paths.threads())
+model, codec = tts.model, tts.model.speech_tokenizer.model
+cfg = checkpoint.load_config(ckpt)
+
+# %% [markdown]
+# ## 1. Hook every block and run once
+# One forward hook per block records the shapes of the first call and counts the calls. We run a short
+# x-vector clone (prefill + a few frames, then the codec decoder) and encode the reference wav with the Mimi
+# encoder (the ICL path), so every component shows up.
+
+# %%
+def blocks(root: torch.nn.Module, prefix: str, depth: int):
+    """Submodules down to `depth` dots below `prefix`, plus the members of every ModuleList there."""
+    lists = {n for n, m in root.named_modules() if isinstance(m, torch.nn.ModuleList)}
+    for name, mod in root.named_modules():
+        parent = name.rsplit(".", 1)[0] if "." in name else ""
+        if name and not isinstance(mod, torch.nn.ModuleList) and (name.count(".") < depth or parent in lists):
+            yield f"{prefix}.{name}", mod
+
+
+def shape_of(x):
+    if torch.is_tensor(x):
+        return tuple(x.shape)
+    if isinstance(x, (tuple, list)):
+        shapes = [shape_of(v) for v in x if torch.is_tensor(v) or isinstance(v, (tuple, list))]
+        return shapes[0] if len(shapes) == 1 else shapes
+    if hasattr(x, "last_hidden_state"):
+        return tuple(x.last_hidden_state.shape)
+    return type(x).__name__
+
+
+seen: "OrderedDict[str, dict]" = OrderedDict()
+
+
+def hook(name):
+    def fn(mod, args, kwargs, out):
+        row = seen.setdefault(name, {"class": type(mod).__name__, "calls": 0,
+                                     "params": sum(p.numel() for p in mod.parameters())})
+        row["calls"] += 1
+        if row["calls"] == 1:
+            first = next((a for a in list(args) + list(kwargs.values()) if torch.is_tensor(a)), None)
+            row["in"], row["out"] = shape_of(first), shape_of(out)
+    return fn
+
+
+targets = list(blocks(model.talker, "talker", 2)) + list(blocks(codec.decoder, "codec_decoder", 1))
+if model.speaker_encoder is not None:
+    targets += list(blocks(model.speaker_encoder, "speaker_encoder", 1))
+targets += [(f"mimi_encoder.{n}", m) for n, m in codec.encoder.named_children() if m is not None and n != "quantizer"]
+targets += [("mimi_encoder.quantizer", codec.encoder.quantizer)]
+handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in targets]
+
+ref_wav = load_wav(paths.reference_wav())
+run = reference.synthesize(tts, "Read the structure.", "english", ref_wav, max_new_tokens=4)
+with torch.inference_mode():
+    ref_codes = codec.encode(torch.from_numpy(ref_wav)[None], torch.ones(1, len(ref_wav), dtype=torch.long)).audio_codes[0]
+for h in handles:
+    h.remove()
+print(f"{len(seen)} blocks called; generated codes {run['codes'].shape}, reference codes {tuple(ref_codes.shape)}")
+
+# %%
+def show(rows, keep=lambda n: True):
+    head = "<tr><th>block</th><th>class</th><th>calls</th><th>first input</th><th>first output</th><th>params</th></tr>"
+    body = "".join(f"<tr><td><code>{n}</code></td><td>{r['class']}</td><td>{r['calls']}</td><td>{r.get('in')}</td>"
+                   f"<td>{r.get('out')}</td><td>{r['params']:,}</td></tr>" for n, r in rows.items() if keep(n))
+    display(HTML(f"<table>{head}{body}</table>"))
+
+
+def first_of_list(n: str) -> bool:
+    """Show member 0 of each ModuleList (layers, tables, heads); their siblings match it."""
+    last = n.rsplit(".", 1)[-1]
+    return not last.isdigit() or last == "0"
+
+
+show(seen, keep=lambda n: n.startswith("talker") and first_of_list(n))
+
+# %% [markdown]
+# Read the talker rows like this:
+# - `talker.model.text_embedding` + `talker.text_projection`: Qwen2 BPE ids (vocab 151936) → text width →
+#   talker width. The text track of the prompt.
+# - `talker.model.codec_embedding`: codec ids (vocab 3072: 0..2047 acoustic codes, then control ids such as
+#   pad/bos/eos and language ids) → talker width. The codec track.
+# - `talker.model.layers.*`: the decoder; first call is the prefill of the whole prompt, every later call one frame.
+# - `talker.codec_head`: hidden → 3072 logits; only codebook 0 is predicted here.
+# - `talker.code_predictor.*`: the MTP. Per frame a 2-token prefill `[talker hidden, embedding(codebook 0)]`, then
+#   14 single steps; step *s* embeds with table *s-1* and predicts with head *s* — the one-off index that, if missed,
+#   makes every frame wrong.
+
+# %%
+show(seen, keep=lambda n: not n.startswith("talker") and first_of_list(n))
+
+# %% [markdown]
+# The codec decoder is a single feed-forward pass: split-RVQ dequantization (1 semantic + 15 acoustic
+# codebooks), a sliding-window transformer, two upsampling ConvNeXt stages and a SnakeBeta vocoder with
+# strides 8·5·4·3 (×2·2) = **1920 samples per 12.5 Hz frame**. No diffusion, no flow, no ISTFT, no complex
+# numbers: this is why the 12 Hz model, not the 25 Hz one, is the one to put on an edge runtime.
+
+# %%
+upsample = int(np.prod(codec.config.decoder_config.upsample_rates + codec.config.decoder_config.upsampling_ratios))
+check.equal("codec upsampling = samples per frame", "samples/frame", upsample, 1920)
+groups = {
+    "text embedding + projection": ["talker.model.text_embedding", "talker.text_projection"],
+    "talker decoder": ["talker.model.layers", "talker.model.norm", "talker.model.codec_embedding", "talker.codec_head"],
+    "code predictor": ["talker.code_predictor"],
+    "codec decoder": ["codec_decoder"],
+    "speaker encoder": ["speaker_encoder"],
+    "mimi encoder": ["mimi_encoder"],
+}
+sizes = {}
+for g, prefixes in groups.items():
+    mods = {n: m for n, m in targets if any(n == p or n.startswith(p + ".") for p in prefixes)}
+    top = [n for n in mods if not any(n != o and n.startswith(o + ".") for o in mods)]
+    sizes[g] = sum(sum(p.numel() for p in mods[n].parameters()) for n in top) / 1e6
+
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 2.6))
+ax.barh(list(sizes), list(sizes.values()), color="tab:blue")
+ax.set_xlabel("parameters (M)")
+ax.set_title(f"where the parameters are ({ckpt})")
+for y, v in enumerate(sizes.values()):
+    ax.text(v, y, f" {v:.2f} M", va="center", fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# ## 2. Fact one: the multimodal rope is plain rope here
+# The talker uses Qwen2-VL's *mrope*: three position rows (time, height, width) interleaved over the
+# frequency bands `mrope_section`. For text and audio tokens `get_rope_index` gives three **identical** rows,
+# and interleaving identical rows is the identity. So the exported decoder can use ncnn's stock
+# `RotaryEmbed` and no custom layer. We check it with the original functions, on this checkpoint's sizes.
+
+# %%
+from qwen_tts.core.models.modeling_qwen3_tts import apply_multimodal_rotary_pos_emb, apply_rotary_pos_emb
+
+tc = model.talker.config
+seq_len, hd = 29, tc.head_dim
+position_ids, _ = model.talker.get_rope_index(torch.ones(1, seq_len, dtype=torch.long))  # (3, 1, seq_len)
+rows_equal = bool((position_ids[0] == position_ids[1]).all() and (position_ids[0] == position_ids[2]).all())
+check.equal("get_rope_index: the 3 position rows are equal", "rows equal", rows_equal, True)
+
+g = torch.Generator().manual_seed(0)
+q = torch.randn(1, tc.num_attention_heads, seq_len, hd, generator=g)
+k = torch.randn(1, tc.num_key_value_heads, seq_len, hd, generator=g)
+cos3, sin3 = model.talker.model.rotary_emb(q, position_ids)  # (3, 1, seq_len, hd)
+q_m, k_m = apply_multimodal_rotary_pos_emb(q, k, cos3, sin3, tc.rope_scaling["mrope_section"], tc.rope_scaling["interleaved"])
+q_p, k_p = apply_rotary_pos_emb(q, k, cos3[0], sin3[0])
+diff = max((q_m - q_p).abs().max().item(), (k_m - k_p).abs().max().item())
+print(f"mrope_section {tc.rope_scaling['mrope_section']}, interleaved={tc.rope_scaling['interleaved']}: max |mrope - rope| = {diff}")
+check.equal("mrope == plain rope on text/audio positions", "max_abs", diff, 0.0)
+
+# %% [markdown]
+# ## 3. Fact two: trust config.json, not the class defaults
+# `Qwen3TTSTalkerConfig()` has defaults from another model size. Any code that builds a config from defaults
+# (or reads a missing key) silently gets the wrong model. The real 0.6B `config.json` (carried in
+# `qtts_lib/configs/`) against the class defaults:
+
+# %%
+from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSTalkerCodePredictorConfig, Qwen3TTSTalkerConfig
+
+real_cfg = json.loads((paths.CONFIGS / "base" / "config.json").read_text())["talker_config"]
+defaults = Qwen3TTSTalkerConfig()
+pred_defaults = Qwen3TTSTalkerCodePredictorConfig()
+rows = []
+for key, real in real_cfg.items():
+    if key != "code_predictor_config" and getattr(defaults, key, "<missing>") != real:
+        rows.append(("talker", key, getattr(defaults, key, "<missing>"), real))
+for key, real in real_cfg["code_predictor_config"].items():
+    if key not in ("id2label", "label2id") and getattr(pred_defaults, key, "<missing>") != real:
+        rows.append(("code predictor", key, getattr(pred_defaults, key, "<missing>"), real))
+display(HTML("<table><tr><th>part</th><th>key</th><th>class default</th><th>config.json (0.6B)</th></tr>" + "".join(
+    f"<tr><td>{p}</td><td><code>{k}</code></td><td>{d}</td><td>{r}</td></tr>" for p, k, d, r in rows) + "</table>"))
+missing_head_dim = getattr(defaults, "head_dim", defaults.hidden_size // defaults.num_attention_heads)
+print(f"without head_dim in the config, attention uses hidden/heads = {missing_head_dim} instead of {real_cfg['head_dim']}")
+check.equal("class default eos id", "codec_eos_token_id", defaults.codec_eos_token_id, 4198)
+check.equal("config.json eos id", "codec_eos_token_id", real_cfg["codec_eos_token_id"], 2150)
+check.equal("this checkpoint's eos id is the real one", "codec_eos_token_id", cfg["talker_config"]["codec_eos_token_id"], 2150)
+check.at_least("keys where the defaults are wrong", "count", len(rows), 10)
+
+# %% [markdown]
+# A generation loop built on the defaults would wait for token 4198, which a 3072-entry vocabulary can never
+# produce: it would run to `max_new_tokens` every time.
+#
+# ## 4. Fact three: `min_new_tokens` masks EOS, it does not resample
+# `generate` sets `min_new_tokens=2`. In Hugging Face this is a *logits processor*: for the first two new tokens
+# the EOS logit becomes `-inf` before the argmax/sampling, so the runner-up wins. A port that instead samples,
+# sees EOS and samples again draws from a different distribution, and a greedy port that skips EOS and takes
+# "the next best" only agrees by accident of implementation. Here is the processor on logits where EOS is the top token:
+
+# %%
+from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
+
+source = inspect.getsource(type(model).generate)
+check.equal("qwen_tts generate sets min_new_tokens=2", "found in source", '"min_new_tokens": 2' in source, True)
+
+eos, prompt_len = cfg["talker_config"]["codec_eos_token_id"], 12
+logits = torch.randn(1, cfg["talker_config"]["vocab_size"], generator=g)
+logits[0, eos] = logits.max() + 3.0
+runner_up = int(torch.topk(logits[0], 2).indices[1])
+proc = MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=prompt_len, min_new_tokens=2, eos_token_id=eos)
+for new in range(3):
+    ids = torch.zeros(1, prompt_len + new, dtype=torch.long)
+    out = proc(ids, logits.clone())
+    print(f"new token {new}: eos logit {out[0, eos].item():>8.3f}  argmax {int(out.argmax())}")
+    if new < 2:
+        check.equal(f"step {new}: eos logit masked to -inf", "logit", float(out[0, eos]), float("-inf"))
+        check.equal(f"step {new}: argmax is the runner-up", "token", int(out.argmax()), runner_up)
+    else:
+        check.equal("step 2: eos allowed again", "token", int(out.argmax()), eos)
+
+# %% [markdown]
+# ## Summary
+# - The talker predicts codebook 0 per 12.5 Hz frame; the code predictor fills codebooks 1..15 with a 2-token
+#   prefill and 14 steps (table *s-1*, head *s*); the codec decoder turns 16 codes into 1920 samples.
+# - mrope with identical position rows is plain rope (max diff exactly 0.0): ncnn's RotaryEmbed suffices.
+# - Read every id and dimension from `config.json`; the class defaults differ in many keys (eos 4198 vs 2150).
+# - `min_new_tokens` is an EOS mask (`-inf`) applied before the argmax; the port must do the same, in the same order.
+#
+# **Artifacts left:** `data/reports/<ckpt>/01_read_structure.json`.
+#
+# **If your numbers differ**
+# - *mrope diff not 0.0* → position ids with unequal rows (e.g. left padding in a batch); the port assumes batch 1 without padding.
+# - *A block missing from the tables* → a `tiny-customvoice` checkpoint has no speaker encoder; that is expected.
+
+# %%
+check.table()
