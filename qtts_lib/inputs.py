@@ -15,6 +15,9 @@ from . import paths
 
 REF_TEXT = "Good morning. This short sentence is the reference voice for the qtts tutorial."
 TARGET_TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
+LANGUAGE = "english"
+# 45 new tokens = 44 frames x 16 codes = 704 tokens to match, as in the original write-up.
+GOLDEN_MAX_NEW_TOKENS = 45
 
 
 def make_reference_wav(out: Path | None = None) -> Path:

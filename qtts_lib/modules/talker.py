@@ -154,8 +154,8 @@ def _predictor_ids(tts, length: int, seed: int) -> dict[str, torch.Tensor]:
     return {"ids": (group * cfg.vocab_size + code).to(torch.int32)}
 
 
-def _hidden(rows: int, hidden: int, length: int, seed: int) -> dict[str, torch.Tensor]:
-    return {"x": torch.randn(length if rows < 0 else rows, hidden, generator=common.seeded(seed))}
+def _hidden(rows: int, hidden: int, seed: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(rows, hidden, generator=common.seeded(seed))}
 
 
 # ---------------------------------------------------------------- references
@@ -186,18 +186,18 @@ def _predictor_decoder_ref(tts, inputs: dict[str, torch.Tensor]) -> dict[str, to
 
 
 @torch.no_grad()
-def _text_embed_ref(tts, inputs):
+def _text_embed_ref(tts, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     t = _talker(tts)
     return {"embeds": t.text_projection(t.model.text_embedding(inputs["ids"].long()))}
 
 
 @torch.no_grad()
-def _codec_embed_ref(tts, inputs):
+def _codec_embed_ref(tts, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"embeds": _talker(tts).model.codec_embedding(inputs["ids"].long())}
 
 
 @torch.no_grad()
-def _predictor_embeds_ref(tts, inputs):
+def _predictor_embeds_ref(tts, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     cp = _predictor(tts)
     ids = inputs["ids"].long()
     group, code = ids // cp.config.vocab_size, ids % cp.config.vocab_size
@@ -206,12 +206,12 @@ def _predictor_embeds_ref(tts, inputs):
 
 
 @torch.no_grad()
-def _codec_head_ref(tts, inputs):
+def _codec_head_ref(tts, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"logits": _talker(tts).codec_head(inputs["x"])}
 
 
 @torch.no_grad()
-def _predictor_heads_ref(tts, inputs):
+def _predictor_heads_ref(tts, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {f"out{i}": h(inputs["x"]) for i, h in enumerate(_predictor(tts).lm_head)}
 
 
@@ -279,7 +279,7 @@ register(ModuleSpec(
 register(ModuleSpec(
     name="talker_codec_head",
     build=lambda tts: _eval(Head(_talker(tts).codec_head)),
-    inputs=lambda tts, length, seed: _hidden(-1, _talker(tts).config.hidden_size, length, seed),
+    inputs=lambda tts, length, seed: _hidden(length, _talker(tts).config.hidden_size, seed),
     reference=_codec_head_ref,
     lengths=(5, 2),
     summary="(n, hidden) -> (n, 3072) logits of code group 0 and control tokens",
@@ -309,7 +309,7 @@ register(ModuleSpec(
 register(ModuleSpec(
     name="predictor_heads",
     build=lambda tts: _eval(PredictorHeads(_predictor(tts).lm_head)),
-    inputs=lambda tts, length, seed: _hidden(1, _predictor(tts).config.hidden_size, length, seed),
+    inputs=lambda tts, length, seed: _hidden(1, _predictor(tts).config.hidden_size, seed),  # one frame per step
     reference=_predictor_heads_ref,
     lengths=(1, 1),
     summary="(1, hidden) -> 15 logits (1, 2048), out0..out14, one per code group 1..15",

@@ -66,11 +66,13 @@ def _np(t):
     return t.detach().float().cpu().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
 
 
-def synthesize(tts, text: str, language: str, ref_wav, ref_text: str | None = None,
-               max_new_tokens: int = 45, eos_token_id: int | None = None, **gen_kwargs) -> dict:
-    """Run the original voice-clone pipeline once and capture what the port must reproduce.
+def synthesize(tts, text: str, language: str, ref_wav=None, ref_text: str | None = None,
+               max_new_tokens: int = 45, eos_token_id: int | None = None, speaker: str | None = None,
+               **gen_kwargs) -> dict:
+    """Run the original pipeline once and capture what the port must reproduce.
 
-    x-vector mode without `ref_text`, ICL mode with it. Greedy unless `gen_kwargs` say
+    Base checkpoints clone `ref_wav`: x-vector mode without `ref_text`, ICL mode with it.
+    CustomVoice checkpoints use the built-in `speaker` instead. Greedy unless `gen_kwargs` say
     otherwise. Probes wrap three methods of this model instance for the duration of the call:
     the talker's `generate` (prompt embeddings in, codebook-0 sequence out), the speaker
     encoder call (the x-vector) and the codec `decode` (the (T, 16) codes). Returns numpy arrays.
@@ -92,7 +94,7 @@ def synthesize(tts, text: str, language: str, ref_wav, ref_text: str | None = No
         got["talker_sequences"] = _np(out.sequences[0])
         return out
 
-    def extract_probe(audio, sr):
+    def extract_probe(audio, sr):  # noqa: ANN001
         x = extract(audio=audio, sr=sr)
         got["xvector"] = _np(x)
         return x
@@ -109,11 +111,15 @@ def synthesize(tts, text: str, language: str, ref_wav, ref_text: str | None = No
         if eos_token_id is not None:
             kwargs["eos_token_id"] = eos_token_id
         with torch.inference_mode():
-            wavs, sr = tts.generate_voice_clone(
-                text=text, language=language, ref_audio=(np.asarray(ref_wav, np.float32), 24000),
-                ref_text=ref_text, x_vector_only_mode=ref_text is None,
-                max_new_tokens=max_new_tokens, **kwargs,
-            )
+            if speaker is not None:
+                wavs, sr = tts.generate_custom_voice(
+                    text=text, language=language, speaker=speaker, max_new_tokens=max_new_tokens, **kwargs)
+            else:
+                wavs, sr = tts.generate_voice_clone(
+                    text=text, language=language, ref_audio=(np.asarray(ref_wav, np.float32), 24000),
+                    ref_text=ref_text, x_vector_only_mode=ref_text is None,
+                    max_new_tokens=max_new_tokens, **kwargs,
+                )
     finally:
         del model.talker.generate, model.extract_speaker_embedding, model.speech_tokenizer.decode
     codes = got.pop("decoded_codes")
