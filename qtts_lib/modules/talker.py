@@ -309,9 +309,9 @@ register(ModuleSpec(
 register(ModuleSpec(
     name="predictor_heads",
     build=lambda tts: _eval(PredictorHeads(_predictor(tts).lm_head)),
-    inputs=lambda tts, length, seed: _hidden(1, _predictor(tts).config.hidden_size, seed),  # one frame per step
+    inputs=lambda tts, length, seed: _hidden(length, _predictor(tts).config.hidden_size, seed),
     reference=_predictor_heads_ref,
-    lengths=(1, 1),
-    summary="(1, hidden) -> 15 logits (1, 2048), out0..out14, one per code group 1..15",
+    lengths=(1, 4),  # the loop feeds one row per step; a second row count proves no shape was frozen
+    summary="(n, hidden) -> 15 logits (n, 2048), out0..out14, one per code group 1..15",
     rewrites=["all 15 lm_heads in one graph with 15 outputs; the host reads the one of the current step"],
 ))
