@@ -163,7 +163,8 @@ class CodecDecoder(nn.Module):
         self, semantic: torch.Tensor, acoustic: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         e = self.sem_embed(semantic)  # (1, T, D)
-        a = self.ac_embed(acoustic).reshape(N_ACOUSTIC, -1)  # (15, T*D), group-major rows
+        # (1, 15, T*D): group-major rows; the leading 1 keeps pnnx from taking the 15 for a batch axis
+        a = self.ac_embed(acoustic).reshape(1, N_ACOUSTIC, -1)
         e = e + (self.ones @ a).reshape(1, -1, self.dim)  # sum over groups without stack/unbind
         h = self.pre_conv(e.transpose(1, 2)).transpose(1, 2)
         h = self.input_proj(h)

@@ -18,11 +18,11 @@ MEL_ARGS = dict(n_fft=1024, num_mels=128, sampling_rate=24000, hop_size=256, win
 
 def mel_from_wav(wav: np.ndarray) -> torch.Tensor:
     """Introduced in 02. 24 kHz mono float wav -> (frames, 128) log-mel, exactly as extract_speaker_embedding."""
-    from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram
-
     from ..reference import import_qwen_tts
 
-    import_qwen_tts()
+    import_qwen_tts()  # first: it shields qwen_tts/__init__ from the 25 Hz tokenizer's imports
+    from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram
+
     y = torch.from_numpy(np.ascontiguousarray(wav, dtype=np.float32)).unsqueeze(0)
     return mel_spectrogram(y, **MEL_ARGS).transpose(1, 2)[0]
 
