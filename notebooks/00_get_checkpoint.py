@@ -157,14 +157,16 @@ display(Audio(ref_wav, rate=24000))
 
 # %% [markdown]
 # ## 6. Run the original once
-# Clone the reference voice in x-vector mode (speaker embedding only), greedy on CPU fp32.
+# Clone the reference voice in x-vector mode (speaker embedding only), greedy on CPU fp32. (A CustomVoice
+# checkpoint has no speaker encoder; it speaks with its first built-in speaker instead.)
 # `max_new_tokens=N` yields N-1 frames: the last sampled codebook-0 token never gets its other 15 codes.
 
 # %%
 TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
 MAX_NEW_TOKENS = 45
 t0 = time.perf_counter()
-run = reference.synthesize(tts, TEXT, "english", ref_wav, max_new_tokens=MAX_NEW_TOKENS)
+voice = reference.default_voice(tts, ref_wav)
+run = reference.synthesize(tts, TEXT, "english", max_new_tokens=MAX_NEW_TOKENS, **voice)
 seconds = time.perf_counter() - t0
 wav = run["wav"]
 print(f"{run['codes'].shape[0]} frames -> {len(wav)} samples ({len(wav) / 24000:.2f} s of audio) in {seconds:.1f} s")
@@ -185,7 +187,7 @@ plots.waveform({"reference voice": ref_wav, f"original model ({ckpt})": wav});
 out = save_wav(paths.outputs_dir(ckpt) / "00_baseline.wav", wav)
 entry = artifacts.record(out, "00_get_checkpoint", ckpt, inputs={"text": TEXT, "language": "english",
                          "ref_wav_sha256": artifacts.sha256(paths.reference_wav()), "max_new_tokens": MAX_NEW_TOKENS},
-                         threads=paths.threads(), mode="x-vector greedy")
+                         threads=paths.threads(), mode=f"{voice.get('speaker', 'x-vector')} greedy")
 artifacts.verify(out, ckpt)
 print(out, entry["sha256"][:16])
 

@@ -93,7 +93,7 @@ targets += [("mimi_encoder.quantizer", codec.encoder.quantizer)]
 handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in targets]
 
 ref_wav = load_wav(paths.reference_wav())
-run = reference.synthesize(tts, "Read the structure.", "english", ref_wav, max_new_tokens=4)
+run = reference.synthesize(tts, "Read the structure.", "english", max_new_tokens=4, **reference.default_voice(tts, ref_wav))
 with torch.inference_mode():
     ref_codes = codec.encode(torch.from_numpy(ref_wav)[None], torch.ones(1, len(ref_wav), dtype=torch.long)).audio_codes[0]
 for h in handles:

@@ -45,8 +45,8 @@ tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)
 EOS = cfg["talker_config"]["codec_eos_token_id"]
 custom_voice = cfg["tts_model_type"] == "custom_voice"
-SPEAKER = sorted(cfg["talker_config"]["spk_id"])[0] if custom_voice else None
-ref_wav = None if custom_voice else load_wav(paths.reference_wav())
+voice = reference.default_voice(tts, load_wav(paths.reference_wav()))
+SPEAKER, ref_wav = voice.get("speaker"), voice.get("ref_wav")
 print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector clone of data/inputs/ref.wav'}, {THREADS} threads")
 
 # %% [markdown]

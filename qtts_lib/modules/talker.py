@@ -31,10 +31,13 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
-    # common.rotate_half_pairs with `half` a python constant: x.shape[-1] under trace
-    # becomes aten::size and may survive as a pnnx.Expression.
+    # Written in HF's rotate_half form on full-width tables so pnnx fuses it into one ncnn
+    # RotaryEmbed; the widening cat is removed from the .param after export (chapter 04), so
+    # the graph takes half-width tables, ncnn's convention. `half` is a python constant:
+    # x.shape[-1] under trace becomes aten::size and may survive as a pnnx.Expression.
+    cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
     x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class Decoder(nn.Module):
@@ -87,7 +90,10 @@ class TextEmbed(nn.Module):
         self.fc2 = proj.linear_fc2
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.silu(self.fc1(self.emb(ids))))
+        # A leading batch axis makes pnnx emit Gemm; on the bare (n, hidden) blob it wrote a
+        # Reshape + InnerProduct pair that collapses the n rows into one (chapter 04).
+        x = self.emb(ids).unsqueeze(0)
+        return self.fc2(F.silu(self.fc1(x))).squeeze(0)
 
 
 class Lookup(nn.Module):

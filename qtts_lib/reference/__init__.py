@@ -132,3 +132,11 @@ def _generated_frames(sequence, eos_token_id, tts) -> int:
     eos = eos_token_id if eos_token_id is not None else tts.model.config.talker_config.codec_eos_token_id
     hits = [i for i, t in enumerate(sequence.tolist()) if t == eos]
     return hits[0] if hits else len(sequence) - 1
+
+
+def default_voice(tts, ref_wav) -> dict:
+    """Voice arguments for `synthesize`: the reference wav for Base checkpoints, the first
+    built-in speaker (alphabetically) for CustomVoice ones, which have no speaker encoder."""
+    if tts.model.tts_model_type == "custom_voice":
+        return {"speaker": sorted(tts.model.config.talker_config.spk_id)[0]}
+    return {"ref_wav": ref_wav}

@@ -1,0 +1,193 @@
+"""Driving pnnx and reading what it wrote. Introduced in 04.
+
+`export_module` traces a wrapper, runs the pnnx binary with two sets of real inputs
+(two lengths, so dynamic dims stay dynamic; real .npy inputs so int32 ids are valid ids),
+fp16 off, checks the exit status, learns from pnnx's generated `*_ncnn.py` which axis of
+each input and output it took as batch, keeps only `<name>.param/.bin` and deletes every
+intermediate (.pt, .pnnx.*, .onnx, generated scripts).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+NO_BATCH = 233  # pnnx's marker for "this blob has no batch axis"
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- .param reading
+@dataclass
+class Layer:
+    type: str
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    params: list[str]
+
+
+@dataclass
+class ParamInfo:
+    magic: int
+    layers: list[Layer]
+    counts: Counter = field(default_factory=Counter)
+
+    @property
+    def leftovers(self) -> list[Layer]:
+        """Layers ncnn cannot run: pnnx-internal ops that no pass converted."""
+        return [l for l in self.layers if l.type.startswith("pnnx.") or l.type.startswith("torch.")
+                or l.type.startswith("Tensor.") or l.type.startswith("nn.") or l.type.startswith("F.")]
+
+    @property
+    def input_blobs(self) -> list[str]:
+        return [b for l in self.layers if l.type == "Input" for b in l.outputs]
+
+
+def parse_param(text: str) -> ParamInfo:
+    """Parse ncnn .param text: magic line, `layer_count blob_count`, then one layer per line."""
+    lines = [l for l in text.splitlines() if l.strip()]
+    magic = int(lines[0])
+    n_layers, _ = (int(x) for x in lines[1].split())
+    layers = []
+    for line in lines[2 : 2 + n_layers]:
+        tok = line.split()
+        typ, name, n_in, n_out = tok[0], tok[1], int(tok[2]), int(tok[3])
+        ins = tok[4 : 4 + n_in]
+        outs = tok[4 + n_in : 4 + n_in + n_out]
+        layers.append(Layer(typ, name, ins, outs, tok[4 + n_in + n_out :]))
+    return ParamInfo(magic, layers, Counter(l.type for l in layers))
+
+
+def read_param(path: str | Path) -> ParamInfo:
+    return parse_param(Path(path).read_text())
+
+
+# ---------------------------------------------------------------- pnnx
+def pnnx_binary() -> str:
+    import pnnx
+
+    return pnnx.EXEC_PATH
+
+
+def _batch_axes(ncnn_py: str) -> tuple[list[int], list[int]]:
+    """Which axis pnnx treats as batch, per input and output, from its generated test script."""
+    ins = [int(b) for _, b in sorted(re.findall(r'ex\.input\("in(\d+)", ncnn\.Mat\(in\d+\.numpy\(\), batch_index=(\d+)\)', ncnn_py),
+                                     key=lambda t: int(t[0]))]
+    outs = [int(b) for _, b in sorted(re.findall(r"out(\d+)\.numpy\(batch_index=(\d+)\)", ncnn_py), key=lambda t: int(t[0]))]
+    return ins, outs
+
+
+def export_module(wrapper, name: str, inputs_a: dict, inputs_b: dict, out_dir: str | Path,
+                  fp16: bool = False, keep_workdir: bool = False) -> dict:
+    """Trace `wrapper` at inputs_a, convert with pnnx at both input sets; returns what was learned."""
+    import torch
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"pnnx_{name}_"))
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            traced = torch.jit.trace(wrapper, tuple(inputs_a.values()), check_trace=False)
+        pt = work / f"{name}.pt"
+        traced.save(str(pt))
+        del traced
+        files = {}
+        for tag, ins in (("a", inputs_a), ("b", inputs_b)):
+            files[tag] = []
+            for i, t in enumerate(ins.values()):
+                f = work / f"{tag}{i}.npy"
+                np.save(f, t.detach().cpu().numpy())
+                files[tag].append(f.name)
+        cmd = [pnnx_binary(), pt.name, "input=" + ",".join(files["a"]), "input2=" + ",".join(files["b"]),
+               f"fp16={int(fp16)}"]
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+        log = proc.stdout + proc.stderr
+        param, binf = work / f"{name}.ncnn.param", work / f"{name}.ncnn.bin"
+        if proc.returncode != 0 or not param.is_file():
+            raise ExportError(f"pnnx failed on {name} (exit {proc.returncode}):\n{log[-3000:]}")
+        in_batch, out_batch = _batch_axes((work / f"{name}_ncnn.py").read_text())
+        shutil.move(param, out_dir / f"{name}.param")
+        shutil.move(binf, out_dir / f"{name}.bin")
+        shape_line = next((l for l in log.splitlines() if l.startswith("model inputshape")), "")
+        return {
+            "name": name,
+            "input_names": list(inputs_a),
+            "input_batch_axes": in_batch,
+            "output_batch_axes": out_batch,
+            "pnnx_inputshape": shape_line.split("=", 1)[-1].strip(),
+            "export_seconds": round(time.perf_counter() - t0, 1),
+            "work_bytes_before_cleanup": sum(f.stat().st_size for f in work.rglob("*") if f.is_file()),
+        }
+    finally:
+        if not keep_workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- .param rewrites
+def format_param(magic: int, layers: list[Layer]) -> str:
+    """.param text from layers, with the layer and blob counts recomputed."""
+    blobs = {b for l in layers for b in l.inputs + l.outputs}
+    rows = [str(magic), f"{len(layers)} {len(blobs)}"]
+    for l in layers:
+        rows.append(" ".join([f"{l.type:<24}", f"{l.name:<24}", str(len(l.inputs)), str(len(l.outputs))]
+                             + l.inputs + l.outputs + l.params).rstrip())
+    return "\n".join(rows) + "\n"
+
+
+def drop_rope_widening(text: str) -> tuple[str, list[str]]:
+    """Feed RotaryEmbed the half-width cos/sin inputs directly. Introduced in 04.
+
+    pnnx fuses rope into RotaryEmbed only in HF's form, which needs full-width tables, so
+    the wrappers widen the half-width inputs with `cat([t, t], -1)` inside the graph. pnnx
+    then takes axis 0 of those inputs for a batch axis and writes the cat as a Concat of
+    two Split copies of the Input. We delete each such Concat and let the Split hand the
+    Input straight on. Returns the new text and the Input blobs that changed meaning
+    (they are now (L, head_dim/2) tables without a batch axis).
+    """
+    info = parse_param(text)
+    producer = {b: l for l in info.layers for b in l.outputs}
+    consumers: dict[str, list[Layer]] = {}
+    for l in info.layers:
+        for b in l.inputs:
+            consumers.setdefault(b, []).append(l)
+    rope_inputs = {b for l in info.layers if l.type == "RotaryEmbed" for b in l.inputs[1:]}
+    drop, changed = set(), []
+    for l in info.layers:
+        if l.type != "Concat" or len(l.inputs) != 2:
+            continue
+        srcs = [producer.get(b) for b in l.inputs]
+        split = srcs[0]
+        if split is None or split.type != "Split" or srcs[1] is not split:
+            continue
+        if any(c is not l for b in split.outputs for c in consumers.get(b, [])):
+            continue
+        fed = _downstream_of(l.outputs[0], producer, consumers)
+        if not fed & rope_inputs:
+            continue
+        split.outputs = [l.outputs[0]]
+        drop.add(l.name)
+        changed.append(split.inputs[0])
+    layers = [l for l in info.layers if l.name not in drop]
+    return format_param(info.magic, layers), changed
+
+
+def _downstream_of(blob: str, producer, consumers) -> set[str]:
+    """The blob and the blobs a chain of Splits copies it into."""
+    out, todo = {blob}, [blob]
+    while todo:
+        for c in consumers.get(todo.pop(), []):
+            if c.type == "Split":
+                out.update(c.outputs)
+                todo.extend(c.outputs)
+    return out

@@ -1,0 +1,105 @@
+"""The one place where numpy meets ncnn. Introduced in 04.
+
+Two pitfalls of the Python binding decide how this is written:
+- `ncnn.Mat(ndarray)` *borrows* the array's buffer without keeping it alive. A temporary
+  array can be freed before `.clone()` copies it (wrong data, varying run to run), and an
+  in-place first layer can write into freed memory. So we hold the array in a local
+  variable until the Mat owns a copy.
+- The fp16/bf16 paths are on by default where the CPU supports them; parity work needs
+  them off, set on `net.opt` before the param is loaded.
+pnnx decides per graph whether axis 0 of a blob is a batch axis (dropped in ncnn); the
+export manifest records it per input/output and `Net` applies it both ways.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+NO_BATCH = 233
+
+
+class MissingArtifact(FileNotFoundError):
+    pass
+
+
+def to_mat(array: np.ndarray, batch_axis: int = NO_BATCH):
+    """An `ncnn.Mat` that owns a copy of `array` (float32 or int32). Introduced in 04."""
+    import ncnn
+
+    a = np.asarray(array)
+    if a.dtype == np.float64:
+        a = a.astype(np.float32)
+    elif a.dtype == np.int64:
+        a = a.astype(np.int32)
+    if a.dtype not in (np.float32, np.int32):
+        raise TypeError(f"ncnn blobs are float32 or int32, not {a.dtype}")
+    if batch_axis == 0:
+        if a.shape[0] != 1:
+            raise ValueError(f"batch axis must have size 1, got shape {a.shape}")
+        a = a[0]
+    if a.ndim == 0 or a.ndim > 4:
+        raise ValueError(f"ncnn takes 1-4 dims after the batch axis, got shape {a.shape}")
+    held = np.ascontiguousarray(a)  # keep a reference until the clone owns the data
+    mat = ncnn.Mat(held).clone()
+    del held
+    return mat
+
+
+def from_mat(mat, batch_axis: int = NO_BATCH) -> np.ndarray:
+    """A numpy copy of an ncnn.Mat (float32), with the batch axis restored if the graph had one."""
+    a = np.array(mat.numpy(), copy=True)
+    return a[None] if batch_axis == 0 else a
+
+
+def make_net(param: str | Path, bin: str | Path, threads: int = 2, vulkan: bool = False):
+    """An ncnn.Net with fp16/bf16 off and `threads` set, loaded from param/bin."""
+    import ncnn
+
+    for f in (param, bin):
+        if not Path(f).is_file():
+            raise MissingArtifact(f"{f} not found; run notebooks/04_export_align.py to export the modules")
+    net = ncnn.Net()
+    opt = net.opt
+    opt.num_threads = threads
+    opt.use_fp16_packed = False
+    opt.use_fp16_storage = False
+    opt.use_fp16_arithmetic = False
+    opt.use_bf16_storage = False
+    opt.use_vulkan_compute = vulkan
+    if net.load_param(str(param)) != 0 or net.load_model(str(bin)) != 0:
+        raise RuntimeError(f"ncnn could not load {param}")
+    return net
+
+
+class Net:
+    """A pnnx-exported graph: call it with numpy arrays in input order, get numpy outputs."""
+
+    def __init__(self, directory: str | Path, name: str, threads: int = 2, vulkan: bool = False):
+        directory = Path(directory)
+        manifest = directory / "manifest.json"
+        if not manifest.is_file():
+            raise MissingArtifact(f"{manifest} not found; run notebooks/04_export_align.py to export the modules")
+        entry = json.loads(manifest.read_text()).get(f"{name}.param")
+        if entry is None:
+            raise MissingArtifact(f"{name} is not in {manifest}; run notebooks/04_export_align.py")
+        self.name = name
+        self.in_axes = entry["input_batch_axes"]
+        self.out_axes = entry["output_batch_axes"]
+        self.net = make_net(directory / f"{name}.param", directory / f"{name}.bin", threads, vulkan)
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        if len(arrays) != len(self.in_axes):
+            raise ValueError(f"{self.name} takes {len(self.in_axes)} inputs, got {len(arrays)}")
+        mats = [to_mat(a, ax) for a, ax in zip(arrays, self.in_axes)]
+        ex = self.net.create_extractor()
+        for i, m in enumerate(mats):
+            ex.input(f"in{i}", m)
+        outs = []
+        for i, ax in enumerate(self.out_axes):
+            ret, m = ex.extract(f"out{i}")
+            if ret != 0:
+                raise RuntimeError(f"{self.name}: extracting out{i} failed ({ret})")
+            outs.append(from_mat(m, ax))
+        return outs
