@@ -191,3 +191,89 @@ def _downstream_of(blob: str, producer, consumers) -> set[str]:
                 out.update(c.outputs)
                 todo.extend(c.outputs)
     return out
+
+
+# ---------------------------------------------------------------- the whole model
+PRODUCER = "04_export_align"
+
+
+def code_hash() -> str:
+    """Changes when the wrappers or this exporter change: exports made by older code are rebuilt."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted((root / "modules").glob("*.py")) + [Path(__file__)]:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def expected_layers(name: str, cfg: dict) -> dict[str, int]:
+    """Layer counts a correct export must contain (besides having no leftover pnnx ops)."""
+    talker = cfg["talker_config"]
+    n = {"talker_decoder": talker["num_hidden_layers"],
+         "predictor_decoder": talker["code_predictor_config"]["num_hidden_layers"]}.get(name)
+    if n is None:
+        return {}
+    return {"SDPA": n, "RotaryEmbed": 2 * n}
+
+
+def is_fresh(out_dir: Path, name: str, ckpt: str) -> bool:
+    from .. import artifacts
+
+    try:
+        entry = artifacts.verify(out_dir / f"{name}.param", ckpt)
+    except artifacts.StaleArtifact:
+        return False
+    return entry.get("code_hash") == code_hash() and (out_dir / f"{name}.bin").is_file()
+
+
+def export_spec(tts, spec, ckpt: str, out_dir: Path) -> dict:
+    """Export one registered module at its two lengths, fix the rope inputs, record the manifest entry."""
+    from .. import artifacts
+
+    wrapper = spec.build(tts)
+    a, b = (spec.inputs(tts, n, seed=i) for i, n in enumerate(spec.lengths))
+    info = export_module(wrapper, spec.name, a, b, out_dir)
+    param = out_dir / f"{spec.name}.param"
+    text, changed = drop_rope_widening(param.read_text())
+    if changed:
+        param.write_text(text)
+        info["input_batch_axes"] = [NO_BATCH if f"in{i}" in changed else ax
+                                    for i, ax in enumerate(info["input_batch_axes"])]
+        info["rope_inputs_made_half_width"] = changed
+    info["bin_bytes"] = (out_dir / f"{spec.name}.bin").stat().st_size
+    info["layer_counts"] = dict(read_param(param).counts)
+    artifacts.record(param, PRODUCER, ckpt, {"lengths": list(spec.lengths)}, code_hash=code_hash(), fp16=False, **info)
+    return info
+
+
+def export_all(tts, ckpt: str, names: list[str] | None = None, force: bool = False) -> dict[str, dict]:
+    """Export every module of `ckpt` into models/<ckpt>/ncnn/, skipping fresh ones. Introduced in 04."""
+    from tqdm.auto import tqdm
+
+    from .. import artifacts, modules, paths
+
+    out_dir = paths.ncnn_dir(ckpt)
+    specs = [s for s in modules.all_specs() if names is None or s.name in names]
+    if tts.model.speaker_encoder is None:
+        specs = [s for s in specs if s.name != "speaker_encoder"]
+    done = {}
+    for spec in (bar := tqdm(specs, desc="pnnx")):
+        bar.set_postfix_str(spec.name)
+        if force or not is_fresh(out_dir, spec.name, ckpt):
+            export_spec(tts, spec, ckpt, out_dir)
+        done[spec.name] = artifacts.read_manifest(out_dir)[f"{spec.name}.param"]
+    if any(s.name == "mimi_encoder" for s in specs):
+        write_rvq_tables(tts, ckpt)
+    return done
+
+
+def write_rvq_tables(tts, ckpt: str) -> Path:
+    """The Mimi quantizer's projections and codebooks as .npz, for the numpy split RVQ of the runtime."""
+    from .. import artifacts, paths
+    from ..modules import mimi
+
+    path = paths.ncnn_dir(ckpt) / "mimi_rvq.npz"
+    return artifacts.save_npz(path, PRODUCER, ckpt, {"from": "speech_tokenizer encoder.quantizer"},
+                              {"code_hash": code_hash()}, **mimi.rvq_tables(tts))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime import rvq
 from . import ModuleSpec, common, register
 
 HOP = 960  # samples per frame of the encoder transformer (25 Hz)
@@ -119,24 +120,8 @@ def rvq_tables(tts) -> dict[str, np.ndarray]:
     }
 
 
-def _rvq(x: np.ndarray, codebooks: np.ndarray) -> np.ndarray:
-    """Residual chain: x (T, d) float64, codebooks (n, K, d) -> codes (n, T)."""
-    codes = []
-    for cb in codebooks.astype(np.float64):
-        # |x - c|^2 up to the per-row |x|^2, which does not change the argmin
-        idx = np.argmin((cb * cb).sum(1)[None, :] - 2.0 * x @ cb.T, axis=1)
-        codes.append(idx)
-        x = x - cb[idx]
-    return np.stack(codes)
-
-
-def split_rvq_encode(latent: np.ndarray, tables: dict[str, np.ndarray]) -> np.ndarray:
-    """Introduced in 02. latent (D, T) -> codes (16, T) int64, as MimiSplitResidualVectorQuantizer.encode
-    truncated to encoder_valid_num_quantizers: semantic and acoustic chains each start from the latent."""
-    lat = latent.astype(np.float64)
-    sem = _rvq((tables["semantic_in"].astype(np.float64) @ lat).T, tables["semantic_codebooks"])
-    ac = _rvq((tables["acoustic_in"].astype(np.float64) @ lat).T, tables["acoustic_codebooks"])
-    return np.concatenate([sem, ac]).astype(np.int64)
+# The numpy side (split_rvq_encode) lives in the runtime: it is deployed, not exported.
+split_rvq_encode = rvq.split_rvq_encode
 
 
 # ---------------------------------------------------------------- registry

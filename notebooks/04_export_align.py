@@ -1,0 +1,179 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Export every module with pnnx and align it in ncnn
+# > Export, then immediately compare, at two lengths: a frozen shape only shows when the length changes.
+#
+# **You will:** convert the ten wrappers of chapter 02 with pnnx (fp16 off, two input shapes), inspect each
+# `.param` for leftover pnnx ops and for the layers you expect, run each graph in ncnn through `qtts_lib.runtime.net`,
+# and compare with the torch wrapper at two lengths.
+#
+# **You will learn:** how pnnx is driven and what it leaves behind; how to read a `.param`; why rope is written the
+# way it is and what the one `.param` rewrite does; which metric fits which module.
+#
+# **You need:** `models/<ckpt>/` (chapter 00); the wrappers of chapter 02.
+# **Leaves behind:** `models/<ckpt>/ncnn/<module>.param/.bin` + `manifest.json`, `mimi_rvq.npz`,
+# `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in chapter 04b.
+
+# %%
+import time
+from importlib import metadata
+
+import numpy as np
+import torch
+from IPython.display import HTML, display
+
+from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, reference
+from qtts_lib.runtime import rvq
+from qtts_lib.runtime.net import Net
+
+ckpt = paths.checkpoint()
+THREADS = paths.threads()
+torch.set_num_threads(THREADS)
+report = check.begin("04_export_align", ckpt)
+tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
+cfg = checkpoint.load_config(ckpt)
+out_dir = paths.ncnn_dir(ckpt)
+print(" ".join(f"{d} {metadata.version(d)}" for d in ("pnnx", "ncnn", "torch")), f"| {THREADS} threads | {ckpt}")
+
+# %% [markdown]
+# ## 1. Export with pnnx
+# `export.export_module` does what a careful person does by hand:
+# 1. `torch.jit.trace` the wrapper at the first length and save the TorchScript `.pt`;
+# 2. save real inputs for **both** lengths as `.npy` and run the pnnx binary with `input=... input2=... fp16=0`
+#    (two shapes mark the varying dims dynamic; real inputs keep int32 ids valid ids; fp16 weights are pnnx's
+#    default and would cost parity);
+# 3. check pnnx's exit status (the `pnnx.export` Python helper discards it);
+# 4. read pnnx's generated test script for which axis of each blob it took as batch (ncnn drops that axis);
+# 5. keep `<name>.param/.bin`, delete the `.pt`, `.pnnx.*`, `.onnx` and generated scripts;
+# 6. record a manifest entry: producer, checkpoint fingerprint, sha256, versions, batch axes, code hash of the
+#    wrappers (so an export made by older code is redone), layer counts.
+#
+# Exports already up to date are reused.
+
+# %%
+t0 = time.perf_counter()
+entries = export.export_all(tts, ckpt)
+print(f"{len(entries)} modules ready in {time.perf_counter() - t0:.1f} s")
+rows = "".join(
+    f"<tr><td><code>{n}</code></td><td>{e['export_seconds']}</td><td>{e['bin_bytes'] / 2**20:.2f}</td>"
+    f"<td>{e['work_bytes_before_cleanup'] / 2**20:.1f}</td><td>{e['pnnx_inputshape']}</td>"
+    f"<td>{e['input_batch_axes']}</td><td>{sum(e['layer_counts'].values())}</td></tr>" for n, e in entries.items())
+display(HTML("<table><tr><th>module</th><th>export s</th><th>.bin MiB</th><th>intermediates MiB (deleted)</th>"
+             "<th>pnnx input shapes</th><th>batch axis per input (233 = none)</th><th>layers</th></tr>" + rows + "</table>"))
+
+# %% [markdown]
+# ## 2. Read the `.param`
+# A `.param` is text: a magic number, `layer_count blob_count`, then one layer per line
+# (`type name n_in n_out inputs... outputs... key=value...`). Two things must hold for every module:
+# no pnnx-internal op survived (ncnn cannot load `pnnx.Expression`, `Tensor.expand`, ...), and the layers we
+# designed for are there: in the decoders **one SDPA per layer** (the GQA `repeat_interleave` folded into it) and
+# **one RotaryEmbed per q and per k**.
+
+# %%
+for name in entries:
+    info = export.read_param(out_dir / f"{name}.param")
+    check.equal(f"{name}: leftover pnnx ops", "count", len(info.leftovers), 0)
+    for layer_type, n in export.expected_layers(name, cfg).items():
+        check.equal(f"{name}: {layer_type} layers", "count", info.counts[layer_type], n)
+print("".join((out_dir / "talker_decoder.param").read_text().splitlines(keepends=True)[:30]))
+
+# %% [markdown]
+# ### The one rewrite after pnnx: half-width rope tables
+# pnnx fuses rope into ncnn's `RotaryEmbed` only when it sees Hugging Face's form
+# `x·cos + rotate_half(x)·sin`, which uses full-width tables. ncnn's convention (its `RotaryEmbed` tests, and the
+# Vulkan kernels) is half-width tables. So the wrapper takes half-width `cos`/`sin` and widens them with
+# `cat([t, t], -1)` inside the graph; pnnx then mistakes the length axis of those inputs for a batch axis and writes
+# the widening as a `Concat` of two `Split` copies. `export.drop_rope_widening` deletes those Concats, so the
+# half-width inputs reach `RotaryEmbed` directly, and the manifest records the inputs as having no batch axis:
+
+# %%
+e = entries["talker_decoder"]
+print("rewritten inputs:", e.get("rope_inputs_made_half_width"), "-> batch axes", e["input_batch_axes"])
+check.equal("talker_decoder: no Concat left in front of RotaryEmbed", "count", export.read_param(out_dir / "talker_decoder.param").counts["Concat"], 0)
+
+# %% [markdown]
+# ## 3. Align each graph in ncnn, at two lengths
+# `runtime.net.Net` loads a graph with fp16/bf16 off and the manifest's batch axes, and turns numpy into `ncnn.Mat`
+# that own their memory (the binding's Mat only borrows a numpy buffer; chapter 04b shows what that does).
+# Inputs are fresh seeded synthetic ones, at the two lengths of each module. Metrics, as chapter 02:
+# relative L2 error for the decoders (their outputs grow through the layers), max |diff| for embeddings and heads,
+# waveform SNR for the codec, cosine for the x-vector, latent relative error and then **codes** for Mimi.
+
+# %%
+THRESHOLDS = {
+    "talker_decoder": ("rel", 1e-5), "predictor_decoder": ("rel", 1e-5), "mimi_encoder": ("rel", 1e-5),
+    "talker_text_embed": ("max_abs", 1e-5), "talker_codec_embed": ("max_abs", 1e-5),
+    "talker_codec_head": ("max_abs", 1e-5), "predictor_embeds": ("max_abs", 1e-5), "predictor_heads": ("max_abs", 1e-5),
+    "codec_decoder": ("snr_db", 60.0), "speaker_encoder": ("cos", 0.99999),
+}
+rvq_tables, _ = artifacts.load_npz(out_dir / "mimi_rvq.npz", ckpt)
+results = []
+for name in entries:
+    spec, net = modules.get(name), Net(out_dir, name, threads=THREADS)
+    wrapper = spec.build(tts)
+    metric, bound = THRESHOLDS[name]
+    for length in spec.lengths:
+        ins = spec.inputs(tts, length, seed=1000 + length)
+        with torch.inference_mode():
+            ref = wrapper(*ins.values())
+        ref = [r.numpy() for r in (ref if isinstance(ref, tuple) else (ref,))]
+        ours = net(*[t.numpy() for t in ins.values()])
+        for o, r in zip(ours, ref):
+            assert o.shape == r.shape, f"{name} @ {length}: ncnn shape {o.shape} vs torch {r.shape}"
+        o_all, r_all = np.concatenate([o.ravel() for o in ours]), np.concatenate([r.ravel() for r in ref])
+        label = f"{name} @ {length}"
+        if metric == "snr_db":
+            check.snr(label, o_all, r_all, bound)
+        elif metric == "cos":
+            check.cos(label, o_all, r_all, bound)
+        else:
+            check.close(label, o_all, r_all, **{"rel" if metric == "rel" else "abs": bound})
+        results.append({"module": name, "length": "first length" if length == spec.lengths[0] else "second length",
+                        "rel": check.rel_err(o_all, r_all)})
+        if name == "mimi_encoder":
+            codes_ncnn = rvq.split_rvq_encode(ours[0][0], rvq_tables)  # (16, T)
+            wav = ins["wav"][0]  # (1, L)
+            with torch.inference_mode():
+                codes_torch = tts.model.speech_tokenizer.model.encode(wav, torch.ones_like(wav, dtype=torch.long)).audio_codes[0]
+            check.tokens_equal(f"mimi codes (ncnn + numpy RVQ vs torch encode) @ {length}", codes_ncnn, codes_torch.numpy().T)
+
+# %% [markdown]
+# Relative L2 error of every module at both lengths, ncnn against torch. The decoders sit around 1e-7: fp32 with a
+# different summation order. The codec decoder is the largest (a deep convolution stack with a final clamp), still
+# over 100 dB on tiny checkpoints.
+
+# %%
+plots.errors(results, value="rel", group="module", series="length", threshold=1e-5,
+             ylabel="relative L2 error, ncnn vs torch", title=f"ncnn fp32 vs torch wrappers ({ckpt})");
+
+# %% [markdown]
+# ## Summary
+# - pnnx with two real input sets and `fp16=0` converts all ten wrappers with no leftover ops; the decoders get one
+#   SDPA per layer and RotaryEmbed for q and k once the in-graph widening of the rope tables is removed.
+# - `runtime.net.Net` is the only place where numpy becomes `ncnn.Mat`: owning copies, fp16/bf16 off, the batch
+#   axes pnnx chose.
+# - Every module matches its torch wrapper in ncnn at two lengths; Mimi's latent through the numpy split RVQ gives
+#   the same codes as torch's encoder.
+#
+# **Artifacts left:** `models/<ckpt>/ncnn/*.param/.bin`, `manifest.json`, `mimi_rvq.npz`, the chapter report.
+#
+# **If your numbers differ**
+# - *`load_param` fails* → a leftover pnnx op (section 2 names it); chapter 04b shows the usual suspects.
+# - *Right at one length, wrong shape at the other* → the export saw one shape; both `input=` and `input2=` must be given.
+# - *Errors around 1e-3* → fp16 weights or arithmetic: export with `fp16=0` and turn `use_fp16_*` off (runtime.net does).
+# - *Random garbage that changes from run to run* → an `ncnn.Mat` made from a temporary numpy array (see 04b).
+
+# %%
+check.table()
