@@ -1,0 +1,79 @@
+"""Run a cache-enabled decoder: prefill once, then one position per step. Introduced in 05.
+
+Contract of a `<name>_kv.param` (see qtts_lib.export.kvcache):
+  inputs  in0 embeds (1, L, hidden), in1 mask (L, past+L), in2/in3 cos/sin (L, head_dim/2),
+          cache_k_in_i / cache_v_in_i for every SDPA layer i;
+  outputs out0 hidden (1, L, hidden), cache_k_out_i / cache_v_out_i.
+Prefill feeds empty caches and a causal mask; a step feeds the caches of the previous call
+untouched, a zero mask (1, past+1) and the rope rows of the absolute position.
+
+The caches never leave ncnn: they are extracted with `type=1` into Mats we keep and feed back.
+A numpy round trip, or the tuple form `ret, m = ex.extract(name)` (which clones), loses the
+backend's private layout and spare capacity (see chapter 05).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import rope
+from .net import MissingArtifact, from_mat, make_net, to_mat
+
+
+class KvCacheNet:
+    """A decoder with a KV cache. `prefill(embeds)` then `step(embed)`; `reset()` starts over."""
+
+    def __init__(self, directory: str | Path, name: str, head_dim: int, theta: float, threads: int = 2,
+                 vulkan: bool = False):
+        directory = Path(directory)
+        param = directory / f"{name}_kv.param"
+        if not param.is_file():
+            raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
+        manifest = json.loads((directory / "manifest.json").read_text())
+        self.layers = manifest[f"{name}_kv.param"]["cached_layers"]
+        self.net = make_net(param, directory / f"{name}.bin", threads, vulkan)
+        self.name, self.head_dim, self.theta = name, head_dim, theta
+        self.reset()
+
+    def reset(self) -> None:
+        self.caches: list | None = None
+        self.past = 0
+
+    def _run(self, embeds: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        import ncnn
+
+        length = embeds.shape[1]
+        cos, sin = rope.tables(self.head_dim, self.theta, self.past, length)
+        ex = self.net.create_extractor()
+        held = [to_mat(embeds, 0), to_mat(mask), to_mat(cos), to_mat(sin)]
+        for i, m in enumerate(held):
+            ex.input(f"in{i}", m)
+        for i in range(self.layers):
+            k, v = (ncnn.Mat(), ncnn.Mat()) if self.caches is None else self.caches[i]
+            ex.input(f"cache_k_in_{i}", k)
+            ex.input(f"cache_v_in_{i}", v)
+        out = ncnn.Mat()
+        if ex.extract("out0", out) != 0:
+            raise RuntimeError(f"{self.name}: forward failed")
+        caches = []
+        for i in range(self.layers):
+            k, v = ncnn.Mat(), ncnn.Mat()
+            ex.extract(f"cache_k_out_{i}", k, 1)
+            ex.extract(f"cache_v_out_{i}", v, 1)
+            caches.append((k, v))
+        self.caches = caches
+        self.past += length
+        return from_mat(out, 0)
+
+    def prefill(self, embeds: np.ndarray) -> np.ndarray:
+        """embeds (1, L, hidden) from an empty cache -> hidden (1, L, hidden)."""
+        self.reset()
+        return self._run(embeds, rope.causal_mask(embeds.shape[1]))
+
+    def step(self, embeds: np.ndarray) -> np.ndarray:
+        """embeds (1, L, hidden) after the cached positions (L = 1 in decoding) -> hidden (1, L, hidden)."""
+        if self.caches is None:
+            raise RuntimeError("step() before prefill()")
+        return self._run(embeds, rope.causal_mask(embeds.shape[1], self.past))
