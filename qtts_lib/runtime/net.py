@@ -90,6 +90,12 @@ class Net:
         self.net = make_net(directory / f"{name}.param", directory / f"{name}.bin", threads, vulkan)
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """All outputs, in order."""
+        return self.run(arrays, range(len(self.out_axes)))
+
+    def run(self, arrays, outputs) -> list[np.ndarray]:
+        """Only the outputs whose indices are given: ncnn computes just the layers they need
+        (the code predictor reads one of its 15 heads per step)."""
         if len(arrays) != len(self.in_axes):
             raise ValueError(f"{self.name} takes {len(self.in_axes)} inputs, got {len(arrays)}")
         mats = [to_mat(a, ax) for a, ax in zip(arrays, self.in_axes)]
@@ -97,9 +103,9 @@ class Net:
         for i, m in enumerate(mats):
             ex.input(f"in{i}", m)
         outs = []
-        for i, ax in enumerate(self.out_axes):
+        for i in outputs:
             ret, m = ex.extract(f"out{i}")
             if ret != 0:
                 raise RuntimeError(f"{self.name}: extracting out{i} failed ({ret})")
-            outs.append(from_mat(m, ax))
+            outs.append(from_mat(m, self.out_axes[i]))
         return outs
