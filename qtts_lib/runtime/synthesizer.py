@@ -163,10 +163,8 @@ class Synthesizer:
         from .sampler import sample
 
         rng = np.random.default_rng(seed)
-        talker_sc = self.SamplerConfig.talker(self.gen_config, self.talker_cfg, greedy=greedy)
-        if eos_id is not None:
-            talker_sc = talker_sc.with_eos(eos_id)
-        pred_sc = self.SamplerConfig.subtalker(self.gen_config, self.pred_cfg, greedy=greedy)
+        talker_sc = self.SamplerConfig.talker(self.gen_config, self.talker_cfg, greedy=greedy, eos_token_id=eos_id)
+        pred_sc = self.SamplerConfig.subtalker(self.gen_config, self.talker_cfg, greedy=greedy)
         timing = {"talker": 0.0, "predictor": 0.0}
 
         t0 = time.perf_counter()
