@@ -1,0 +1,89 @@
+"""`qtts say`: one clear line and a non-zero exit for every kind of bad input; a wav for good input."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from qtts_lib import paths
+from qtts_lib.runtime.cli import main
+
+CKPT = "tiny-base"
+
+
+@pytest.fixture(scope="module")
+def exported():
+    """tiny-base with its ncnn graphs (chapters 04-05 do the same; reused when current)."""
+    from qtts_lib import checkpoint, export, reference
+    from qtts_lib.export import kvcache
+
+    tts = reference.load(checkpoint.ensure(CKPT), threads=2)
+    export.export_all(tts, CKPT)
+    for name in ("talker_decoder", "predictor_decoder"):
+        kvcache.write_kv_param(CKPT, name)
+    return paths.model_dir(CKPT)
+
+
+def say(*args):
+    return main(["say", "--checkpoint", CKPT, "--threads", "2", *args])
+
+
+def test_good_input_writes_a_wav(exported, tmp_path, capsys):
+    out = tmp_path / "out.wav"
+    rc = say("--voice", str(paths.reference_wav()), "--text", "Hello there.", "--language", "english",
+             "--greedy", "--max-frames", "4", "-o", str(out))
+    assert rc == 0
+    wav, sr = sf.read(out)
+    assert sr == 24000 and len(wav) == 4 * 1920
+    assert "RTF" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text", ["", "     "])
+def test_empty_text(exported, tmp_path, capsys, text):
+    assert say("--text", text, "-o", str(tmp_path / "o.wav")) == 2
+    assert "text is empty" in capsys.readouterr().err
+
+
+def test_long_text_is_capped_with_a_warning(exported, tmp_path, capsys):
+    text = ("This sentence is repeated to make a very long input. " * 100)[:5000]
+    rc = say("--voice", str(paths.reference_wav()), "--text", text, "--language", "english", "--greedy",
+             "--max-frames", "3", "-o", str(tmp_path / "o.wav"))
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "--max-frames 3" in err
+
+
+def test_unknown_language(exported, tmp_path, capsys):
+    assert say("--text", "hi", "--language", "klingon", "-o", str(tmp_path / "o.wav")) == 2
+    err = capsys.readouterr().err
+    assert "klingon" in err and "english" in err
+
+
+def test_missing_and_unreadable_wav(exported, tmp_path, capsys):
+    assert say("--voice", str(tmp_path / "nope.wav"), "--text", "hi", "-o", str(tmp_path / "o.wav")) == 2
+    assert "not found" in capsys.readouterr().err
+    (tmp_path / "junk.wav").write_bytes(b"RIFF....not really")
+    assert say("--voice", str(tmp_path / "junk.wav"), "--text", "hi", "-o", str(tmp_path / "o.wav")) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_wav_not_24k(exported, tmp_path, capsys):
+    sf.write(tmp_path / "16k.wav", np.zeros(16000, np.float32), 16000)
+    assert say("--voice", str(tmp_path / "16k.wav"), "--text", "hi", "-o", str(tmp_path / "o.wav")) == 2
+    assert "16000 Hz" in capsys.readouterr().err
+
+
+def test_missing_artifacts_name_the_chapter(exported, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "generation_config.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(exported / f, bare / f)
+    assert main(["say", "--checkpoint", str(bare), "--text", "hi", "-o", str(tmp_path / "o.wav")]) == 3
+    err = capsys.readouterr().err
+    assert "04_export_align" in err
+
+
+def test_unknown_checkpoint(tmp_path, capsys):
+    assert main(["say", "--checkpoint", "no-such-ckpt", "--text", "hi", "-o", str(tmp_path / "o.wav")]) == 3
+    assert "no checkpoint 'no-such-ckpt'" in capsys.readouterr().err
