@@ -1,7 +1,10 @@
 """The committed inputs under data/inputs/, and the script that made them. Introduced in 00.
 
 The reference voice is espeak-ng speech resampled by sox to 24 kHz mono 16-bit:
-native 24 kHz, so no chapter ever needs a resampler it cannot reproduce.
+native 24 kHz, so no chapter ever needs a resampler it cannot reproduce; padded with
+silence to a whole number of 1920-sample codec frames, because the reference's Mimi
+encoder pads inside every strided conv while a fixed graph can only pad up front
+(chapter 07 measures the difference on a wav that is not padded).
 Run `python -m qtts_lib.inputs` to remake it (needs espeak-ng and sox).
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from . import paths
 
+FRAME_SAMPLES = 1920  # one 12.5 Hz codec frame at 24 kHz
 REF_TEXT = "Good morning. This short sentence is the reference voice for the qtts tutorial."
 TARGET_TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
 LANGUAGE = "english"
@@ -29,7 +33,11 @@ def make_reference_wav(out: Path | None = None) -> Path:
         raw = Path(tmp) / "raw.wav"
         subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), REF_TEXT], check=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["sox", str(raw), "-r", "24000", "-c", "1", "-b", "16", str(out), "rate", "-v"], check=True)
+        frames = Path(tmp) / "24k.wav"
+        subprocess.run(["sox", str(raw), "-r", "24000", "-c", "1", "-b", "16", str(frames), "rate", "-v"], check=True)
+        n = int(subprocess.run(["soxi", "-s", str(frames)], check=True, capture_output=True, text=True).stdout)
+        pad = -n % FRAME_SAMPLES
+        subprocess.run(["sox", str(frames), str(out), "pad", "0", f"{pad}s"], check=True)
     (out.with_suffix(".txt")).write_text(REF_TEXT + "\n")
     return out
 

@@ -87,8 +87,11 @@ class Synthesizer:
         self.pred_embeds = Net(ncnn_dir, "predictor_embeds", threads, vulkan)
         self.pred_heads = Net(ncnn_dir, "predictor_heads", threads, vulkan)
         self.codec = Net(ncnn_dir, "codec_decoder", threads, vulkan)
-        has_spk = (ncnn_dir / "speaker_encoder.param").is_file()
-        self.speaker_encoder = Net(ncnn_dir, "speaker_encoder", threads, vulkan) if has_spk else None
+        has = lambda n: (ncnn_dir / n).is_file()  # noqa: E731
+        self.speaker_encoder = Net(ncnn_dir, "speaker_encoder", threads, vulkan) if has("speaker_encoder.param") else None
+        self.mimi = Net(ncnn_dir, "mimi_encoder", threads, vulkan) if has("mimi_encoder.param") and has("mimi_rvq.npz") else None
+        self.rvq_tables = dict(np.load(ncnn_dir / "mimi_rvq.npz")) if self.mimi is not None else None
+        self.mimi_cfg = json.loads((self.model_dir / "speech_tokenizer" / "config.json").read_text())["encoder_config"]
         self.talker = KvCacheNet(ncnn_dir, "talker_decoder", self.talker_cfg["head_dim"], self.talker_cfg["rope_theta"], threads, vulkan)
         self.predictor = KvCacheNet(ncnn_dir, "predictor_decoder", self.pred_cfg["head_dim"], self.pred_cfg["rope_theta"], threads, vulkan)
         codec_cfg = json.loads((self.model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
@@ -121,16 +124,48 @@ class Synthesizer:
                              + (f" ({', '.join(self.speakers)})" if self.speakers else ""))
         return self.speaker_encoder(mel_spectrogram(np.asarray(wav, np.float32)))[0].reshape(-1)
 
+    def encode_reference(self, wav: np.ndarray) -> np.ndarray:
+        """Reference codes (T, 16) of a 24 kHz wav: the exported Mimi encoder + the numpy split RVQ.
+
+        The graph takes whole frames, so a wav is zero-padded to a multiple of 1920 samples; the
+        reference pads inside every strided conv instead, which can change the last frame's codes
+        (chapter 07 measures it)."""
+        from .rvq import split_rvq_encode
+
+        if self.mimi is None:
+            raise InputError("this checkpoint's ncnn exports have no Mimi encoder; run notebooks/04_export_align.py")
+        wav = np.asarray(wav, np.float32).reshape(-1)
+        wav = np.pad(wav, (0, -len(wav) % SAMPLES_PER_FRAME))
+        steps = len(wav) // (SAMPLES_PER_FRAME // 2)  # the encoder transformer runs at 25 Hz
+        cos, sin = rope.tables(self.mimi_cfg["head_dim"], self.mimi_cfg["rope_theta"], 0, steps)
+        latent = self.mimi(wav[None, None], rope.causal_mask(steps), cos, sin)[0][0]  # (D, T)
+        return split_rvq_encode(latent, self.rvq_tables).T                               # (T, 16)
+
+    def frame_embeds(self, codes: np.ndarray) -> np.ndarray:
+        """codes (T, 16) -> (T, H): talker table at codebook 0 plus predictor tables at 1..15."""
+        codes = np.asarray(codes, np.int64)
+        ids = (codes[:, 1:] + np.arange(self.groups - 1) * self.codebook).reshape(-1)
+        acoustic = self.pred_embeds(ids.astype(np.int32))[0].reshape(len(codes), self.groups - 1, -1)
+        return self.codec_embed(codes[:, 0]) + acoustic.sum(1)
+
     # ------------------------------------------------------------ prompt
-    def build_prompt(self, text: str, language: str, xvector: np.ndarray | None = None,
-                     speaker: str | None = None) -> Prompt:
-        """The reference's non-ICL, streaming-text prompt (see module docstring)."""
+    def build_prompt(self, text: str, language: str, xvector: np.ndarray | None = None, speaker: str | None = None,
+                     ref_codes: np.ndarray | None = None, ref_text: str | None = None,
+                     non_streaming: bool | None = None) -> Prompt:
+        """The reference's prompt (see module docstring). x-vector or built-in `speaker` for the
+        speaker row; `ref_codes` + `ref_text` for ICL. `non_streaming` defaults like the reference's
+        entry points: False when cloning, True for built-in speakers."""
         if not text or not text.strip():
             raise InputError("the text is empty")
+        if (ref_codes is None) != (ref_text is None):
+            raise InputError("ICL needs both the reference codes and the reference text")
+        if ref_text is not None and not ref_text.strip():
+            raise InputError("the reference text is empty")
         t, c = self.config, self.talker_cfg
         lang = language.lower()
         if lang not in self.languages:
             raise InputError(f"unknown language {language!r}; valid: {', '.join(self.languages)}")
+        non_streaming = (speaker is not None) if non_streaming is None else non_streaming
         spk = None
         if speaker is not None:
             if speaker.lower() not in (c.get("spk_id") or {}):
@@ -148,12 +183,30 @@ class Synthesizer:
         else:
             tags = [c["codec_think_id"], c["codec_think_bos_id"], c["codec_language_id"][lang], c["codec_think_eos_id"]]
         codec = [self.codec_embed(tags)] + ([spk[None]] if spk is not None else []) + [self.codec_embed([c["codec_pad_id"], c["codec_bos_id"]])]
-        codec = np.concatenate(codec)                                       # (k, H)
+        codec = np.concatenate(codec)                                        # (k, H), ends with codec_bos
         text_track = np.concatenate([np.repeat(pad[None], len(codec) - 2, 0), bos[None]])
-        embeds = np.concatenate([self.text_embed(ids[:3]),                   # <|im_start|>assistant\n
-                                 text_track + codec[:-1],
-                                 self.text_embed(ids[3:4]) + codec[-1:]])    # first text token + codec_bos
-        trailing = np.concatenate([self.text_embed(ids[4:-5]), eos[None]]) if len(ids) > 9 else eos[None]
+        head = np.concatenate([self.text_embed(ids[:3]), text_track + codec[:-1]])  # role, then tags/spk/pad
+        codec_pad, codec_bos = self.codec_embed([c["codec_pad_id"]])[0], codec[-1]
+        body = ids[3:-5]                                                     # the text between the role and <|im_end|>
+        if ref_codes is not None:
+            ref_ids = self.tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")[3:-2]
+            text_e = np.concatenate([self.text_embed(ref_ids + body), eos[None]])
+            codec_e = np.concatenate([codec_bos[None], self.frame_embeds(ref_codes)])
+            if non_streaming:
+                tail = [text_e + codec_pad, codec_e + pad]
+                trailing = pad[None]
+            elif len(text_e) > len(codec_e):
+                tail, trailing = [text_e[: len(codec_e)] + codec_e], text_e[len(codec_e):]
+            else:
+                tail = [np.concatenate([text_e, np.repeat(pad[None], len(codec_e) - len(text_e), 0)]) + codec_e]
+                trailing = pad[None]
+        elif non_streaming:
+            tail = [np.concatenate([self.text_embed(body), eos[None]]) + codec_pad, (pad + codec_bos)[None]]
+            trailing = pad[None]
+        else:
+            tail = [self.text_embed(ids[3:4]) + codec_bos]                    # first text token rides on codec_bos
+            trailing = np.concatenate([self.text_embed(ids[4:-5]), eos[None]]) if len(ids) > 9 else eos[None]
+        embeds = np.concatenate([head] + tail)
         return Prompt(embeds.astype(np.float32), trailing.astype(np.float32), pad.astype(np.float32), ids)
 
     # ------------------------------------------------------------ loop
@@ -245,11 +298,27 @@ class Synthesizer:
 
     # ------------------------------------------------------------ all of it
     def synthesize(self, text: str, language: str, xvector: np.ndarray | None = None, speaker: str | None = None,
-                   max_new_tokens: int = 2048, greedy: bool = True, seed: int = 0,
-                   on_frame: Callable[[int], None] | None = None) -> Result:
-        prompt = self.build_prompt(text, language, xvector=xvector, speaker=speaker)
+                   ref_wav: np.ndarray | None = None, ref_text: str | None = None, max_new_tokens: int = 2048,
+                   greedy: bool = True, seed: int = 0, on_frame: Callable[[int], None] | None = None) -> Result:
+        """Everything: voice (x-vector from `ref_wav`, ICL when `ref_text` too, or a built-in speaker),
+        prompt, loop, decode. For ICL the reference codes are decoded with the generated ones and
+        the reference part is cut off by frame ratio, as the reference does."""
+        ref_codes = None
+        if ref_wav is not None:
+            xvector = self.xvector(ref_wav) if xvector is None else xvector
+            ref_codes = self.encode_reference(ref_wav) if ref_text is not None else None
+        prompt = self.build_prompt(text, language, xvector=xvector, speaker=speaker, ref_codes=ref_codes, ref_text=ref_text)
         result = self.generate(prompt, max_new_tokens, greedy=greedy, seed=seed, on_frame=on_frame)
         t0 = time.perf_counter()
-        result.wav = self.decode(result.codes)
+        result.wav = self.decode_with_reference(result.codes, ref_codes)
         result.seconds["codec"] = time.perf_counter() - t0
         return result
+
+    def decode_with_reference(self, codes: np.ndarray, ref_codes: np.ndarray | None = None) -> np.ndarray:
+        """Decode; with reference codes, decode them in front and cut their share of the samples."""
+        if ref_codes is None or len(ref_codes) == 0:
+            return self.decode(codes)
+        total = np.concatenate([ref_codes, codes])
+        wav = self.decode(total)
+        cut = int(len(ref_codes) / max(len(total), 1) * len(wav))
+        return wav[cut:]
