@@ -74,8 +74,8 @@ display(HTML("<table><tr><th>module</th><th>what</th><th>inputs (first length)</
 # | rope `cos`/`sin` of width head_dim/2 as graph inputs | `rotary_emb` inside the model | ncnn RotaryEmbed's convention; an in-graph `arange` freezes the length |
 # | 2-D additive mask `(len, len)` as an input | HF's mask factory (4-D, vmap) | the documented SDPA form; the HF mask code does not even trace |
 # | int32 ids straight into the embedding | int64 ids | ncnn `Embed` reinterprets the blob as int32; ids must not pass through Reshape |
-# | one fused `15·2048` predictor/codec table, ids offset by `group·2048` | 15 separate tables | one Embed, no per-group graph, no unbind (pnnx emits a Slice without parameters) |
-# | `ones(1, 15) @ x.reshape(15, -1)` | `stack(...).sum(0)` | pnnx turns stack+sum into a Reduction with empty axes (wrong or SIGFPE) |
+# | one fused `15·2048` predictor/codec table, ids offset by `group·2048` on the host | 15 separate tables | one Embed, no per-group graph and no split of the code tensor (an uneven `chunk` still splits wrongly in ncnn, chapter 04b) |
+# | `ones(1, 15) @ x.reshape(1, 15, -1)` | `stack(...).sum(0)` | pnnx turns stack+sum into a Reduction with empty axes (SIGFPE); the leading 1 keeps pnnx from taking the 15 for a batch axis |
 # | `F.pad(x, (0, -r))` | `x[..., :-r]` | with a dynamic length pnnx silently drops the slice |
 # | fixed left padding in causal convs | `ceil` arithmetic on `x.shape[-1]` | the trace bakes the traced length into the graph |
 # | constants folded before trace (codebook `embedding_sum / usage`) | computed per call | fewer ops, nothing shape-dependent |
@@ -90,7 +90,7 @@ y = torch.randn(1, 8, 50, generator=g)
 check.equal("F.pad(x, (0, -3)) == x[..., :-3]", "max_abs", (torch.nn.functional.pad(y, (0, -3)) - y[..., :-3]).abs().max().item(), 0.0)
 parts = [torch.randn(4, 8, generator=g) for _ in range(15)]
 stacked = torch.stack(parts).sum(0)
-via_matmul = (torch.ones(1, 15) @ torch.stack(parts).reshape(15, -1)).reshape(4, 8)
+via_matmul = (torch.ones(1, 15) @ torch.stack(parts).reshape(1, 15, -1)).reshape(4, 8)
 check.close("ones @ x == stack(...).sum(0)", via_matmul, stacked, abs=1e-6)
 tables = [torch.randn(2048, 8, generator=g) for _ in range(15)]
 codes = torch.randint(0, 2048, (15, 5), generator=g)

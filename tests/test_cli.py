@@ -87,3 +87,21 @@ def test_missing_artifacts_name_the_chapter(exported, tmp_path, capsys):
 def test_unknown_checkpoint(tmp_path, capsys):
     assert main(["say", "--checkpoint", "no-such-ckpt", "--text", "hi", "-o", str(tmp_path / "o.wav")]) == 3
     assert "no checkpoint 'no-such-ckpt'" in capsys.readouterr().err
+
+
+def test_icl_and_its_bad_input(exported, tmp_path, capsys):
+    out = tmp_path / "icl.wav"
+    rc = say("--voice", str(paths.reference_wav()), "--ref-text", "Good morning.", "--text", "Hello.",
+             "--language", "english", "--greedy", "--max-frames", "3", "-o", str(out))
+    assert rc == 0
+    assert len(sf.read(out)[0]) == 3 * 1920  # the reference part is cut off
+    capsys.readouterr()
+    assert say("--ref-text", "Good morning.", "--text", "Hello.", "-o", str(out)) == 2
+    assert "--ref-text needs --voice" in capsys.readouterr().err
+    assert say("--voice", str(paths.reference_wav()), "--ref-text", "  ", "--text", "Hello.", "-o", str(out)) == 2
+    assert "reference text is empty" in capsys.readouterr().err
+
+
+def test_speaker_on_a_base_checkpoint(exported, tmp_path, capsys):
+    assert say("--speaker", "serena", "--text", "Hello.", "-o", str(tmp_path / "o.wav")) == 2
+    assert "unknown speaker 'serena'" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """`qtts say ...`: text to a wav file with numpy + ncnn only. Introduced in 06.
 
     qtts say --checkpoint tiny-base --voice data/inputs/ref.wav --text "Hello." --language english -o out.wav
+    qtts say --voice ref.wav --ref-text "what ref.wav says" ...       (ICL cloning)
+    qtts say --checkpoint tiny-customvoice --speaker serena ...       (built-in voice)
 
 Every user mistake ends in one line on stderr and exit status 2 (bad input) or 3 (missing
 artifacts), never in a traceback from inside ncnn.
@@ -43,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     voice = say.add_mutually_exclusive_group()
     voice.add_argument("--voice", type=Path, help="24 kHz mono reference wav to clone (x-vector)")
     voice.add_argument("--speaker", help="a built-in speaker of a CustomVoice checkpoint")
+    say.add_argument("--ref-text", help="transcript of --voice: clone in ICL mode (x-vector only without it)")
     say.add_argument("--resample", action="store_true", help="accept a wav at another rate/channels and convert it")
     say.add_argument("-o", "--output", type=Path, required=True)
     say.add_argument("--seed", type=int, default=0, help="sampling seed (ignored with --greedy)")
@@ -61,11 +64,15 @@ def say(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if args.max_frames < 1:
         raise InputError("--max-frames must be at least 1")
+    if args.ref_text is not None and args.voice is None:
+        raise InputError("--ref-text needs --voice (the wav it transcribes)")
     wav_ref = load_wav(args.voice, strict=not args.resample) if args.voice else None
     t0 = time.perf_counter()
     synth = Synthesizer(_model_dir(args.checkpoint), threads=args.threads)
     xvector = synth.xvector(wav_ref) if wav_ref is not None else None
-    prompt = synth.build_prompt(args.text, args.language, xvector=xvector, speaker=args.speaker)
+    ref_codes = synth.encode_reference(wav_ref) if args.ref_text is not None else None
+    prompt = synth.build_prompt(args.text, args.language, xvector=xvector, speaker=args.speaker,
+                                ref_codes=ref_codes, ref_text=args.ref_text)
     if len(prompt.trailing) > args.max_frames:
         print(f"warning: the text has {len(prompt.text_ids)} tokens but --max-frames {args.max_frames} "
               f"({args.max_frames / FRAME_RATE:.0f} s) is the cap: the end of the text will not be spoken",
@@ -73,7 +80,7 @@ def say(args: argparse.Namespace) -> int:
     with tqdm(total=args.max_frames, unit="frame", desc="generating", file=sys.stderr) as bar:
         result = synth.generate(prompt, args.max_frames + 1, greedy=args.greedy, seed=args.seed,
                                 on_frame=lambda n: bar.update(1))
-    result.wav = synth.decode(result.codes)
+    result.wav = synth.decode_with_reference(result.codes, ref_codes)
     seconds = time.perf_counter() - t0
     save_wav(args.output, result.wav)
     audio_s = len(result.wav) / SAMPLE_RATE
