@@ -28,8 +28,6 @@
 
 # %%
 import inspect
-import subprocess
-import sys
 import time
 
 import matplotlib.pyplot as plt
@@ -40,6 +38,7 @@ from IPython.display import Audio, display
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference
 from qtts_lib.export import kvcache
 from qtts_lib.runtime import bpe, sampler
+from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime.audio import save_wav
 from qtts_lib.runtime.synthesizer import Synthesizer
 
@@ -182,15 +181,10 @@ check.snr(f"chunked decode of {T} frames vs reference", ours_long, ref_long, 60.
 # transformers or qwen_tts raises — the same guard `tests/test_runtime_imports.py` uses.
 
 # %%
-guard = ("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
-         "        if name.split('.')[0] in ('torch', 'transformers', 'qwen_tts'):\n"
-         "            raise ImportError('blocked: ' + name)\nsys.meta_path.insert(0, Block())\n"
-         "from qtts_lib.runtime.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 cli_out = paths.outputs_dir(ckpt) / "06_cli.wav"
 voice_args = ["--speaker", voice["speaker"]] if custom_voice else ["--voice", str(paths.reference_wav())]
-run = subprocess.run([sys.executable, "-c", guard, "say", "--checkpoint", ckpt, "--text", inputs.TARGET_TEXT,
-                      "--language", inputs.LANGUAGE, "--greedy", "--max-frames", "20", "-o", str(cli_out),
-                      "--threads", str(THREADS)] + voice_args, capture_output=True, text=True)
+run = qtts_without_torch("say", "--checkpoint", ckpt, "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,
+                         "--greedy", "--max-frames", "20", "-o", str(cli_out), "--threads", str(THREADS), *voice_args)
 print(run.stdout, run.stderr[-600:])
 check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
 
@@ -199,8 +193,8 @@ check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
 
 # %%
 for label, extra in [("empty text", ["--text", "   "]), ("unknown language", ["--text", "hi", "--language", "klingon"])]:
-    args = ["say", "--checkpoint", ckpt, "-o", "/tmp/x.wav", "--language", "english"] + voice_args + extra
-    r = subprocess.run([sys.executable, "-m", "qtts_lib.runtime.cli"] + args, capture_output=True, text=True)
+    args = ["say", "--checkpoint", ckpt, "-o", str(cli_out), "--language", "english"] + voice_args + extra
+    r = qtts_without_torch(*args)
     print(f"{label}: exit {r.returncode}: {r.stderr.strip()}")
     check.equal(f"CLI refuses {label}", "exit status", r.returncode, 2)
 

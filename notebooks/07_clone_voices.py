@@ -27,8 +27,6 @@
 
 # %%
 import inspect
-import subprocess
-import sys
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -38,6 +36,7 @@ from IPython.display import Audio, display
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference
 from qtts_lib.export import kvcache
 from qtts_lib.runtime import mel, rvq
+from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime.audio import load_wav, save_wav
 from qtts_lib.runtime.synthesizer import InputError, Synthesizer
 
@@ -224,17 +223,13 @@ except InputError as e:
 # Both ways of cloning and the built-in voices, in a process where torch cannot be imported:
 
 # %%
-guard = ("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
-         "        if name.split('.')[0] in ('torch', 'transformers', 'qwen_tts'):\n"
-         "            raise ImportError('blocked: ' + name)\nsys.meta_path.insert(0, Block())\n"
-         "from qtts_lib.runtime.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 runs = {"speaker": ["--checkpoint", cv, "--speaker", synth_cv.speakers[0]]}
 if base:
     runs["icl"] = ["--checkpoint", ckpt, "--voice", str(paths.reference_wav()), "--ref-text", ref_text]
 for label, args in runs.items():
     out = paths.outputs_dir(ckpt) / f"07_cli_{label}.wav"
-    r = subprocess.run([sys.executable, "-c", guard, "say", *args, "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,
-                        "--greedy", "--max-frames", "12", "--threads", str(THREADS), "-o", str(out)], capture_output=True, text=True)
+    r = qtts_without_torch("say", *args, "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,
+                           "--greedy", "--max-frames", "12", "--threads", str(THREADS), "-o", str(out))
     print(r.stdout.strip() or r.stderr[-400:])
     check.equal(f"qtts say ({label}) with torch blocked", "exit status", r.returncode, 0)
 

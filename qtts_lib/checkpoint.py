@@ -21,7 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import paths
+from . import artifacts, paths
 
 SPEC_VERSION = 1  # bump when synthesis changes; stale checkpoints are rebuilt
 MANIFEST = "qtts_manifest.json"
@@ -217,21 +217,13 @@ def synthesize(name: str, seed: int = DEFAULT_SEED, out: Path | None = None) -> 
         "seed": seed,
         "spec_hash": spec_hash(s),
         "torch": torch.__version__,
-        "model.safetensors": _sha256(tmp / "model.safetensors"),
-        "speech_tokenizer/model.safetensors": _sha256(tmp / "speech_tokenizer" / "model.safetensors"),
+        "model.safetensors": artifacts.sha256(tmp / "model.safetensors"),
+        "speech_tokenizer/model.safetensors": artifacts.sha256(tmp / "speech_tokenizer" / "model.safetensors"),
     }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def is_synthetic(ckpt: str) -> bool:
