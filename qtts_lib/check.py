@@ -72,6 +72,14 @@ def mismatches(ours, ref) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- report
+class Row(dict):
+    """One recorded check. Already printed as an OK / NOT OK line, so a notebook cell that
+    ends in a check shows nothing more."""
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
 @dataclass
 class Report:
     stem: str
@@ -86,9 +94,9 @@ class Report:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(self.checks, indent=1, allow_nan=True))
 
-    def record(self, name: str, metric: str, value, threshold, ok: bool, op: str = "<=") -> dict:
+    def record(self, name: str, metric: str, value, threshold, ok: bool, op: str = "<=") -> Row:
         value = value if isinstance(value, (str, int)) else float(value)
-        row = {"name": name, "metric": metric, "value": value, "threshold": threshold, "ok": bool(ok)}
+        row = Row(name=name, metric=metric, value=value, threshold=threshold, ok=bool(ok))
         self.checks = [c for c in self.checks if c["name"] != name] + [row]
         self.save()
         shown = f"{value:.3g}" if isinstance(value, float) else str(value)
