@@ -96,26 +96,16 @@ class TextEmbed(nn.Module):
         return self.fc2(F.silu(self.fc1(x))).squeeze(0)
 
 
-class Lookup(nn.Module):
-    """int32 ids -> rows of one nn.Embedding. Introduced in 02."""
+class Single(nn.Module):
+    """One original submodule called as is: an nn.Embedding over int32 ids, or the codec head
+    over (n, hidden). The wrapper only gives pnnx a graph with that one op. Introduced in 02."""
 
-    def __init__(self, emb: nn.Embedding) -> None:
+    def __init__(self, module: nn.Module) -> None:
         super().__init__()
-        self.emb = emb
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.emb(ids)
-
-
-class Head(nn.Module):
-    """One bias-free Linear over (n, hidden). Introduced in 02."""
-
-    def __init__(self, lin: nn.Linear) -> None:
-        super().__init__()
-        self.lin = lin
+        self.module = module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(x)
+        return self.module(x)
 
 
 class PredictorHeads(nn.Module):
@@ -238,7 +228,7 @@ def _build_predictor_decoder(tts) -> nn.Module:
 
 def _build_predictor_embeds(tts) -> nn.Module:
     tables = [e.weight.detach() for e in _predictor(tts).model.codec_embedding]
-    return _eval(Lookup(nn.Embedding.from_pretrained(torch.cat(tables, dim=0), freeze=True)))
+    return _eval(Single(nn.Embedding.from_pretrained(torch.cat(tables, dim=0), freeze=True)))
 
 
 DECODER_REWRITES = [
@@ -262,7 +252,7 @@ register(ModuleSpec(
 
 register(ModuleSpec(
     name="talker_codec_embed",
-    build=lambda tts: _eval(Lookup(_talker(tts).model.codec_embedding)),
+    build=lambda tts: _eval(Single(_talker(tts).model.codec_embedding)),
     inputs=_codec_ids,
     reference=_codec_embed_ref,
     lengths=(7, 3),
@@ -284,7 +274,7 @@ register(ModuleSpec(
 
 register(ModuleSpec(
     name="talker_codec_head",
-    build=lambda tts: _eval(Head(_talker(tts).codec_head)),
+    build=lambda tts: _eval(Single(_talker(tts).codec_head)),
     inputs=lambda tts, length, seed: _hidden(length, _talker(tts).config.hidden_size, seed),
     reference=_codec_head_ref,
     lengths=(5, 2),
