@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(BIN)/python -m pytest tests -q
-	$(MAKE) notebooks
+	$(MAKE) --no-print-directory notebooks
 
 notebooks: setup
 	$(BIN)/jupytext --to ipynb -q $(CHAPTERS)
