@@ -1,4 +1,16 @@
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+
+@pytest.fixture(scope="session")
+def tts():
+    """The reference model on tiny-base, loaded once for every test file (about 5 s a load)."""
+    from qtts_lib import checkpoint, paths, reference
+
+    checkpoint.ensure("tiny-base")
+    return reference.load(paths.model_dir("tiny-base"), threads=2)

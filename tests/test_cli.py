@@ -1,5 +1,4 @@
 """`qtts say`: one clear line and a non-zero exit for every kind of bad input; a wav for good input."""
-import json
 import shutil
 
 import numpy as np
@@ -13,12 +12,11 @@ CKPT = "tiny-base"
 
 
 @pytest.fixture(scope="module")
-def exported():
+def exported(tts):
     """tiny-base with its ncnn graphs (chapters 04-05 do the same; reused when current)."""
-    from qtts_lib import checkpoint, export, reference
+    from qtts_lib import export
     from qtts_lib.export import kvcache
 
-    tts = reference.load(checkpoint.ensure(CKPT), threads=2)
     export.export_all(tts, CKPT)
     for name in ("talker_decoder", "predictor_decoder"):
         kvcache.write_kv_param(CKPT, name)

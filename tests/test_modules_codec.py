@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from qtts_lib import check, checkpoint, paths, reference
+from qtts_lib import check
 from qtts_lib.modules import _REGISTRY, codec, common, mimi, speaker  # noqa: F401  (they register their specs)
 
 SNR_DB = 60.0  # codec_decoder waveform
@@ -39,12 +39,6 @@ def _perturb(model: torch.nn.Module, seed: int = 0) -> None:
     for mod in model.modules():
         if hasattr(mod, "_embed"):
             mod._embed = None  # MimiEuclideanCodebook caches embed_sum / cluster_usage on first use
-
-
-@pytest.fixture(scope="module")
-def tts():
-    checkpoint.ensure("tiny-base")
-    return reference.load(paths.model_dir("tiny-base"), threads=2)
 
 
 @pytest.fixture(scope="module")

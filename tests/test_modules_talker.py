@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qtts_lib import checkpoint, paths, reference
+from qtts_lib import paths, reference
 from qtts_lib.modules import _REGISTRY, talker  # noqa: F401  (talker registers its specs)
 
 NAMES = ["talker_text_embed", "talker_codec_embed", "talker_decoder", "talker_codec_head",
@@ -12,12 +12,6 @@ NAMES = ["talker_text_embed", "talker_codec_embed", "talker_decoder", "talker_co
 DECODERS = {"talker_decoder", "predictor_decoder"}
 REL_TOL = 1e-5  # decoders: ||a-b|| / ||b||
 ABS_TOL = 1e-5  # embeddings and heads: max |a-b|
-
-
-@pytest.fixture(scope="module")
-def tts():
-    checkpoint.ensure("tiny-base")
-    return reference.load(paths.model_dir("tiny-base"), threads=2)
 
 
 @pytest.fixture(scope="module")

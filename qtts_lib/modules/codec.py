@@ -98,11 +98,12 @@ class ResUnit(nn.Module):
 
 
 class Layer(nn.Module):
-    """Pre-norm transformer layer with LayerScale; attention is SDPA with the mask input."""
+    """Pre-norm transformer layer with LayerScale; attention is SDPA with the mask input.
+    Shared with the Mimi encoder, which only swaps the norm (mimi.Layer)."""
 
     def __init__(self, src: nn.Module, heads: int, kv_heads: int, head_dim: int):
         super().__init__()
-        assert heads == kv_heads, "the 12 Hz codec decoder has no GQA"
+        assert heads == kv_heads, "the 12 Hz codec has no GQA"
         a = src.self_attn
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = a.q_proj, a.k_proj, a.v_proj, a.o_proj
         self.mlp = src.mlp

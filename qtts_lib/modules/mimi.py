@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime import rvq
-from . import ModuleSpec, common, register
+from . import ModuleSpec, codec, common, register
 
 HOP = 960  # samples per frame of the encoder transformer (25 Hz)
 FRAME = 1920  # samples per code frame (12.5 Hz), after the stride-2 downsample
@@ -54,28 +54,12 @@ class ResBlock(nn.Module):
         return x + self.block(x)
 
 
-class Layer(nn.Module):
-    """MimiTransformerLayer: LayerNorm, SDPA with the mask input, LayerScale, GELU MLP."""
+class Layer(codec.Layer):
+    """MimiTransformerLayer: the codec decoder's layer with LayerNorm instead of RMSNorm
+    (SDPA with the mask input, LayerScale, GELU MLP). Introduced in 02."""
 
-    def __init__(self, src: nn.Module, heads: int, kv_heads: int, head_dim: int):
-        super().__init__()
-        assert heads == kv_heads, "the 12 Hz Mimi encoder has no GQA"
-        a = src.self_attn
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = a.q_proj, a.k_proj, a.v_proj, a.o_proj
-        self.ln1, self.ln2, self.mlp = src.input_layernorm, src.post_attention_layernorm, src.mlp
-        self.s_attn, self.s_mlp = src.self_attn_layer_scale.scale, src.mlp_layer_scale.scale
-        self.heads, self.head_dim = heads, head_dim
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = self.ln1(x)
-        t = h.shape[1]
-        q = self.q_proj(h).view(1, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(1, t, self.heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(1, t, self.heads, self.head_dim).transpose(1, 2)
-        q, k = common.rotate_half_pairs(q, cos, sin), common.rotate_half_pairs(k, cos, sin)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = x + self.s_attn * self.o_proj(o.transpose(1, 2).reshape(1, t, -1))
-        return x + self.s_mlp * self.mlp(self.ln2(x))
+    def _norm(self, ln: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return ln(x)
 
 
 class MimiEncoder(nn.Module):

@@ -242,7 +242,7 @@ class Synthesizer:
                 on_frame(len(frames))
             t0 = time.perf_counter()
             step = len(frames) - 1
-            x = self.codec_embed([token])[0] + self._acoustic_sum(frame[1:])
+            x = self.frame_embeds(frame[None])[0]
             x = x + (prompt.trailing[step] if step < len(prompt.trailing) else prompt.tts_pad)
             hidden = self.talker.step(x[None, None].astype(np.float32))[0, -1]
             timing["talker"] += time.perf_counter() - t0
@@ -266,11 +266,6 @@ class Synthesizer:
             e = self.pred_embeds(np.array([s * self.codebook + code], np.int32))[0]
             h = self.predictor.step(e[None].astype(np.float32))[0, -1]
         return np.array(codes, np.int64)
-
-    def _acoustic_sum(self, acoustic: np.ndarray) -> np.ndarray:
-        """Σ over groups g of predictor table g at code g (the fused table takes group offsets)."""
-        ids = np.arange(self.groups - 1) * self.codebook + acoustic
-        return self.pred_embeds(ids.astype(np.int32))[0].sum(0)
 
     # ------------------------------------------------------------ codec
     def decode(self, codes: np.ndarray) -> np.ndarray:
