@@ -35,13 +35,13 @@ import numpy as np
 import torch
 from IPython.display import Audio, display
 
-from qtts_lib import artifacts, check, checkpoint, paths, plots, reference
+from qtts_lib import artifacts, check, checkpoint, paths, plots, reference, settings
 from qtts_lib.runtime.audio import AudioError, load_wav, save_wav
 
-ckpt = paths.checkpoint()  # QTTS_CHECKPOINT, default tiny-base
-torch.set_num_threads(paths.threads())
+ckpt = settings.checkpoint()  # QTTS_CHECKPOINT, default tiny-base
+torch.set_num_threads(settings.threads())
 report = check.begin("00_get_checkpoint", ckpt)
-print(f"checkpoint: {ckpt}   threads: {paths.threads()}   torch {torch.__version__}")
+print(f"checkpoint: {ckpt}   threads: {settings.threads()}   torch {torch.__version__}")
 
 # %% [markdown]
 # ## 1. Choose a checkpoint
@@ -60,8 +60,8 @@ print(f"checkpoint: {ckpt}   threads: {paths.threads()}   torch {torch.__version
 # %%
 os.environ["QTTS_CHECKPOINT"], saved = "qwen3-tts-large", ckpt
 try:
-    paths.checkpoint()
-except paths.UnknownCheckpoint as e:
+    settings.checkpoint()
+except settings.UnknownCheckpoint as e:
     refusal = str(e)
     print(refusal)
 finally:
@@ -123,7 +123,7 @@ print(f"codec ids: pad {talker['codec_pad_id']}, bos {talker['codec_bos_id']}, e
 # %%
 os.environ["HF_HUB_OFFLINE"] = "1"
 t0 = time.perf_counter()
-tts = reference.load(model_dir, threads=paths.threads())
+tts = reference.load(model_dir, threads=settings.threads())
 print(f"loaded {type(tts).__name__} in {time.perf_counter() - t0:.1f} s with HF_HUB_OFFLINE=1")
 n_params = sum(p.numel() for p in tts.model.parameters())
 n_codec = sum(p.numel() for p in tts.model.speech_tokenizer.model.parameters())
@@ -132,7 +132,7 @@ check.equal("talker layers loaded = config", "layers", len(tts.model.talker.mode
 
 # %% [markdown]
 # ## 5. The reference voice
-# `data/inputs/ref.wav` is espeak-ng speech resampled by sox to **24 kHz mono** (`python -m qtts_lib.inputs`
+# `data/inputs/voice.wav` is espeak-ng speech resampled by sox to **24 kHz mono** (`python -m qtts_lib.inputs`
 # remakes it). The reference model asserts 24 kHz, and a resampler is one more thing a port would have to
 # reproduce bit for bit, so we keep inputs native. A wav at another rate or with two channels is converted
 # with a printed note, never silently:
@@ -142,18 +142,18 @@ import tempfile
 
 import soundfile as sf
 
-ref_wav = load_wav(paths.reference_wav())
-print(f"ref.wav: {len(ref_wav)} samples = {len(ref_wav) / 24000:.2f} s at 24 kHz")
+voice_wav = load_wav(paths.voice_wav())
+print(f"voice.wav: {len(voice_wav)} samples = {len(voice_wav) / 24000:.2f} s at 24 kHz")
 with tempfile.TemporaryDirectory() as tmp:
     odd = f"{tmp}/stereo_22k.wav"
-    sf.write(odd, np.stack([ref_wav[::2], ref_wav[::2]], axis=1)[:22050], 22050)
+    sf.write(odd, np.stack([voice_wav[::2], voice_wav[::2]], axis=1)[:22050], 22050)
     converted = load_wav(odd)
     try:
         load_wav(odd, strict=True)
     except AudioError as e:
         print("strict:", e)
 check.equal("22.05 kHz stereo converted to 24 kHz mono", "samples", len(converted), 24000)
-display(Audio(ref_wav, rate=24000))
+display(Audio(voice_wav, rate=24000))
 
 # %% [markdown]
 # ## 6. Run the original once
@@ -165,7 +165,7 @@ display(Audio(ref_wav, rate=24000))
 TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
 MAX_NEW_TOKENS = 45
 t0 = time.perf_counter()
-voice = reference.default_voice(tts, ref_wav)
+voice = reference.default_voice(tts, voice_wav)
 run = reference.synthesize(tts, TEXT, "english", max_new_tokens=MAX_NEW_TOKENS, **voice)
 seconds = time.perf_counter() - t0
 wav = run["wav"]
@@ -176,7 +176,7 @@ check.equal("1920 samples per frame", "samples/frame", len(wav) // run["codes"].
 
 # %%
 display(Audio(wav, rate=24000))
-plots.waveform({"reference voice": ref_wav, f"original model ({ckpt})": wav});
+plots.waveform({"reference voice": voice_wav, f"original model ({ckpt})": wav});
 
 # %% [markdown]
 # ## 7. Keep the baseline
@@ -186,8 +186,8 @@ plots.waveform({"reference voice": ref_wav, f"original model ({ckpt})": wav});
 # %%
 out = save_wav(paths.outputs_dir(ckpt) / "00_baseline.wav", wav)
 entry = artifacts.record(out, "00_get_checkpoint", ckpt, inputs={"text": TEXT, "language": "english",
-                         "ref_wav_sha256": artifacts.sha256(paths.reference_wav()), "max_new_tokens": MAX_NEW_TOKENS},
-                         threads=paths.threads(), mode=f"{voice.get('speaker', 'x-vector')} greedy")
+                         "ref_wav_sha256": artifacts.sha256(paths.voice_wav()), "max_new_tokens": MAX_NEW_TOKENS},
+                         threads=settings.threads(), mode=f"{voice.get('speaker', 'x-vector')} greedy")
 artifacts.verify(out, ckpt)
 print(out, entry["sha256"][:16])
 

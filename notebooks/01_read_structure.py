@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from IPython.display import HTML, display
 
-from qtts_lib import check, checkpoint, paths, reference
+from qtts_lib import check, checkpoint, paths, reference, settings
 from qtts_lib.runtime.audio import load_wav
 
-ckpt = paths.checkpoint()
-torch.set_num_threads(paths.threads())
+ckpt = settings.checkpoint()
+torch.set_num_threads(settings.threads())
 report = check.begin("01_read_structure", ckpt)
-tts = reference.load(checkpoint.ensure(ckpt), threads=paths.threads())
+tts = reference.load(checkpoint.ensure(ckpt), threads=settings.threads())
 model, codec = tts.model, tts.model.speech_tokenizer.model
 cfg = checkpoint.load_config(ckpt)
 
@@ -92,13 +92,13 @@ targets += [(f"mimi_encoder.{n}", m) for n, m in codec.encoder.named_children() 
 targets += [("mimi_encoder.quantizer", codec.encoder.quantizer)]
 handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in targets]
 
-ref_wav = load_wav(paths.reference_wav())
-run = reference.synthesize(tts, "Read the structure.", "english", max_new_tokens=4, **reference.default_voice(tts, ref_wav))
+voice_wav = load_wav(paths.voice_wav())
+run = reference.synthesize(tts, "Read the structure.", "english", max_new_tokens=4, **reference.default_voice(tts, voice_wav))
 with torch.inference_mode():
-    ref_codes = codec.encode(torch.from_numpy(ref_wav)[None], torch.ones(1, len(ref_wav), dtype=torch.long)).audio_codes[0]
+    voice_codes = codec.encode(torch.from_numpy(voice_wav)[None], torch.ones(1, len(voice_wav), dtype=torch.long)).audio_codes[0]
 for h in handles:
     h.remove()
-print(f"{len(seen)} blocks called; generated codes {run['codes'].shape}, reference codes {tuple(ref_codes.shape)}")
+print(f"{len(seen)} blocks called; generated codes {run['codes'].shape}, reference codes {tuple(voice_codes.shape)}")
 
 # %%
 def show(rows, keep=lambda n: True):

@@ -31,12 +31,12 @@ import numpy as np
 import torch
 from IPython.display import HTML, Markdown, display
 
-from qtts_lib import check, checkpoint, modules, paths, plots, reference
+from qtts_lib import check, checkpoint, modules, paths, plots, reference, settings
 
-ckpt = paths.checkpoint()
-torch.set_num_threads(paths.threads())
+ckpt = settings.checkpoint()
+torch.set_num_threads(settings.threads())
 report = check.begin("02_split_modules", ckpt)
-tts = reference.load(checkpoint.ensure(ckpt), threads=paths.threads())
+tts = reference.load(checkpoint.ensure(ckpt), threads=settings.threads())
 has_speaker_encoder = tts.model.speaker_encoder is not None
 
 # %% [markdown]
@@ -91,7 +91,7 @@ check.equal("F.pad(x, (0, -3)) == x[..., :-3]", "max_abs", (torch.nn.functional.
 parts = [torch.randn(4, 8, generator=g) for _ in range(15)]
 stacked = torch.stack(parts).sum(0)
 via_matmul = (torch.ones(1, 15) @ torch.stack(parts).reshape(1, 15, -1)).reshape(4, 8)
-check.close("ones @ x == stack(...).sum(0)", via_matmul, stacked, abs=1e-6)
+check.close("ones @ x == stack(...).sum(0)", via_matmul, stacked, max_abs=1e-6)
 tables = [torch.randn(2048, 8, generator=g) for _ in range(15)]
 codes = torch.randint(0, 2048, (15, 5), generator=g)
 fused = torch.cat(tables)[(codes + torch.arange(15)[:, None] * 2048).int()]

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 from IPython.display import Audio, display
 
-from qtts_lib import artifacts, check, checkpoint, inputs, paths, plots, reference
+from qtts_lib import artifacts, check, checkpoint, inputs, paths, plots, reference, settings
 from qtts_lib.runtime.audio import load_wav
 
-ckpt = paths.checkpoint()
-THREADS = paths.threads()
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("03_make_golden", ckpt)
 golden = paths.golden_dir(ckpt)
@@ -45,9 +45,9 @@ tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)
 EOS = cfg["talker_config"]["codec_eos_token_id"]
 custom_voice = cfg["tts_model_type"] == "custom_voice"
-voice = reference.default_voice(tts, load_wav(paths.reference_wav()))
-SPEAKER, ref_wav = voice.get("speaker"), voice.get("ref_wav")
-print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector clone of data/inputs/ref.wav'}, {THREADS} threads")
+voice = reference.default_voice(tts, load_wav(paths.voice_wav()))
+SPEAKER, voice_wav = voice.get("speaker"), voice.get("voice_wav")
+print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector clone of data/inputs/voice.wav'}, {THREADS} threads")
 
 # %% [markdown]
 # ## 1. Generate the main golden: greedy, fp32, CPU, fixed threads
@@ -60,7 +60,7 @@ def run_with_logits(model_tts, **kw):
     logits = []
     h = model_tts.model.talker.codec_head.register_forward_hook(lambda m, a, out: logits.append(out[0, -1].detach().clone()))
     try:
-        out = reference.synthesize(model_tts, inputs.TARGET_TEXT, inputs.LANGUAGE, ref_wav, speaker=SPEAKER, **kw)
+        out = reference.synthesize(model_tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice_wav, speaker=SPEAKER, **kw)
     finally:
         h.remove()
     out["logits"] = torch.stack(logits).numpy()  # (steps, 3072)
@@ -99,7 +99,7 @@ check.tokens_equal("early stop: codes = prefix of the main golden", early["codes
 
 # %%
 common = {"text": inputs.TARGET_TEXT, "language": inputs.LANGUAGE, "max_new_tokens": inputs.GOLDEN_MAX_NEW_TOKENS,
-          "voice": SPEAKER or f"ref.wav sha256 {artifacts.sha256(paths.reference_wav())[:16]}"}
+          "voice": SPEAKER or f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}"}
 extra = {"threads": THREADS, "dtype": "float32", "device": "cpu", "attn": "sdpa", "greedy": True}
 
 
@@ -107,7 +107,7 @@ def save(name, run, eos_id, **more_inputs):
     seq = run["talker_sequences"]
     hit = np.flatnonzero(seq == eos_id)
     arrays = {key: run[key] for key in ("codes", "wav", "inputs_embeds", "trailing_text_hidden", "tts_pad_embed",
-                                        "talker_sequences", "logits", "ref_codes") if key in run}
+                                        "talker_sequences", "logits", "voice_codes") if key in run}
     if "xvector" in run:
         arrays["xvector"] = run["xvector"]
     arrays["eos_step"] = np.array(int(hit[0]) if hit.size else -1)
@@ -127,10 +127,10 @@ save(f"{mode}_eos", early, early_eos)
 
 # %%
 if not custom_voice:
-    ref_text = (paths.INPUTS / "ref.txt").read_text().strip()
-    icl = run_with_logits(tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS, ref_text=ref_text)
-    print(f"ICL: {icl['ref_codes'].shape[0]} reference frames + {icl['codes'].shape[0]} generated frames")
-    save("icl_greedy", icl, EOS, ref_text=ref_text)
+    voice_text = (paths.INPUTS / "voice.txt").read_text().strip()
+    icl = run_with_logits(tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS, voice_text=voice_text)
+    print(f"ICL: {icl['voice_codes'].shape[0]} reference frames + {icl['codes'].shape[0]} generated frames")
+    save("icl_greedy", icl, EOS, voice_text=voice_text)
     check.equal("ICL: generated frames", "frames", int(icl["codes"].shape[0]), inputs.GOLDEN_MAX_NEW_TOKENS - 1)
 else:
     print("skipped the ICL golden because a CustomVoice checkpoint has no speaker/Mimi cloning path")

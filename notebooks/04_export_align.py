@@ -34,12 +34,12 @@ import numpy as np
 import torch
 from IPython.display import HTML, display
 
-from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, reference
+from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, reference, settings
 from qtts_lib.runtime import rvq
 from qtts_lib.runtime.net import Net
 
-ckpt = paths.checkpoint()
-THREADS = paths.threads()
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("04_export_align", ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)

@@ -46,12 +46,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from IPython.display import HTML, display
 
-from qtts_lib import check, export, paths
+from qtts_lib import check, export, paths, settings
 from qtts_lib.export import pitfalls
 from qtts_lib.runtime.net import from_mat, make_net, to_mat
 
-ckpt = paths.checkpoint()
-THREADS = paths.threads()
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("04b_reproduce_pitfalls", ckpt)
 VERSIONS = {d: metadata.version(d) for d in ("pnnx", "ncnn", "torch")}
@@ -95,11 +95,11 @@ def torch_out(module: nn.Module, inputs: dict) -> np.ndarray:
         return module(*inputs.values()).numpy()
 
 
-def first_layer(param: Path, layer_type: str) -> export.Layer:
+def first_layer(param: Path, layer_type: str) -> export.ParamLayer:
     return next(l for l in export.read_param(param).layers if l.type == layer_type)
 
 
-def param_of(layer: export.Layer, key: str) -> str:
+def param_of(layer: export.ParamLayer, key: str) -> str:
     """The `key=value` entry of one layer's parameters ('' when absent)."""
     return next((q for q in layer.params if q.startswith(f"{key}=")), "")
 
@@ -390,7 +390,7 @@ for k, info in up_info.items():
         check.equal(f"3 {k}: ncnn output length @ T={t}", "samples", ours.shape[-1],
                     2 * t + 2 if k == "y[..., :-2]" else 2 * t)
         # the dropped crop loses nothing else: the first 2T samples are right
-        check.close(f"3 {k}: first 2T samples vs torch @ T={t}", ours[..., : 2 * t], ref, abs=1e-5)
+        check.close(f"3 {k}: first 2T samples vs torch @ T={t}", ours[..., : 2 * t], ref, max_abs=1e-5)
 finding("`x[..., :-r]` with a dynamic length", PNNX, trim_shapes["y[..., :-2]", 7][-1] != 14,
         f"no Crop written; T=7 gives {trim_shapes['y[..., :-2]', 7][-1]} samples instead of 14, no error",
         "`F.pad(x, (0, -r))` (a Crop); `x[..., :x.shape[-1] - r]` also works")
@@ -520,7 +520,7 @@ for t in (7, 11):
     frozen[t] = ours.shape
     print(f"T={t}: {res.status}, extract {res.stdout.strip()}, ncnn shape {ours.shape}, torch shape {ref.shape}")
     check.equal(f"5 one shape: ncnn output shape @ T={t}", "shape", str(ours.shape), "(1, 7, 32)")
-    check.close(f"5 one shape: first 7 rows vs torch @ T={t}", ours[:, :7], ref[:, :7], abs=1e-5)
+    check.close(f"5 one shape: first 7 rows vs torch @ T={t}", ours[:, :7], ref[:, :7], max_abs=1e-5)
 
 # %%
 shutil.copy(two["param"], WORK / "two_shapes.param")
@@ -760,7 +760,7 @@ runtime_out = {"defaults": run_block(conv["fp16=0"], ins["x"].numpy()),
                "fp16/bf16 off": run_block(conv["fp16=0"], ins["x"].numpy(), **FP_OFF),
                "bf16 storage on": run_block(conv["fp16=0"], ins["x"].numpy(), **{**FP_OFF, "use_bf16_storage": True})}
 runtime_rel = {k: check.rel_err(v, ref) for k, v in runtime_out.items()}
-default_vs_off = check.max_abs(runtime_out["defaults"], runtime_out["fp16/bf16 off"])
+default_vs_off = check.max_abs_err(runtime_out["defaults"], runtime_out["fp16/bf16 off"])
 print({k: f"{v:.1e}" for k, v in runtime_rel.items()}, "| max |defaults - off| =", default_vs_off)
 check.at_most("8 runtime fp16/bf16 off: ncnn vs torch", "rel", runtime_rel["fp16/bf16 off"], 1e-6)
 check.at_most("8 runtime defaults: ncnn vs torch", "rel", runtime_rel["defaults"], 1e-2)

@@ -35,15 +35,15 @@ import ncnn
 import numpy as np
 import torch
 
-from qtts_lib import artifacts, check, checkpoint, export, modules, paths, reference
+from qtts_lib import artifacts, check, checkpoint, export, modules, paths, reference, settings
 from qtts_lib.export import kvcache
 from qtts_lib.modules import common
 from qtts_lib.runtime import rope
 from qtts_lib.runtime.kvcache import KvCacheNet
 from qtts_lib.runtime.net import from_mat, to_mat
 
-ckpt = paths.checkpoint()
-THREADS = paths.threads()
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("05_inject_kv_cache", ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)

@@ -35,15 +35,15 @@ import numpy as np
 import torch
 from IPython.display import Audio, display
 
-from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference
+from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
 from qtts_lib.export import kvcache
 from qtts_lib.runtime import bpe, sampler
 from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime.audio import save_wav
 from qtts_lib.runtime.synthesizer import Synthesizer
 
-ckpt = paths.checkpoint()
-THREADS = paths.threads()
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("06_generate_end_to_end", ckpt)
 model_dir = checkpoint.ensure(ckpt)
@@ -97,7 +97,7 @@ ref_scores = hf(torch.tensor([hist]), torch.from_numpy(logits)[None].clone())[0]
 ours_scores = sampler.process(logits, hist, 6, talker_sc)
 finite = np.isfinite(ref_scores)
 check.equal("same -inf positions as HF (suppressed range)", "equal", bool((np.isfinite(ours_scores) == finite).all()), True)
-check.close("processed talker logits = HF processors (step 6 of the golden)", ours_scores[finite], ref_scores[finite], abs=1e-6)
+check.close("processed talker logits = HF processors (step 6 of the golden)", ours_scores[finite], ref_scores[finite], max_abs=1e-6)
 check.equal("greedy token = golden token at step 6", "token", sampler.sample(logits, hist, 6, talker_sc, np.random.default_rng(0)), int(golden["talker_sequences"][6]))
 
 # %% [markdown]
@@ -182,7 +182,7 @@ check.snr(f"chunked decode of {T} frames vs reference", ours_long, ref_long, 60.
 
 # %%
 cli_out = paths.outputs_dir(ckpt) / "06_cli.wav"
-voice_args = ["--speaker", voice["speaker"]] if custom_voice else ["--voice", str(paths.reference_wav())]
+voice_args = ["--speaker", voice["speaker"]] if custom_voice else ["--voice", str(paths.voice_wav())]
 run = qtts_without_torch("say", "--checkpoint", ckpt, "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,
                          "--greedy", "--max-frames", "20", "-o", str(cli_out), "--threads", str(THREADS), *voice_args)
 print(run.stdout, run.stderr[-600:])

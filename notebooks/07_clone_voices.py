@@ -33,15 +33,15 @@ import numpy as np
 import torch
 from IPython.display import Audio, display
 
-from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference
+from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
 from qtts_lib.export import kvcache
 from qtts_lib.runtime import mel, rvq
 from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime.audio import load_wav, save_wav
 from qtts_lib.runtime.synthesizer import InputError, Synthesizer
 
-ckpt = paths.checkpoint()
-THREADS = paths.threads()
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("07_clone_voices", ckpt)
 model_dir = checkpoint.ensure(ckpt)
@@ -52,9 +52,9 @@ if base:
     for name in ("talker_decoder", "predictor_decoder"):
         kvcache.write_kv_param(ckpt, name)
     synth = Synthesizer(model_dir, threads=THREADS)
-ref_wav = load_wav(paths.reference_wav())
-ref_text = (paths.INPUTS / "ref.txt").read_text().strip()
-print(f"{ckpt} ({tts.model.tts_model_type}); reference voice {len(ref_wav) / 24000:.2f} s: {ref_text!r}")
+voice_wav = load_wav(paths.voice_wav())
+voice_text = (paths.INPUTS / "voice.txt").read_text().strip()
+print(f"{ckpt} ({tts.model.tts_model_type}); reference voice {len(voice_wav) / 24000:.2f} s: {voice_text!r}")
 
 # %% [markdown]
 # ## 1. The mel frontend, in numpy
@@ -82,7 +82,7 @@ def reference_mel(w: np.ndarray) -> np.ndarray:
 rng = np.random.default_rng(7)
 chirp_t = np.arange(50_001) / 24000
 wavs = {
-    "ref.wav": ref_wav,
+    "voice.wav": voice_wav,
     "noise, 37123 samples": (0.1 * rng.standard_normal(37_123)).astype(np.float32),
     "chirp + faint noise, 50001 samples": (0.5 * np.sin(2 * np.pi * (100 + 5000 * chirp_t) * chirp_t)
                                             + 1e-3 * rng.standard_normal(len(chirp_t))).astype(np.float32),
@@ -94,9 +94,9 @@ for name, w in wavs.items():
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 2.8))
-m = mel.mel_spectrogram(ref_wav)
+m = mel.mel_spectrogram(voice_wav)
 axes[0].imshow(m.T, origin="lower", aspect="auto", cmap="magma")
-axes[0].set_title(f"log-mel of ref.wav (numpy), {m.shape[0]} frames x 128")
+axes[0].set_title(f"log-mel of voice.wav (numpy), {m.shape[0]} frames x 128")
 axes[1].plot(mel.mel_filterbank(24000, 1024, 128, 0.0, 12000.0)[::8].T, lw=0.8)
 axes[1].set_title("every 8th Slaney filter")
 axes[1].set_xlabel("FFT bin");
@@ -109,13 +109,13 @@ axes[1].set_xlabel("FFT bin");
 
 # %%
 if base:
-    xvector = synth.xvector(ref_wav)
+    xvector = synth.xvector(voice_wav)
     with torch.inference_mode():
-        xvector_torch = tts.model.extract_speaker_embedding(ref_wav, 24000).numpy()
+        xvector_torch = tts.model.extract_speaker_embedding(voice_wav, 24000).numpy()
     check.cos("x-vector: ncnn (numpy mel) vs torch", xvector, xvector_torch, 0.99999)
     golden, entry = artifacts.load_npz(paths.golden_dir(ckpt) / "xvec_greedy.npz", ckpt)
-    if entry["inputs"]["voice"] != f"ref.wav sha256 {artifacts.sha256(paths.reference_wav())[:16]}":
-        raise artifacts.StaleArtifact("the golden was made from another ref.wav; re-run notebooks/03_make_golden.py")
+    if entry["inputs"]["voice"] != f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}":
+        raise artifacts.StaleArtifact("the golden was made from another voice.wav; re-run notebooks/03_make_golden.py")
     result = synth.generate(synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, xvector=xvector), inputs.GOLDEN_MAX_NEW_TOKENS)
     check.tokens_equal("x-vector clone: all codes = golden", result.codes, golden["codes"])
 else:
@@ -137,9 +137,9 @@ def torch_codes(w: np.ndarray) -> np.ndarray:
 
 
 if base:
-    for frames in (len(ref_wav) // 1920, 40):
-        w = ref_wav[: frames * 1920]
-        check.tokens_equal(f"reference codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.encode_reference(w), torch_codes(w))
+    for frames in (len(voice_wav) // 1920, 40):
+        w = voice_wav[: frames * 1920]
+        check.tokens_equal(f"reference codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.encode_voice(w), torch_codes(w))
 
 # %% [markdown]
 # A fixed graph takes whole frames, so the runtime zero-pads a wav up front; the reference instead pads inside every
@@ -147,8 +147,8 @@ if base:
 
 # %%
 if base:
-    odd = ref_wav[: 40 * 1920 - 700]
-    ours_c, ref_c = synth.encode_reference(odd), torch_codes(odd)
+    odd = voice_wav[: 40 * 1920 - 700]
+    ours_c, ref_c = synth.encode_voice(odd), torch_codes(odd)
     per_frame = (ours_c != ref_c).sum(1)
     print(f"{len(odd)} samples -> {len(ref_c)} frames; differing codes per frame: last frame {per_frame[-1]}/16, "
           f"all other frames {per_frame[:-1].sum()}")
@@ -163,14 +163,14 @@ if base:
 # %%
 if base:
     icl_golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / "icl_greedy.npz", ckpt)
-    ref_codes = synth.encode_reference(ref_wav)
-    check.tokens_equal("ICL reference codes = golden's", ref_codes, icl_golden["ref_codes"])
-    prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, xvector=xvector, ref_codes=ref_codes, ref_text=ref_text)
+    voice_codes = synth.encode_voice(voice_wav)
+    check.tokens_equal("ICL reference codes = golden's", voice_codes, icl_golden["voice_codes"])
+    prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, xvector=xvector, voice_codes=voice_codes, voice_text=voice_text)
     print(f"ICL prompt {prompt.embeds.shape}, trailing {prompt.trailing.shape}")
     check.close("ICL prompt embeddings = reference", prompt.embeds, icl_golden["inputs_embeds"], rel=1e-5)
     icl = synth.generate(prompt, inputs.GOLDEN_MAX_NEW_TOKENS)
     check.tokens_equal("ICL clone: all codes = golden", icl.codes, icl_golden["codes"])
-    icl_wav = synth.decode_with_reference(icl.codes, ref_codes)
+    icl_wav = synth.decode_with_voice(icl.codes, voice_codes)
     check.snr("ICL waveform (reference part cut by frame ratio) vs golden", icl_wav, icl_golden["wav"], 60.0)
     save_wav(paths.outputs_dir(ckpt) / "07_icl.wav", icl_wav)
     display(Audio(icl_wav, rate=24000))
@@ -225,7 +225,7 @@ except InputError as e:
 # %%
 runs = {"speaker": ["--checkpoint", cv, "--speaker", synth_cv.speakers[0]]}
 if base:
-    runs["icl"] = ["--checkpoint", ckpt, "--voice", str(paths.reference_wav()), "--ref-text", ref_text]
+    runs["icl"] = ["--checkpoint", ckpt, "--voice", str(paths.voice_wav()), "--voice-text", voice_text]
 for label, args in runs.items():
     out = paths.outputs_dir(ckpt) / f"07_cli_{label}.wav"
     r = qtts_without_torch("say", *args, "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,

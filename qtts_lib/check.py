@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import paths
+from . import paths, settings
 
 
 class CheckFailed(AssertionError):
@@ -38,7 +38,7 @@ def rel_err(ours, ref) -> float:
     return float(num / den) if den > 0 else float(num)
 
 
-def max_abs(ours, ref) -> float:
+def max_abs_err(ours, ref) -> float:
     """Largest elementwise |ours - ref|. Introduced in 02."""
     a, b = _f64(ours), _f64(ref)
     if a.shape != b.shape:
@@ -112,7 +112,7 @@ _current: Report | None = None
 def begin(stem: str, ckpt: str | None = None) -> Report:
     """Start (and reset) the report of one chapter. Introduced in 00."""
     global _current
-    _current = Report(stem, ckpt or paths.checkpoint())
+    _current = Report(stem, ckpt or settings.checkpoint())
     _current.save()
     return _current
 
@@ -135,13 +135,13 @@ def equal(name: str, metric: str, value, expected) -> dict:
     return current().record(name, metric, value, expected, value == expected, "==")
 
 
-def close(name: str, ours, ref, rel: float | None = None, abs: float | None = None) -> dict:
+def close(name: str, ours, ref, rel: float | None = None, max_abs: float | None = None) -> dict:
     """Relative (L2) or max-abs closeness of two arrays. Introduced in 02."""
-    if (rel is None) == (abs is None):
-        raise ValueError("give exactly one of rel= or abs=")
+    if (rel is None) == (max_abs is None):
+        raise ValueError("give exactly one of rel= or max_abs=")
     if rel is not None:
         return at_most(name, "rel", rel_err(ours, ref), rel)
-    return at_most(name, "max_abs", max_abs(ours, ref), abs)
+    return at_most(name, "max_abs", max_abs_err(ours, ref), max_abs)
 
 
 def snr(name: str, ours, ref, min_db: float) -> dict:
@@ -158,7 +158,7 @@ def tokens_equal(name: str, ours, ref) -> dict:
 
 
 def load(stem: str, ckpt: str | None = None) -> list[dict]:
-    path = paths.reports_dir(ckpt or paths.checkpoint()) / f"{stem}.json"
+    path = paths.reports_dir(ckpt or settings.checkpoint()) / f"{stem}.json"
     return json.loads(path.read_text())
 
 

@@ -21,7 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import artifacts, paths
+from . import artifacts, paths, settings
 
 SPEC_VERSION = 1  # bump when synthesis changes; stale checkpoints are rebuilt
 MANIFEST = "qtts_manifest.json"
@@ -240,7 +240,7 @@ def up_to_date(name: str, seed: int = DEFAULT_SEED) -> bool:
 
 def ensure(ckpt: str | None = None, seed: int = DEFAULT_SEED) -> Path:
     """The checkpoint directory, synthesized (or rebuilt when stale) if it is one of ours."""
-    ckpt = ckpt or paths.checkpoint()
+    ckpt = ckpt or settings.checkpoint()
     d = paths.model_dir(ckpt)
     if not is_synthetic(ckpt):
         missing = [f for f in ("config.json", "model.safetensors", "speech_tokenizer/config.json") if not (d / f).exists()]
@@ -255,4 +255,4 @@ def ensure(ckpt: str | None = None, seed: int = DEFAULT_SEED) -> Path:
 
 def load_config(ckpt: str | None = None) -> dict:
     """config.json of a checkpoint as a dict: every dimension and id comes from here."""
-    return json.loads((paths.model_dir(ckpt or paths.checkpoint()) / "config.json").read_text())
+    return json.loads((paths.model_dir(ckpt or settings.checkpoint()) / "config.json").read_text())

@@ -17,30 +17,30 @@ from pathlib import Path
 from . import paths
 
 FRAME_SAMPLES = 1920  # one 12.5 Hz codec frame at 24 kHz
-REF_TEXT = "Good morning. This short sentence is the reference voice for the qtts tutorial."
+VOICE_TEXT = "Good morning. This short sentence is the reference voice for the qtts tutorial."
 TARGET_TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
 LANGUAGE = "english"
 # 45 new tokens = 44 frames x 16 codes = 704 tokens to match, as in the original write-up.
 GOLDEN_MAX_NEW_TOKENS = 45
 
 
-def make_reference_wav(out: Path | None = None) -> Path:
-    out = out or paths.reference_wav()
+def make_voice_wav(out: Path | None = None) -> Path:
+    out = out or paths.voice_wav()
     for tool in ("espeak-ng", "sox"):
         if shutil.which(tool) is None:
             raise RuntimeError(f"{tool} is needed to remake {out} (apt-get install espeak-ng sox)")
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "raw.wav"
-        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), REF_TEXT], check=True)
+        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), VOICE_TEXT], check=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         frames = Path(tmp) / "24k.wav"
         subprocess.run(["sox", str(raw), "-r", "24000", "-c", "1", "-b", "16", str(frames), "rate", "-v"], check=True)
         n = int(subprocess.run(["soxi", "-s", str(frames)], check=True, capture_output=True, text=True).stdout)
         pad = -n % FRAME_SAMPLES
         subprocess.run(["sox", str(frames), str(out), "pad", "0", f"{pad}s"], check=True)
-    (out.with_suffix(".txt")).write_text(REF_TEXT + "\n")
+    (out.with_suffix(".txt")).write_text(VOICE_TEXT + "\n")
     return out
 
 
 if __name__ == "__main__":
-    print(make_reference_wav())
+    print(make_voice_wav())

@@ -11,7 +11,7 @@ def test_metrics():
     ref = np.array([1.0, 2.0, 3.0])
     assert check.rel_err(ref, ref) == 0.0
     assert check.rel_err(ref * 1.01, ref) == pytest.approx(0.01)
-    assert check.max_abs(ref + [0, 0.5, 0], ref) == 0.5
+    assert check.max_abs_err(ref + [0, 0.5, 0], ref) == 0.5
     assert check.snr_db(ref, ref) == math.inf
     assert check.snr_db(ref + 0.1 * ref, ref) == pytest.approx(20.0)
     assert check.cos_sim(ref, 2 * ref) == pytest.approx(1.0)

@@ -29,7 +29,7 @@ def say(*args):
 
 def test_good_input_writes_a_wav(exported, tmp_path, capsys):
     out = tmp_path / "out.wav"
-    rc = say("--voice", str(paths.reference_wav()), "--text", "Hello there.", "--language", "english",
+    rc = say("--voice", str(paths.voice_wav()), "--text", "Hello there.", "--language", "english",
              "--greedy", "--max-frames", "4", "-o", str(out))
     assert rc == 0
     wav, sr = sf.read(out)
@@ -45,7 +45,7 @@ def test_empty_text(exported, tmp_path, capsys, text):
 
 def test_long_text_is_capped_with_a_warning(exported, tmp_path, capsys):
     text = ("This sentence is repeated to make a very long input. " * 100)[:5000]
-    rc = say("--voice", str(paths.reference_wav()), "--text", text, "--language", "english", "--greedy",
+    rc = say("--voice", str(paths.voice_wav()), "--text", text, "--language", "english", "--greedy",
              "--max-frames", "3", "-o", str(tmp_path / "o.wav"))
     assert rc == 0
     err = capsys.readouterr().err
@@ -89,14 +89,14 @@ def test_unknown_checkpoint(tmp_path, capsys):
 
 def test_icl_and_its_bad_input(exported, tmp_path, capsys):
     out = tmp_path / "icl.wav"
-    rc = say("--voice", str(paths.reference_wav()), "--ref-text", "Good morning.", "--text", "Hello.",
+    rc = say("--voice", str(paths.voice_wav()), "--voice-text", "Good morning.", "--text", "Hello.",
              "--language", "english", "--greedy", "--max-frames", "3", "-o", str(out))
     assert rc == 0
     assert len(sf.read(out)[0]) == 3 * 1920  # the reference part is cut off
     capsys.readouterr()
-    assert say("--ref-text", "Good morning.", "--text", "Hello.", "-o", str(out)) == 2
-    assert "--ref-text needs --voice" in capsys.readouterr().err
-    assert say("--voice", str(paths.reference_wav()), "--ref-text", "  ", "--text", "Hello.", "-o", str(out)) == 2
+    assert say("--voice-text", "Good morning.", "--text", "Hello.", "-o", str(out)) == 2
+    assert "--voice-text needs --voice" in capsys.readouterr().err
+    assert say("--voice", str(paths.voice_wav()), "--voice-text", "  ", "--text", "Hello.", "-o", str(out)) == 2
     assert "reference text is empty" in capsys.readouterr().err
 
 

@@ -6,7 +6,7 @@ import soundfile as sf
 from qtts_lib.paths import ROOT
 from qtts_lib.runtime import mel as M
 
-REF_WAV = ROOT / "data" / "inputs" / "ref.wav"
+VOICE_WAV = ROOT / "data" / "inputs" / "voice.wav"
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,8 @@ def _chirp(n: int, f0: float = 100.0, f1: float = 11000.0) -> np.ndarray:
 
 def _wav(name: str) -> np.ndarray:
     rng = np.random.default_rng(0)
-    if name == "ref.wav":
-        wav, sr = sf.read(str(REF_WAV), dtype="float32")
+    if name == "voice.wav":
+        wav, sr = sf.read(str(VOICE_WAV), dtype="float32")
         assert sr == 24000
         return wav
     if name == "noise":
@@ -56,7 +56,7 @@ def _cos_rel(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return cos, rel
 
 
-@pytest.mark.parametrize("name", ["ref.wav", "noise", "chirp+dither", "short"])
+@pytest.mark.parametrize("name", ["voice.wav", "noise", "chirp+dither", "short"])
 def test_parity_with_reference(reference_mel, name):
     wav = _wav(name)
     ref = reference_mel(wav)

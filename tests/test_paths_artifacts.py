@@ -1,15 +1,15 @@
 import numpy as np
 import pytest
 
-from qtts_lib import artifacts, paths
+from qtts_lib import artifacts, paths, settings
 
 
 def test_default_and_unknown_checkpoint(monkeypatch):
     monkeypatch.delenv("QTTS_CHECKPOINT", raising=False)
-    assert paths.checkpoint() == "tiny-base"
+    assert settings.checkpoint() == "tiny-base"
     monkeypatch.setenv("QTTS_CHECKPOINT", "no-such-model")
-    with pytest.raises(paths.UnknownCheckpoint) as e:
-        paths.checkpoint()
+    with pytest.raises(settings.UnknownCheckpoint) as e:
+        settings.checkpoint()
     msg = str(e.value)
     assert "tiny-base" in msg and "full-customvoice" in msg and "models/" in msg
 
@@ -21,7 +21,7 @@ def test_real_checkpoint_dir_is_a_valid_choice(tmp_path, monkeypatch):
     (real / "config.json").write_text("{}")
     (real / "model.safetensors").write_bytes(b"")
     monkeypatch.setenv("QTTS_CHECKPOINT", real.name)
-    assert paths.checkpoint() == real.name
+    assert settings.checkpoint() == real.name
 
 
 def test_manifest_detects_stale_and_foreign(tmp_path, monkeypatch):

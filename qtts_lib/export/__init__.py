@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-NO_BATCH = 233  # pnnx's marker for "this blob has no batch axis"
+from ..runtime.net import NO_BATCH
 
 
 class ExportError(RuntimeError):
@@ -28,7 +28,7 @@ class ExportError(RuntimeError):
 
 # ---------------------------------------------------------------- .param reading
 @dataclass
-class Layer:
+class ParamLayer:
     type: str
     name: str
     inputs: list[str]
@@ -39,11 +39,11 @@ class Layer:
 @dataclass
 class ParamInfo:
     magic: int
-    layers: list[Layer]
+    layers: list[ParamLayer]
     counts: Counter = field(default_factory=Counter)
 
     @property
-    def leftovers(self) -> list[Layer]:
+    def leftovers(self) -> list[ParamLayer]:
         """Layers ncnn cannot run: pnnx-internal ops that no pass converted."""
         return [l for l in self.layers if l.type.startswith("pnnx.") or l.type.startswith("torch.")
                 or l.type.startswith("Tensor.") or l.type.startswith("nn.") or l.type.startswith("F.")]
@@ -64,7 +64,7 @@ def parse_param(text: str) -> ParamInfo:
         typ, name, n_in, n_out = tok[0], tok[1], int(tok[2]), int(tok[3])
         ins = tok[4 : 4 + n_in]
         outs = tok[4 + n_in : 4 + n_in + n_out]
-        layers.append(Layer(typ, name, ins, outs, tok[4 + n_in + n_out :]))
+        layers.append(ParamLayer(typ, name, ins, outs, tok[4 + n_in + n_out :]))
     return ParamInfo(magic, layers, Counter(l.type for l in layers))
 
 
@@ -135,7 +135,7 @@ def export_module(wrapper, name: str, inputs_a: dict, inputs_b: dict, out_dir: s
 
 
 # ---------------------------------------------------------------- .param rewrites
-def format_param(magic: int, layers: list[Layer]) -> str:
+def format_param(magic: int, layers: list[ParamLayer]) -> str:
     """.param text from layers, with the layer and blob counts recomputed."""
     blobs = {b for l in layers for b in l.inputs + l.outputs}
     rows = [str(magic), f"{len(layers)} {len(blobs)}"]
@@ -157,7 +157,7 @@ def drop_rope_widening(text: str) -> tuple[str, list[str]]:
     """
     info = parse_param(text)
     producer = {b: l for l in info.layers for b in l.outputs}
-    consumers: dict[str, list[Layer]] = {}
+    consumers: dict[str, list[ParamLayer]] = {}
     for l in info.layers:
         for b in l.inputs:
             consumers.setdefault(b, []).append(l)

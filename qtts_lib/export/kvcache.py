@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import Layer, format_param, parse_param
+from . import ParamLayer, format_param, parse_param
 
 
 def cache_blob_names(i: int) -> tuple[str, str, str, str]:
@@ -37,7 +37,7 @@ def add_kv_cache(text: str) -> str:
         layer.params = [p for p in layer.params if not p.startswith("7=")] + ["7=1"]
     cache_in = [b for i in range(len(sdpa)) for b in cache_blob_names(i)[:2]]
     last_input = max(i for i, l in enumerate(info.layers) if l.type == "Input")
-    layers = info.layers[: last_input + 1] + [Layer("Input", "kv_cache_in", [], cache_in, [])] + info.layers[last_input + 1 :]
+    layers = info.layers[: last_input + 1] + [ParamLayer("Input", "kv_cache_in", [], cache_in, [])] + info.layers[last_input + 1 :]
     return format_param(info.magic, layers)
 
 

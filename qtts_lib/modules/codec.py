@@ -97,9 +97,9 @@ class ResUnit(nn.Module):
         return x + self.conv2(self.act2(self.conv1(self.act1(x))))
 
 
-class Layer(nn.Module):
+class CodecTransformerLayer(nn.Module):
     """Pre-norm transformer layer with LayerScale; attention is SDPA with the mask input.
-    Shared with the Mimi encoder, which only swaps the norm (mimi.Layer)."""
+    Shared with the Mimi encoder, which only swaps the norm (mimi.MimiTransformerLayer)."""
 
     def __init__(self, src: nn.Module, heads: int, kv_heads: int, head_dim: int):
         super().__init__()
@@ -149,7 +149,7 @@ class CodecDecoder(nn.Module):
         pt = dec.pre_transformer
         self.input_proj, self.output_proj, self.norm = pt.input_proj, pt.output_proj, pt.norm
         self.layers = nn.ModuleList(
-            Layer(l, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) for l in pt.layers
+            CodecTransformerLayer(l, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) for l in pt.layers
         )
         self.upsample = nn.Sequential(*[m for tc, cn in dec.upsample for m in (TransConv(tc), ConvNeXt(cn))])
         blocks: list[nn.Module] = [CausalConv(dec.decoder[0])]

@@ -54,7 +54,7 @@ class ResBlock(nn.Module):
         return x + self.block(x)
 
 
-class Layer(codec.Layer):
+class MimiTransformerLayer(codec.CodecTransformerLayer):
     """MimiTransformerLayer: the codec decoder's layer with LayerNorm instead of RMSNorm
     (SDPA with the mask input, LayerScale, GELU MLP). Introduced in 02."""
 
@@ -73,7 +73,7 @@ class MimiEncoder(nn.Module):
               for m in enc.encoder.layers]
         )
         self.layers = nn.ModuleList(
-            Layer(l, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            MimiTransformerLayer(l, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             for l in enc.encoder_transformer.layers
         )
         self.downsample = MConv(enc.downsample)

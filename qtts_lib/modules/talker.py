@@ -96,7 +96,7 @@ class TextEmbed(nn.Module):
         return self.fc2(F.silu(self.fc1(x))).squeeze(0)
 
 
-class Single(nn.Module):
+class PassThrough(nn.Module):
     """One original submodule called as is: an nn.Embedding over int32 ids, or the codec head
     over (n, hidden). The wrapper only gives pnnx a graph with that one op. Introduced in 02."""
 
@@ -228,7 +228,7 @@ def _build_predictor_decoder(tts) -> nn.Module:
 
 def _build_predictor_embeds(tts) -> nn.Module:
     tables = [e.weight.detach() for e in _predictor(tts).model.codec_embedding]
-    return _eval(Single(nn.Embedding.from_pretrained(torch.cat(tables, dim=0), freeze=True)))
+    return _eval(PassThrough(nn.Embedding.from_pretrained(torch.cat(tables, dim=0), freeze=True)))
 
 
 DECODER_REWRITES = [
@@ -252,7 +252,7 @@ register(ModuleSpec(
 
 register(ModuleSpec(
     name="talker_codec_embed",
-    build=lambda tts: _eval(Single(_talker(tts).model.codec_embedding)),
+    build=lambda tts: _eval(PassThrough(_talker(tts).model.codec_embedding)),
     inputs=_codec_ids,
     reference=_codec_embed_ref,
     lengths=(7, 3),
@@ -274,7 +274,7 @@ register(ModuleSpec(
 
 register(ModuleSpec(
     name="talker_codec_head",
-    build=lambda tts: _eval(Single(_talker(tts).codec_head)),
+    build=lambda tts: _eval(PassThrough(_talker(tts).codec_head)),
     inputs=lambda tts, length, seed: _hidden(length, _talker(tts).config.hidden_size, seed),
     reference=_codec_head_ref,
     lengths=(5, 2),

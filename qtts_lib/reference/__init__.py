@@ -66,12 +66,12 @@ def _np(t):
     return t.detach().float().cpu().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
 
 
-def synthesize(tts, text: str, language: str, ref_wav=None, ref_text: str | None = None,
+def synthesize(tts, text: str, language: str, voice_wav=None, voice_text: str | None = None,
                max_new_tokens: int = 45, eos_token_id: int | None = None, speaker: str | None = None,
                **gen_kwargs) -> dict:
     """Run the original pipeline once and capture what the port must reproduce.
 
-    Base checkpoints clone `ref_wav`: x-vector mode without `ref_text`, ICL mode with it.
+    Base checkpoints clone `voice_wav`: x-vector mode without `voice_text`, ICL mode with it.
     CustomVoice checkpoints use the built-in `speaker` instead. Greedy unless `gen_kwargs` say
     otherwise. Probes wrap three methods of this model instance for the duration of the call:
     the talker's `generate` (prompt embeddings in, codebook-0 sequence out), the speaker
@@ -116,15 +116,15 @@ def synthesize(tts, text: str, language: str, ref_wav=None, ref_text: str | None
                     text=text, language=language, speaker=speaker, max_new_tokens=max_new_tokens, **kwargs)
             else:
                 wavs, sr = tts.generate_voice_clone(
-                    text=text, language=language, ref_audio=(np.asarray(ref_wav, np.float32), 24000),
-                    ref_text=ref_text, x_vector_only_mode=ref_text is None,
+                    text=text, language=language, ref_audio=(np.asarray(voice_wav, np.float32), 24000),
+                    ref_text=voice_text, x_vector_only_mode=voice_text is None,
                     max_new_tokens=max_new_tokens, **kwargs,
                 )
     finally:
         del model.talker.generate, model.extract_speaker_embedding, model.speech_tokenizer.decode
     codes = got.pop("decoded_codes")
-    n_ref = 0 if ref_text is None else codes.shape[0] - _generated_frames(got["talker_sequences"], eos_token_id, tts)
-    got.update(codes=codes[n_ref:], ref_codes=codes[:n_ref], wav=np.asarray(wavs[0], np.float32), sr=sr)
+    n_ref = 0 if voice_text is None else codes.shape[0] - _generated_frames(got["talker_sequences"], eos_token_id, tts)
+    got.update(codes=codes[n_ref:], voice_codes=codes[:n_ref], wav=np.asarray(wavs[0], np.float32), sr=sr)
     return got
 
 
@@ -134,9 +134,9 @@ def _generated_frames(sequence, eos_token_id, tts) -> int:
     return hits[0] if hits else len(sequence) - 1
 
 
-def default_voice(tts, ref_wav) -> dict:
+def default_voice(tts, voice_wav) -> dict:
     """Voice arguments for `synthesize`: the reference wav for Base checkpoints, the first
     built-in speaker (alphabetically) for CustomVoice ones, which have no speaker encoder."""
     if tts.model.tts_model_type == "custom_voice":
         return {"speaker": sorted(tts.model.config.talker_config.spk_id)[0]}
-    return {"ref_wav": ref_wav}
+    return {"voice_wav": voice_wav}

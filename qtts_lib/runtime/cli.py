@@ -1,7 +1,7 @@
 """`qtts say ...`: text to a wav file with numpy + ncnn only. Introduced in 06.
 
-    qtts say --checkpoint tiny-base --voice data/inputs/ref.wav --text "Hello." --language english -o out.wav
-    qtts say --voice ref.wav --ref-text "what ref.wav says" ...       (ICL cloning)
+    qtts say --checkpoint tiny-base --voice data/inputs/voice.wav --text "Hello." --language english -o out.wav
+    qtts say --voice voice.wav --voice-text "what voice.wav says" ...       (ICL cloning)
     qtts say --checkpoint tiny-customvoice --speaker serena ...       (built-in voice)
 
 Every user mistake ends in one line on stderr and exit status 2 (bad input) or 3 (missing
@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     voice = say.add_mutually_exclusive_group()
     voice.add_argument("--voice", type=Path, help="24 kHz mono reference wav to clone (x-vector)")
     voice.add_argument("--speaker", help="a built-in speaker of a CustomVoice checkpoint")
-    say.add_argument("--ref-text", help="transcript of --voice: clone in ICL mode (x-vector only without it)")
+    say.add_argument("--voice-text", help="transcript of --voice: clone in ICL mode (x-vector only without it)")
     say.add_argument("--resample", action="store_true", help="accept a wav at another rate/channels and convert it")
     say.add_argument("-o", "--output", type=Path, required=True)
     say.add_argument("--seed", type=int, default=0, help="sampling seed (ignored with --greedy)")
@@ -64,15 +64,15 @@ def say(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if args.max_frames < 1:
         raise InputError("--max-frames must be at least 1")
-    if args.ref_text is not None and args.voice is None:
-        raise InputError("--ref-text needs --voice (the wav it transcribes)")
+    if args.voice_text is not None and args.voice is None:
+        raise InputError("--voice-text needs --voice (the wav it transcribes)")
     wav_ref = load_wav(args.voice, strict=not args.resample) if args.voice else None
     t0 = time.perf_counter()
     synth = Synthesizer(_model_dir(args.checkpoint), threads=args.threads)
     xvector = synth.xvector(wav_ref) if wav_ref is not None else None
-    ref_codes = synth.encode_reference(wav_ref) if args.ref_text is not None else None
+    voice_codes = synth.encode_voice(wav_ref) if args.voice_text is not None else None
     prompt = synth.build_prompt(args.text, args.language, xvector=xvector, speaker=args.speaker,
-                                ref_codes=ref_codes, ref_text=args.ref_text)
+                                voice_codes=voice_codes, voice_text=args.voice_text)
     if len(prompt.trailing) > args.max_frames:
         print(f"warning: the text has {len(prompt.text_ids)} tokens but --max-frames {args.max_frames} "
               f"({args.max_frames / FRAME_RATE:.0f} s) is the cap: the end of the text will not be spoken",
@@ -80,7 +80,7 @@ def say(args: argparse.Namespace) -> int:
     with tqdm(total=args.max_frames, unit="frame", desc="generating", file=sys.stderr) as bar:
         result = synth.generate(prompt, args.max_frames + 1, greedy=args.greedy, seed=args.seed,
                                 on_frame=lambda n: bar.update(1))
-    result.wav = synth.decode_with_reference(result.codes, ref_codes)
+    result.wav = synth.decode_with_voice(result.codes, voice_codes)
     seconds = time.perf_counter() - t0
     save_wav(args.output, result.wav)
     audio_s = len(result.wav) / SAMPLE_RATE

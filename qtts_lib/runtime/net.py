@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-NO_BATCH = 233
+NO_BATCH = 233  # pnnx's marker for "this blob has no batch axis"
 
 
 class MissingArtifact(FileNotFoundError):

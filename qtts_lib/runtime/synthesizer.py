@@ -124,7 +124,7 @@ class Synthesizer:
                              + (f" ({', '.join(self.speakers)})" if self.speakers else ""))
         return self.speaker_encoder(mel_spectrogram(np.asarray(wav, np.float32)))[0].reshape(-1)
 
-    def encode_reference(self, wav: np.ndarray) -> np.ndarray:
+    def encode_voice(self, wav: np.ndarray) -> np.ndarray:
         """Reference codes (T, 16) of a 24 kHz wav: the exported Mimi encoder + the numpy split RVQ.
 
         The graph takes whole frames, so a wav is zero-padded to a multiple of 1920 samples; the
@@ -150,16 +150,16 @@ class Synthesizer:
 
     # ------------------------------------------------------------ prompt
     def build_prompt(self, text: str, language: str, xvector: np.ndarray | None = None, speaker: str | None = None,
-                     ref_codes: np.ndarray | None = None, ref_text: str | None = None,
+                     voice_codes: np.ndarray | None = None, voice_text: str | None = None,
                      non_streaming: bool | None = None) -> Prompt:
         """The reference's prompt (see module docstring). x-vector or built-in `speaker` for the
-        speaker row; `ref_codes` + `ref_text` for ICL. `non_streaming` defaults like the reference's
+        speaker row; `voice_codes` + `voice_text` for ICL. `non_streaming` defaults like the reference's
         entry points: False when cloning, True for built-in speakers."""
         if not text or not text.strip():
             raise InputError("the text is empty")
-        if (ref_codes is None) != (ref_text is None):
+        if (voice_codes is None) != (voice_text is None):
             raise InputError("ICL needs both the reference codes and the reference text")
-        if ref_text is not None and not ref_text.strip():
+        if voice_text is not None and not voice_text.strip():
             raise InputError("the reference text is empty")
         t, c = self.config, self.talker_cfg
         lang = language.lower()
@@ -188,10 +188,10 @@ class Synthesizer:
         head = np.concatenate([self.text_embed(ids[:3]), text_track + codec[:-1]])  # role, then tags/spk/pad
         codec_pad, codec_bos = self.codec_embed([c["codec_pad_id"]])[0], codec[-1]
         body = ids[3:-5]                                                     # the text between the role and <|im_end|>
-        if ref_codes is not None:
-            ref_ids = self.tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")[3:-2]
+        if voice_codes is not None:
+            ref_ids = self.tokenizer.encode(f"<|im_start|>assistant\n{voice_text}<|im_end|>\n")[3:-2]
             text_e = np.concatenate([self.text_embed(ref_ids + body), eos[None]])
-            codec_e = np.concatenate([codec_bos[None], self.frame_embeds(ref_codes)])
+            codec_e = np.concatenate([codec_bos[None], self.frame_embeds(voice_codes)])
             if non_streaming:
                 tail = [text_e + codec_pad, codec_e + pad]
                 trailing = pad[None]
@@ -293,27 +293,27 @@ class Synthesizer:
 
     # ------------------------------------------------------------ all of it
     def synthesize(self, text: str, language: str, xvector: np.ndarray | None = None, speaker: str | None = None,
-                   ref_wav: np.ndarray | None = None, ref_text: str | None = None, max_new_tokens: int = 2048,
+                   voice_wav: np.ndarray | None = None, voice_text: str | None = None, max_new_tokens: int = 2048,
                    greedy: bool = True, seed: int = 0, on_frame: Callable[[int], None] | None = None) -> Result:
-        """Everything: voice (x-vector from `ref_wav`, ICL when `ref_text` too, or a built-in speaker),
+        """Everything: voice (x-vector from `voice_wav`, ICL when `voice_text` too, or a built-in speaker),
         prompt, loop, decode. For ICL the reference codes are decoded with the generated ones and
         the reference part is cut off by frame ratio, as the reference does."""
-        ref_codes = None
-        if ref_wav is not None:
-            xvector = self.xvector(ref_wav) if xvector is None else xvector
-            ref_codes = self.encode_reference(ref_wav) if ref_text is not None else None
-        prompt = self.build_prompt(text, language, xvector=xvector, speaker=speaker, ref_codes=ref_codes, ref_text=ref_text)
+        voice_codes = None
+        if voice_wav is not None:
+            xvector = self.xvector(voice_wav) if xvector is None else xvector
+            voice_codes = self.encode_voice(voice_wav) if voice_text is not None else None
+        prompt = self.build_prompt(text, language, xvector=xvector, speaker=speaker, voice_codes=voice_codes, voice_text=voice_text)
         result = self.generate(prompt, max_new_tokens, greedy=greedy, seed=seed, on_frame=on_frame)
         t0 = time.perf_counter()
-        result.wav = self.decode_with_reference(result.codes, ref_codes)
+        result.wav = self.decode_with_voice(result.codes, voice_codes)
         result.seconds["codec"] = time.perf_counter() - t0
         return result
 
-    def decode_with_reference(self, codes: np.ndarray, ref_codes: np.ndarray | None = None) -> np.ndarray:
+    def decode_with_voice(self, codes: np.ndarray, voice_codes: np.ndarray | None = None) -> np.ndarray:
         """Decode; with reference codes, decode them in front and cut their share of the samples."""
-        if ref_codes is None or len(ref_codes) == 0:
+        if voice_codes is None or len(voice_codes) == 0:
             return self.decode(codes)
-        total = np.concatenate([ref_codes, codes])
+        total = np.concatenate([voice_codes, codes])
         wav = self.decode(total)
-        cut = int(len(ref_codes) / max(len(total), 1) * len(wav))
+        cut = int(len(voice_codes) / max(len(total), 1) * len(wav))
         return wav[cut:]
