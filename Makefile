@@ -39,8 +39,11 @@ book: setup
 	$(BIN)/jupyter-book build book -W -n --keep-going
 	@echo "book: $(CURDIR)/book/_build/html/index.html"
 
+# .jupyter/labconfig: a double-clicked .py chapter opens as a notebook (jupytext's default viewer).
+# JUPYTER_PREFER_ENV_PATH=1: kernel python3 is .venv's python. --allow-root only as root. LAB_ARGS: extra options.
 lab: setup
-	$(BIN)/jupyter lab --ServerApp.jpserver_extensions="{'jupytext': True}" notebooks/
+	JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) \
+	  --ServerApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf book/_build book/chapters notebooks/*.ipynb data/reports data/golden data/outputs
