@@ -94,7 +94,7 @@ if checkpoint.is_synthetic(ckpt) and ckpt.startswith("tiny"):
 
     manifest = json.loads((model_dir / checkpoint.MANIFEST).read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        again = checkpoint.synthesize(ckpt, manifest["seed"], out=Path(tmp) / ckpt)
+        again = checkpoint.build_random(ckpt, manifest["seed"], out=Path(tmp) / ckpt)
         same = artifacts.sha256(again / "model.safetensors") == manifest["model.safetensors"]
     check.equal("re-synthesis is byte-identical", "sha256 equal", same, True)
 else:
@@ -166,7 +166,7 @@ TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch
 MAX_NEW_TOKENS = 45
 t0 = time.perf_counter()
 voice = reference.default_voice(tts, voice_wav)
-run = reference.synthesize(tts, TEXT, "english", max_new_tokens=MAX_NEW_TOKENS, **voice)
+run = reference.capture_generation(tts, TEXT, "english", max_new_tokens=MAX_NEW_TOKENS, **voice)
 seconds = time.perf_counter() - t0
 wav = run["wav"]
 print(f"{run['codes'].shape[0]} frames -> {len(wav)} samples ({len(wav) / 24000:.2f} s of audio) in {seconds:.1f} s")

@@ -93,7 +93,7 @@ targets += [("mimi_encoder.quantizer", codec.encoder.quantizer)]
 handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in targets]
 
 voice_wav = load_wav(paths.voice_wav())
-run = reference.synthesize(tts, "Read the structure.", "english", max_new_tokens=4, **reference.default_voice(tts, voice_wav))
+run = reference.capture_generation(tts, "Read the structure.", "english", max_new_tokens=4, **reference.default_voice(tts, voice_wav))
 with torch.inference_mode():
     voice_codes = codec.encode(torch.from_numpy(voice_wav)[None], torch.ones(1, len(voice_wav), dtype=torch.long)).audio_codes[0]
 for h in handles:

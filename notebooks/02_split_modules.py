@@ -57,7 +57,7 @@ for spec in modules.all_specs():
     if spec.name == "speaker_encoder" and not has_speaker_encoder:
         continue
     ins = spec.inputs(tts, spec.lengths[0], seed=0)
-    outs = spec.reference(tts, ins)
+    outs = spec.run_original(tts, ins)
     rows.append(f"<tr><td><code>{spec.name}</code></td><td>{spec.summary}</td>"
                 f"<td>{'<br>'.join(f'{k} {describe(v)}' for k, v in ins.items())}</td>"
                 f"<td>{'<br>'.join(f'{k} {describe(v)}' for k, v in list(outs.items())[:3])}{' …' if len(outs) > 3 else ''}</td></tr>")
@@ -114,27 +114,22 @@ print(inspect.getsource(modules.get("talker_decoder").build(tts).__class__))
 # ## 3. Check every wrapper against the original, at two lengths
 # A wrapper that froze a length still matches at the length it was written for; only a second length shows it.
 # Inputs are synthetic (seeded): hidden states ~ N(0, 1), random valid ids and codes, noise-like waveforms.
-# Metrics: relative L2 error for the decoders and the Mimi latent (unit-Gaussian inputs grow through the layers,
-# so an absolute bound would mislead), max |diff| for embeddings and heads, SNR for the waveform, cosine for the x-vector.
+# Each module's spec carries its metric and tolerance (chapter 04 compares with the same ones): relative L2 error for
+# the decoders and the Mimi latent (unit-Gaussian inputs grow through the layers, so an absolute bound would mislead),
+# max |diff| for embeddings and heads, SNR for the waveform, cosine for the x-vector.
 
 # %%
-THRESHOLDS = {  # metric, bound
-    "talker_decoder": ("rel", 1e-5), "predictor_decoder": ("rel", 1e-5), "mimi_encoder": ("rel", 1e-5),
-    "talker_text_embed": ("max_abs", 1e-5), "talker_codec_embed": ("max_abs", 1e-5),
-    "talker_codec_head": ("max_abs", 1e-5), "predictor_embeds": ("max_abs", 1e-5), "predictor_heads": ("max_abs", 1e-5),
-    "codec_decoder": ("snr_db", 60.0), "speaker_encoder": ("cos", 0.99999),
-}
+print("\n".join(f"{s.name:20} {s.metric:8} {s.tolerance:g}" for s in modules.all_specs()))  # each spec's own
 results = []
 for spec in modules.all_specs():
     if spec.name == "speaker_encoder" and not has_speaker_encoder:
         print("skipped speaker_encoder because this CustomVoice checkpoint has none")
         continue
     wrapper = spec.build(tts)
-    metric, bound = THRESHOLDS[spec.name]
     for length in spec.lengths:
         ins = spec.inputs(tts, length, seed=length)
         with torch.inference_mode():
-            ref = spec.reference(tts, ins)
+            ref = spec.run_original(tts, ins)
             ours = wrapper(*ins.values())
         ours = ours if isinstance(ours, (tuple, list)) else (ours,)
         assert len(ours) == len(ref), f"{spec.name}: {len(ours)} outputs vs {len(ref)}"
@@ -143,14 +138,9 @@ for spec in modules.all_specs():
         o_all = torch.cat([o.reshape(-1) for o in ours])
         r_all = torch.cat([r.reshape(-1) for r in ref.values()])
         name = f"{spec.name} @ {length}"
-        if metric == "snr_db":
-            row = check.snr(name, o_all, r_all, bound)
-        elif metric == "cos":
-            row = check.cos(name, o_all, r_all, bound)
-        else:
-            row = check.close(name, o_all, r_all, **{"rel" if metric == "rel" else "abs": bound})
+        row = spec.check(name, o_all, r_all)
         results.append({"module": spec.name, "length": f"length {'a' if length == spec.lengths[0] else 'b'}",
-                        "rel": check.rel_err(o_all, r_all), "metric": metric, "value": row["value"]})
+                        "rel": check.rel_err(o_all, r_all), "metric": spec.metric, "value": row["value"]})
 
 # %% [markdown]
 # One picture for all ten: relative L2 error per module at both lengths (a bar at the floor means bitwise equal).

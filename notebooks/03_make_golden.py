@@ -52,7 +52,7 @@ print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector cl
 # %% [markdown]
 # ## 1. Generate the main golden: greedy, fp32, CPU, fixed threads
 # A forward hook on `codec_head` records the talker's logits at every step: they tell us later how close each
-# argmax decision was. `reference.synthesize` wraps three methods of the loaded model for one call to capture
+# argmax decision was. `reference.capture_generation` wraps three methods of the loaded model for one call to capture
 # the prompt embeddings going into the talker, the x-vector, and the codes going into the codec.
 
 # %%
@@ -60,7 +60,7 @@ def run_with_logits(model_tts, **kw):
     logits = []
     h = model_tts.model.talker.codec_head.register_forward_hook(lambda m, a, out: logits.append(out[0, -1].detach().clone()))
     try:
-        out = reference.synthesize(model_tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice_wav, speaker=SPEAKER, **kw)
+        out = reference.capture_generation(model_tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice_wav, speaker=SPEAKER, **kw)
     finally:
         h.remove()
     out["logits"] = torch.stack(logits).numpy()  # (steps, 3072)

@@ -24,7 +24,7 @@
 #
 # **You need:** `models/<ckpt>/` (chapter 00); the wrappers of chapter 02.
 # **Leaves behind:** `models/<ckpt>/ncnn/<module>.param/.bin` + `manifest.json`, `mimi_rvq.npz`,
-# `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in chapter 04b.
+# `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in chapters 04b (pnnx) and 04c (the ncnn binding).
 
 # %%
 import time
@@ -106,24 +106,18 @@ check.equal("talker_decoder: no Concat left in front of RotaryEmbed", "count", e
 # %% [markdown]
 # ## 3. Align each graph in ncnn, at two lengths
 # `runtime.net.Net` loads a graph with fp16/bf16 off and the manifest's batch axes, and turns numpy into `ncnn.Mat`
-# that own their memory (the binding's Mat only borrows a numpy buffer; chapter 04b shows what that does).
-# Inputs are fresh seeded synthetic ones, at the two lengths of each module. Metrics, as chapter 02:
-# relative L2 error for the decoders (their outputs grow through the layers), max |diff| for embeddings and heads,
-# waveform SNR for the codec, cosine for the x-vector, latent relative error and then **codes** for Mimi.
+# that own their memory (the binding's Mat only borrows a numpy buffer; chapter 04c shows what that does).
+# Inputs are fresh seeded synthetic ones, at the two lengths of each module. Each module is compared with the metric
+# and tolerance its spec carries (`spec.check`, the same comparison as chapter 02): relative L2 error for the decoders
+# (their outputs grow through the layers), max |diff| for embeddings and heads, waveform SNR for the codec, cosine for
+# the x-vector, latent relative error and then **codes** for Mimi.
 
 # %%
-THRESHOLDS = {
-    "talker_decoder": ("rel", 1e-5), "predictor_decoder": ("rel", 1e-5), "mimi_encoder": ("rel", 1e-5),
-    "talker_text_embed": ("max_abs", 1e-5), "talker_codec_embed": ("max_abs", 1e-5),
-    "talker_codec_head": ("max_abs", 1e-5), "predictor_embeds": ("max_abs", 1e-5), "predictor_heads": ("max_abs", 1e-5),
-    "codec_decoder": ("snr_db", 60.0), "speaker_encoder": ("cos", 0.99999),
-}
 rvq_tables, _ = artifacts.load_npz(out_dir / "mimi_rvq.npz", ckpt)
 results = []
 for name in entries:
     spec, net = modules.get(name), Net(out_dir, name, threads=THREADS)
     wrapper = spec.build(tts)
-    metric, bound = THRESHOLDS[name]
     for length in spec.lengths:
         ins = spec.inputs(tts, length, seed=1000 + length)
         with torch.inference_mode():
@@ -134,12 +128,7 @@ for name in entries:
             assert o.shape == r.shape, f"{name} @ {length}: ncnn shape {o.shape} vs torch {r.shape}"
         o_all, r_all = np.concatenate([o.ravel() for o in ours]), np.concatenate([r.ravel() for r in ref])
         label = f"{name} @ {length}"
-        if metric == "snr_db":
-            check.snr(label, o_all, r_all, bound)
-        elif metric == "cos":
-            check.cos(label, o_all, r_all, bound)
-        else:
-            check.close(label, o_all, r_all, **{"rel" if metric == "rel" else "abs": bound})
+        spec.check(label, o_all, r_all)
         results.append({"module": name, "length": "first length" if length == spec.lengths[0] else "second length",
                         "rel": check.rel_err(o_all, r_all)})
         if name == "mimi_encoder":
@@ -173,7 +162,7 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 # - *`load_param` fails* → a leftover pnnx op (section 2 names it); chapter 04b shows the usual suspects.
 # - *Right at one length, wrong shape at the other* → the export saw one shape; both `input=` and `input2=` must be given.
 # - *Errors around 1e-3* → fp16 weights or arithmetic: export with `fp16=0` and turn `use_fp16_*` off (runtime.net does).
-# - *Random garbage that changes from run to run* → an `ncnn.Mat` made from a temporary numpy array (see 04b).
+# - *Random garbage that changes from run to run* → an `ncnn.Mat` made from a temporary numpy array (see 04c).
 
 # %%
 check.table()

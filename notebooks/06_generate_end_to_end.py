@@ -36,7 +36,6 @@ import torch
 from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
-from qtts_lib.export import kvcache
 from qtts_lib.runtime import bpe, sampler
 from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime.audio import save_wav
@@ -48,9 +47,7 @@ torch.set_num_threads(THREADS)
 report = check.begin("06_generate_end_to_end", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)  # the reference, for the tokenizer and sampler comparisons only
-export.export_all(tts, ckpt)                      # reuses chapter 04's exports when current
-for name in ("talker_decoder", "predictor_decoder"):
-    kvcache.write_kv_param(ckpt, name)
+export.ensure(tts, ckpt)                          # chapters 04-05's graphs, reused when current
 custom_voice = tts.model.tts_model_type == "custom_voice"
 mode = "speaker" if custom_voice else "xvec"
 golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / f"{mode}_greedy.npz", ckpt)
@@ -108,8 +105,9 @@ check.equal("greedy token = golden token at step 6", "token", sampler.sample(log
 
 # %%
 synth = Synthesizer(model_dir, threads=THREADS)
-voice = {"speaker": sorted(cfg["talker_config"]["spk_id"])[0]} if custom_voice else {"xvector": golden["xvector"]}
-prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, **voice)
+speaker = sorted(cfg["talker_config"]["spk_id"])[0] if custom_voice else None
+voice = synth.voice(speaker=speaker) if custom_voice else synth.voice(xvector=golden["xvector"])
+prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, voice)
 print(f"prompt {prompt.embeds.shape}, trailing text {prompt.trailing.shape}")
 check.close("prompt embeddings = reference", prompt.embeds, golden["inputs_embeds"], rel=1e-5)
 check.close("trailing text embeddings = reference", prompt.trailing, golden["trailing_text_hidden"], rel=1e-5)
@@ -157,19 +155,28 @@ check.tokens_equal("early stop: codes = golden", early_result.codes, early["code
 # less than the transformer's reach), so a port that decodes in one shot disagrees with the reference on long outputs.
 
 # %%
-wav = synth.decode(codes)
+wav = synth.codec.decode(codes)
 check.snr("waveform vs golden", wav, golden["wav"], 60.0)
 out = save_wav(paths.outputs_dir(ckpt) / "06_ncnn.wav", wav)
 display(Audio(wav, rate=24000))
 plots.waveform({"PyTorch golden": golden["wav"], "ncnn runtime": wav});
+
+# %% [markdown]
+# Everything so far is what one call does, `Synthesizer.synthesize(text, language, voice)`: prompt, loop, decode.
+# It is the product's only pipeline; the CLI below runs exactly it.
+
+# %%
+product = synth.synthesize(inputs.TARGET_TEXT, inputs.LANGUAGE, voice, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
+check.tokens_equal("synthesize(): codes = golden", product.codes, golden["codes"])
+check.snr("synthesize(): waveform vs golden", product.wav, golden["wav"], 60.0)
 
 # %%
 T = 340  # past one chunk
 long_codes = np.random.default_rng(3).integers(0, 2048, size=(T, 16))
 with torch.inference_mode():
     ref_long = tts.model.speech_tokenizer.decode([{"audio_codes": torch.from_numpy(long_codes)}])[0][0]
-ours_long = synth.decode(long_codes)
-one_shot = synth._decode_once(long_codes)
+ours_long = synth.codec.decode(long_codes)
+one_shot = synth.codec.decode_once(long_codes)
 tail = slice(300 * 1920, None)
 print(f"frames 300..{T}: chunked vs reference {check.snr_db(ours_long[tail], ref_long[tail]):.1f} dB, "
       f"one-shot vs reference {check.snr_db(one_shot[tail], ref_long[tail]):.1f} dB")
@@ -182,8 +189,8 @@ check.snr(f"chunked decode of {T} frames vs reference", ours_long, ref_long, 60.
 
 # %%
 cli_out = paths.outputs_dir(ckpt) / "06_cli.wav"
-voice_args = ["--speaker", voice["speaker"]] if custom_voice else ["--voice", str(paths.voice_wav())]
-run = qtts_without_torch("say", "--checkpoint", ckpt, "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,
+voice_args = ["--speaker", speaker] if custom_voice else ["--voice", str(paths.voice_wav())]
+run = qtts_without_torch("say", "--checkpoint", str(model_dir), "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,
                          "--greedy", "--max-frames", "20", "-o", str(cli_out), "--threads", str(THREADS), *voice_args)
 print(run.stdout, run.stderr[-600:])
 check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
@@ -193,7 +200,7 @@ check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
 
 # %%
 for label, extra in [("empty text", ["--text", "   "]), ("unknown language", ["--text", "hi", "--language", "klingon"])]:
-    args = ["say", "--checkpoint", ckpt, "-o", str(cli_out), "--language", "english"] + voice_args + extra
+    args = ["say", "--checkpoint", str(model_dir), "-o", str(cli_out), "--language", "english"] + voice_args + extra
     r = qtts_without_torch(*args)
     print(f"{label}: exit {r.returncode}: {r.stderr.strip()}")
     check.equal(f"CLI refuses {label}", "exit status", r.returncode, 2)

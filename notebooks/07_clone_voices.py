@@ -34,7 +34,6 @@ import torch
 from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
-from qtts_lib.export import kvcache
 from qtts_lib.runtime import mel, rvq
 from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime.audio import load_wav, save_wav
@@ -48,9 +47,7 @@ model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)
 base = tts.model.tts_model_type == "base"
 if base:
-    export.export_all(tts, ckpt)
-    for name in ("talker_decoder", "predictor_decoder"):
-        kvcache.write_kv_param(ckpt, name)
+    export.ensure(tts, ckpt)
     synth = Synthesizer(model_dir, threads=THREADS)
 voice_wav = load_wav(paths.voice_wav())
 voice_text = (paths.INPUTS / "voice.txt").read_text().strip()
@@ -116,7 +113,8 @@ if base:
     golden, entry = artifacts.load_npz(paths.golden_dir(ckpt) / "xvec_greedy.npz", ckpt)
     if entry["inputs"]["voice"] != f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}":
         raise artifacts.StaleArtifact("the golden was made from another voice.wav; re-run notebooks/03_make_golden.py")
-    result = synth.generate(synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, xvector=xvector), inputs.GOLDEN_MAX_NEW_TOKENS)
+    voice = synth.voice(wav=voice_wav)  # the x-vector, computed as above
+    result = synth.generate(synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, voice), inputs.GOLDEN_MAX_NEW_TOKENS)
     check.tokens_equal("x-vector clone: all codes = golden", result.codes, golden["codes"])
 else:
     print("skipped the cloning sections because a CustomVoice checkpoint has no speaker encoder; section 4 covers it")
@@ -165,12 +163,14 @@ if base:
     icl_golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / "icl_greedy.npz", ckpt)
     voice_codes = synth.encode_voice(voice_wav)
     check.tokens_equal("ICL reference codes = golden's", voice_codes, icl_golden["voice_codes"])
-    prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, xvector=xvector, voice_codes=voice_codes, voice_text=voice_text)
+    icl_voice = synth.voice(wav=voice_wav, text=voice_text)  # x-vector + the clip's codes + its transcript
+    check.tokens_equal("ICL voice: its codes = the codes above", icl_voice.codes, voice_codes)
+    prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, icl_voice)
     print(f"ICL prompt {prompt.embeds.shape}, trailing {prompt.trailing.shape}")
     check.close("ICL prompt embeddings = reference", prompt.embeds, icl_golden["inputs_embeds"], rel=1e-5)
     icl = synth.generate(prompt, inputs.GOLDEN_MAX_NEW_TOKENS)
     check.tokens_equal("ICL clone: all codes = golden", icl.codes, icl_golden["codes"])
-    icl_wav = synth.decode_with_voice(icl.codes, voice_codes)
+    icl_wav = synth.codec.decode_with_voice(icl.codes, voice_codes)
     check.snr("ICL waveform (reference part cut by frame ratio) vs golden", icl_wav, icl_golden["wav"], 60.0)
     save_wav(paths.outputs_dir(ckpt) / "07_icl.wav", icl_wav)
     display(Audio(icl_wav, rate=24000))
@@ -187,9 +187,7 @@ if base:
 cv = "tiny-customvoice" if ckpt.startswith("tiny") else "full-customvoice"
 cv_dir = checkpoint.ensure(cv)
 tts_cv = reference.load(cv_dir, threads=THREADS)
-export.export_all(tts_cv, cv)
-for name in ("talker_decoder", "predictor_decoder"):
-    kvcache.write_kv_param(cv, name)
+export.ensure(tts_cv, cv)
 synth_cv = Synthesizer(cv_dir, threads=THREADS)
 cv_cfg = checkpoint.load_config(cv)["talker_config"]
 print("speakers:", {s: cv_cfg["spk_id"][s] for s in synth_cv.speakers})
@@ -200,8 +198,8 @@ N = 16  # new tokens per speaker: enough frames to pass the prompt and the EOS m
 rows = []
 for speaker in synth_cv.speakers:
     language = "auto" if cv_cfg["spk_is_dialect"][speaker] else inputs.LANGUAGE
-    ref_run = reference.synthesize(tts_cv, inputs.TARGET_TEXT, language, speaker=speaker, max_new_tokens=N)
-    prompt = synth_cv.build_prompt(inputs.TARGET_TEXT, language, speaker=speaker)
+    ref_run = reference.capture_generation(tts_cv, inputs.TARGET_TEXT, language, speaker=speaker, max_new_tokens=N)
+    prompt = synth_cv.build_prompt(inputs.TARGET_TEXT, language, synth_cv.voice(speaker=speaker))
     check.close(f"{speaker} ({language}): prompt = reference", prompt.embeds, ref_run["inputs_embeds"], rel=1e-5)
     ours = synth_cv.generate(prompt, N)
     row = check.tokens_equal(f"{speaker} ({language}): all codes = reference", ours.codes, ref_run["codes"])
@@ -213,7 +211,7 @@ print("\n".join(f"{s:10} {l:8} {n} frames  mismatched {v}" for s, l, n, v in row
 
 # %%
 try:
-    synth_cv.build_prompt("hi", "english", speaker="nobody")
+    synth_cv.voice(speaker="nobody")
 except InputError as e:
     print(e)
     check.equal("unknown speaker refused with the list", "lists serena", "serena" in str(e), True)
@@ -223,9 +221,9 @@ except InputError as e:
 # Both ways of cloning and the built-in voices, in a process where torch cannot be imported:
 
 # %%
-runs = {"speaker": ["--checkpoint", cv, "--speaker", synth_cv.speakers[0]]}
+runs = {"speaker": ["--checkpoint", str(cv_dir), "--speaker", synth_cv.speakers[0]]}
 if base:
-    runs["icl"] = ["--checkpoint", ckpt, "--voice", str(paths.voice_wav()), "--voice-text", voice_text]
+    runs["icl"] = ["--checkpoint", str(model_dir), "--voice", str(paths.voice_wav()), "--voice-text", voice_text]
 for label, args in runs.items():
     out = paths.outputs_dir(ckpt) / f"07_cli_{label}.wav"
     r = qtts_without_torch("say", *args, "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,

@@ -152,6 +152,19 @@ def cos(name: str, ours, ref, min_cos: float) -> dict:
     return at_least(name, "cos", cos_sim(ours, ref), min_cos)
 
 
+def within(name: str, metric: str, ours, ref, tolerance: float) -> dict:
+    """One comparison by metric name: rel, max_abs (at most `tolerance`), snr_db, cos (at least). Introduced in 02."""
+    if metric == "rel":
+        return close(name, ours, ref, rel=tolerance)
+    if metric == "max_abs":
+        return close(name, ours, ref, max_abs=tolerance)
+    if metric == "snr_db":
+        return snr(name, ours, ref, tolerance)
+    if metric == "cos":
+        return cos(name, ours, ref, tolerance)
+    raise ValueError(f"unknown metric {metric!r}: rel, max_abs, snr_db or cos")
+
+
 def tokens_equal(name: str, ours, ref) -> dict:
     bad, total = mismatches(ours, ref)
     return current().record(name, "mismatched/total", f"{bad}/{total}", f"0/{total}", bad == 0, "==")

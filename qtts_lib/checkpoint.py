@@ -97,19 +97,6 @@ def spec_hash(s: dict) -> str:
 
 
 # ---------------------------------------------------------------- text tokenizer files
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable-unicode map, used by Qwen2's vocab.json."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 def _merge_of(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
     """The pair byte-level BPE joins last to build `token`, using only lower ranks."""
     limit = ranks[token]
@@ -138,7 +125,8 @@ def write_text_tokenizer(out: Path) -> None:
             if line:
                 tok, rank = line.split()
                 ranks[base64.b64decode(tok)] = int(rank)
-        b2u = _bytes_to_unicode()
+        from .runtime.bpe import BYTE_TO_CHAR as b2u
+
         enc = lambda b: "".join(b2u[x] for x in b)  # noqa: E731
         vocab = {enc(t): r for t, r in ranks.items()}
         merges = []
@@ -175,7 +163,7 @@ def _save_safetensors(module, path: Path) -> None:
     save_file(state, str(path), metadata={"format": "pt"})
 
 
-def synthesize(name: str, seed: int = DEFAULT_SEED, out: Path | None = None) -> Path:
+def build_random(name: str, seed: int = DEFAULT_SEED, out: Path | None = None) -> Path:
     """Write a random-init checkpoint of the real architecture. Deterministic in `seed`."""
     import torch
 
@@ -212,7 +200,7 @@ def synthesize(name: str, seed: int = DEFAULT_SEED, out: Path | None = None) -> 
     write_text_tokenizer(tmp)
 
     manifest = {
-        "producer": "qtts_lib.checkpoint.synthesize",
+        "producer": "qtts_lib.checkpoint.build_random",
         "name": name,
         "seed": seed,
         "spec_hash": spec_hash(s),
@@ -249,7 +237,7 @@ def ensure(ckpt: str | None = None, seed: int = DEFAULT_SEED) -> Path:
         return d
     if not up_to_date(ckpt, seed):
         print(f"synthesizing {ckpt} (seed {seed}) in {d} ...")
-        synthesize(ckpt, seed)
+        build_random(ckpt, seed)
     return d
 
 

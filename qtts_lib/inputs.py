@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from . import paths
+from .runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 
-FRAME_SAMPLES = 1920  # one 12.5 Hz codec frame at 24 kHz
 VOICE_TEXT = "Good morning. This short sentence is the reference voice for the qtts tutorial."
 TARGET_TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
 LANGUAGE = "english"
@@ -34,9 +34,9 @@ def make_voice_wav(out: Path | None = None) -> Path:
         subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), VOICE_TEXT], check=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         frames = Path(tmp) / "24k.wav"
-        subprocess.run(["sox", str(raw), "-r", "24000", "-c", "1", "-b", "16", str(frames), "rate", "-v"], check=True)
+        subprocess.run(["sox", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(frames), "rate", "-v"], check=True)
         n = int(subprocess.run(["soxi", "-s", str(frames)], check=True, capture_output=True, text=True).stdout)
-        pad = -n % FRAME_SAMPLES
+        pad = -n % SAMPLES_PER_FRAME
         subprocess.run(["sox", str(frames), str(out), "pad", "0", f"{pad}s"], check=True)
     (out.with_suffix(".txt")).write_text(VOICE_TEXT + "\n")
     return out

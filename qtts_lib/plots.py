@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .runtime.audio import SAMPLE_RATE
 
-def waveform(wavs: dict[str, np.ndarray], sr: int = 24000, title: str = ""):
+
+def waveform(wavs: dict[str, np.ndarray], sr: int = SAMPLE_RATE, title: str = ""):
     """Waveform and log spectrogram of one or more signals, stacked."""
     import matplotlib.pyplot as plt
 

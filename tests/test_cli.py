@@ -15,16 +15,13 @@ CKPT = "tiny-base"
 def exported(tts):
     """tiny-base with its ncnn graphs (chapters 04-05 do the same; reused when current)."""
     from qtts_lib import export
-    from qtts_lib.export import kvcache
 
-    export.export_all(tts, CKPT)
-    for name in ("talker_decoder", "predictor_decoder"):
-        kvcache.write_kv_param(CKPT, name)
+    export.ensure(tts, CKPT)
     return paths.model_dir(CKPT)
 
 
 def say(*args):
-    return main(["say", "--checkpoint", CKPT, "--threads", "2", *args])
+    return main(["say", "--checkpoint", str(paths.model_dir(CKPT)), "--threads", "2", *args])
 
 
 def test_good_input_writes_a_wav(exported, tmp_path, capsys):
@@ -49,11 +46,12 @@ def test_long_text_is_capped_with_a_warning(exported, tmp_path, capsys):
              "--max-frames", "3", "-o", str(tmp_path / "o.wav"))
     assert rc == 0
     err = capsys.readouterr().err
-    assert "warning" in err and "--max-frames 3" in err
+    assert "warning" in err and "at most 3 frames" in err and "--max-frames" in err
 
 
 def test_unknown_language(exported, tmp_path, capsys):
-    assert say("--text", "hi", "--language", "klingon", "-o", str(tmp_path / "o.wav")) == 2
+    assert say("--voice", str(paths.voice_wav()), "--text", "hi", "--language", "klingon",
+               "-o", str(tmp_path / "o.wav")) == 2
     err = capsys.readouterr().err
     assert "klingon" in err and "english" in err
 
@@ -97,9 +95,40 @@ def test_icl_and_its_bad_input(exported, tmp_path, capsys):
     assert say("--voice-text", "Good morning.", "--text", "Hello.", "-o", str(out)) == 2
     assert "--voice-text needs --voice" in capsys.readouterr().err
     assert say("--voice", str(paths.voice_wav()), "--voice-text", "  ", "--text", "Hello.", "-o", str(out)) == 2
-    assert "reference text is empty" in capsys.readouterr().err
+    assert "voice transcript is empty" in capsys.readouterr().err
 
 
 def test_speaker_on_a_base_checkpoint(exported, tmp_path, capsys):
     assert say("--speaker", "serena", "--text", "Hello.", "-o", str(tmp_path / "o.wav")) == 2
     assert "unknown speaker 'serena'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threads", ["0", "-1", "two"])
+def test_bad_thread_count_is_one_line(tmp_path, capsys, threads):
+    with pytest.raises(SystemExit) as e:
+        main(["say", "--threads", threads, "--text", "hi", "-o", str(tmp_path / "o.wav")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--threads" in err
+
+
+def test_base_checkpoint_needs_a_voice(exported, tmp_path, capsys):
+    assert say("--text", "Hello.", "-o", str(tmp_path / "o.wav")) == 2
+    err = capsys.readouterr().err
+    assert "--voice" in err and "--voice-text" in err
+
+
+def test_vulkan_without_a_device(exported, tmp_path, capsys):
+    import ncnn
+
+    if ncnn.get_gpu_count() > 0:
+        pytest.skip(f"this machine has {ncnn.get_gpu_count()} Vulkan device(s); the refusal needs none")
+    assert say("--device", "vulkan", "--voice", str(paths.voice_wav()), "--text", "Hello.",
+               "-o", str(tmp_path / "o.wav")) == 2
+    assert "sees no Vulkan device" in capsys.readouterr().err
+
+
+def test_bad_device_name(exported, tmp_path, capsys):
+    assert say("--device", "tpu", "--voice", str(paths.voice_wav()), "--text", "Hello.",
+               "-o", str(tmp_path / "o.wav")) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err

@@ -10,6 +10,8 @@ import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from qtts_lib import check
+from qtts_lib.runtime.audio import SAMPLES_PER_FRAME
+from qtts_lib.runtime.codec import pack_codes
 from qtts_lib.modules import _REGISTRY, codec, common, mimi, speaker  # noqa: F401  (they register their specs)
 
 SNR_DB = 60.0  # codec_decoder waveform
@@ -56,7 +58,7 @@ def _run(tts, name: str, length: int, seed: int):
     inputs = spec.inputs(tts, length, seed=seed)
     with torch.no_grad():
         out = spec.build(tts)(*inputs.values())
-    ref = spec.reference(tts, inputs)
+    ref = spec.run_original(tts, inputs)
     assert len(ref) == 1
     (key, b), = ref.items()
     assert out.shape == b.shape, (name, key, out.shape, b.shape)
@@ -69,7 +71,7 @@ def test_codec_decoder(tts, tts_perturbed, which: int, perturbed: bool) -> None:
     m = tts_perturbed if perturbed else tts
     length = _REGISTRY["codec_decoder"].lengths[which]
     _, out, ref = _run(m, "codec_decoder", length, which)
-    assert out.shape == (1, 1, codec.FRAME * length)
+    assert out.shape == (1, 1, SAMPLES_PER_FRAME * length)
     assert ref.abs().max() > 0.05, "reference is near-silent; the check would be vacuous"
     snr = check.snr_db(out, ref)
     assert snr >= SNR_DB, f"codec_decoder T={length}: SNR {snr:.1f} dB"
@@ -110,10 +112,10 @@ def test_codec_sliding_window(tts_perturbed) -> None:
 
 def test_codec_pack_roundtrip() -> None:
     codes = torch.randint(0, 2048, (16, 7), generator=common.seeded(0))
-    sem, ac = codec.pack_codes(codes)
-    assert sem.dtype == ac.dtype == torch.int32 and ac.shape == (15 * 7,)
+    sem, ac = pack_codes(codes.T.numpy(), 2048)  # the runtime packs (T, 16)
+    assert sem.dtype == ac.dtype == np.int32 and ac.shape == (15 * 7,)
     assert int(ac[3 * 7 + 5]) == int(codes[4, 5]) + 3 * 2048  # group g = codebook g+1 at g*T + t
-    assert torch.equal(codec.unpack_codes(sem, ac), codes)
+    assert torch.equal(codec.unpack_codes(torch.from_numpy(sem), torch.from_numpy(ac)), codes)
 
 
 @pytest.mark.parametrize("perturbed", [False, True], ids=["tiny", "perturbed"])
@@ -147,6 +149,6 @@ def test_mimi_encoder_and_rvq(tts, tts_perturbed, which: int, perturbed: bool) -
     st = m.model.speech_tokenizer.model
     with torch.no_grad():
         want = st.encode(inputs["wav"][:, 0], torch.ones(1, length, dtype=torch.long)).audio_codes[0].T
-    assert codes.shape == (16, length // mimi.FRAME) == tuple(want.shape)
+    assert codes.shape == (16, length // SAMPLES_PER_FRAME) == tuple(want.shape)
     assert (codes == common.as_numpy(want)).all(), f"{(codes != common.as_numpy(want)).sum()} codes differ"
     assert len(np.unique(codes)) > 16, "codes nearly constant; the check would be vacuous"

@@ -48,5 +48,5 @@ def test_table_has_one_row_per_finding():
     rows = [pitfalls.Finding("a", "A", "pnnx 1", True, "boom", "do B"),
             pitfalls.Finding("c", "C", "pnnx 1", False, "fine", "none")]
     df = pitfalls.table(rows)
-    assert list(df.columns) == ["pitfall", "symptom (measured)", "fix", "reproduces on pnnx 1?"]
+    assert list(df.columns) == ["pitfall", "symptom", "fix", "reproduces on pnnx 1?"]
     assert list(df["reproduces on pnnx 1?"]) == ["yes", "no"]

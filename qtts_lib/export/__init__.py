@@ -269,6 +269,19 @@ def export_all(tts, ckpt: str, names: list[str] | None = None, force: bool = Fal
     return done
 
 
+def ensure(tts, ckpt: str, names: list[str] | None = None, kv_cache: bool = True) -> dict[str, dict]:
+    """What later chapters need from 04 and 05: every module exported (current exports reused) and,
+    with `kv_cache`, the decoders' `<name>_kv.param` written. Introduced in 05."""
+    from .kvcache import CACHED, write_kv_param
+
+    done = export_all(tts, ckpt, names)
+    if kv_cache:
+        for name in CACHED:
+            if name in done:
+                write_kv_param(ckpt, name)
+    return done
+
+
 def write_rvq_tables(tts, ckpt: str) -> Path:
     """The Mimi quantizer's projections and codebooks as .npz, for the numpy split RVQ of the runtime."""
     from .. import artifacts, paths

@@ -17,6 +17,9 @@ from pathlib import Path
 from . import ParamLayer, format_param, parse_param
 
 
+CACHED = ("talker_decoder", "predictor_decoder")  # the graphs that run one position per step
+
+
 def cache_blob_names(i: int) -> tuple[str, str, str, str]:
     return f"cache_k_in_{i}", f"cache_v_in_{i}", f"cache_k_out_{i}", f"cache_v_out_{i}"
 

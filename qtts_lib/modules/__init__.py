@@ -6,11 +6,12 @@ block of the original model so that pnnx/ncnn can carry it, and each is checked
 against the original block at two sequence lengths (chapter 02).
 
 Registry contract (one `ModuleSpec` per module, registered by the submodules):
-  build(tts)                -> torch.nn.Module   the wrapper, eval, fp32
-  inputs(tts, length, seed) -> dict[str, Tensor] named graph inputs, in order
-  reference(tts, inputs)    -> dict[str, Tensor] the original model's blocks on the same inputs
+  build(tts)                 -> torch.nn.Module   the wrapper, eval, fp32
+  inputs(tts, length, seed)  -> dict[str, Tensor] named graph inputs, in order
+  run_original(tts, inputs)  -> dict[str, Tensor] the original model's blocks on the same inputs
+  metric, tolerance          how this module's outputs are compared (chapters 02, 04, 08)
 The wrapper's forward(*inputs.values()) returns a tensor or a tuple whose order
-matches the keys of reference(...).
+matches the keys of run_original(...).
 """
 from __future__ import annotations
 
@@ -36,10 +37,20 @@ class ModuleSpec:
     name: str
     build: Callable
     inputs: Callable
-    reference: Callable
+    run_original: Callable
     lengths: tuple[int, int]
     summary: str
     rewrites: list[str] = field(default_factory=list)
+    # max_abs for embeddings and heads; rel (L2) where values grow through layers; snr_db for
+    # waveforms; cos for the x-vector, whose scale the prompt never sees.
+    metric: str = "max_abs"
+    tolerance: float = 1e-5
+
+    def check(self, label: str, ours, ref) -> dict:
+        """Record `ours` against `ref` (all outputs flattened together) with this module's metric."""
+        from .. import check
+
+        return check.within(label, self.metric, ours, ref, self.tolerance)
 
 
 _REGISTRY: dict[str, ModuleSpec] = {}

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.codec import pack_codes
 from . import ModuleSpec, common, register
 
-FRAME = 1920  # samples per 12.5 Hz frame at 24 kHz
 N_ACOUSTIC = 15
 
 
@@ -185,15 +185,8 @@ def build(tts) -> nn.Module:
     return CodecDecoder(_decoder(tts)).eval()
 
 
-def pack_codes(codes: torch.Tensor, codebook_size: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
-    """(16, T) codes -> semantic (1, T) int32, acoustic (15*T,) int32 offset and group-major."""
-    sem = codes[:1].to(torch.int32)
-    off = torch.arange(N_ACOUSTIC, dtype=torch.int64)[:, None] * codebook_size
-    return sem, (codes[1:].long() + off).reshape(-1).to(torch.int32)
-
-
 def unpack_codes(semantic: torch.Tensor, acoustic: torch.Tensor, codebook_size: int = 2048) -> torch.Tensor:
-    """Inverse of pack_codes: (16, T) int64."""
+    """Inverse of `runtime.codec.pack_codes`, as a (16, T) int64 tensor for the original decoder."""
     t = semantic.shape[-1]
     off = torch.arange(N_ACOUSTIC, dtype=torch.int64)[:, None] * codebook_size
     return torch.cat([semantic.long().reshape(1, t), acoustic.long().reshape(N_ACOUSTIC, t) - off])
@@ -202,14 +195,14 @@ def unpack_codes(semantic: torch.Tensor, acoustic: torch.Tensor, codebook_size: 
 def inputs(tts, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
     cfg = _decoder(tts).config
     codes = torch.randint(0, cfg.codebook_size, (cfg.num_quantizers, length), generator=common.seeded(seed))
-    sem, ac = pack_codes(codes, cfg.codebook_size)
+    sem, ac = (torch.from_numpy(a) for a in pack_codes(codes.T.numpy(), cfg.codebook_size))
     cos, sin = common.rope_tables(cfg.head_dim, cfg.rope_theta, 0, length)
     mask = common.causal_mask(length, window=cfg.sliding_window)
     return {"semantic": sem, "acoustic": ac, "mask": mask, "cos": cos, "sin": sin}
 
 
 @torch.no_grad()
-def reference(tts, inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def run_original(tts, inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     codes = unpack_codes(inp["semantic"], inp["acoustic"], _decoder(tts).config.codebook_size)
     return {"wav": _decoder(tts)(codes[None])}
 
@@ -219,7 +212,9 @@ SPEC = register(
         name="codec_decoder",
         build=build,
         inputs=inputs,
-        reference=reference,
+        metric="snr_db",
+        tolerance=60.0,
+        run_original=run_original,
         lengths=(25, 44),
         summary="16 codebooks (T frames) -> 1920*T samples: dequantize, pre-conv, sliding-window transformer, "
         "ConvNeXt upsampler, SnakeBeta decoder blocks, clamp",

@@ -1,41 +1,28 @@
-"""Pieces shared by the wrappers: rope tables and masks built on the host. Introduced in 02.
+"""Pieces shared by the wrappers: rope tables and masks as torch tensors. Introduced in 02.
 
 ncnn's RotaryEmbed takes cos/sin tables of half the head width (its tests use that
-convention; CPU happens to accept full width, Vulkan does not), and SDPA takes a 2-D
-additive mask. Both are graph *inputs*: built from torch.arange inside the graph they
-leave arange/where ops that pnnx cannot convert, and the length would be frozen.
+convention), and SDPA takes a 2-D additive mask. Both are graph *inputs*: built from
+torch.arange inside the graph they leave arange/where ops that pnnx cannot convert, and the
+length would be frozen. The tables and masks themselves come from `runtime.rope`, the one
+recipe the runtime feeds the graphs with; here they are only wrapped as tensors.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-NEG_INF = float("-inf")
+from ..runtime import rope
 
 
 def rope_tables(head_dim: int, theta: float, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (length, head_dim // 2) for absolute positions start..start+length-1."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    pos = torch.arange(start, start + length, dtype=torch.float32)
-    freqs = pos[:, None] * inv_freq[None, :]
-    return freqs.cos(), freqs.sin()
-
-
-def full_width(t: torch.Tensor) -> torch.Tensor:
-    """(…, hd/2) -> (…, hd): the HF layout cat(freqs, freqs)."""
-    return torch.cat([t, t], dim=-1)
+    cos, sin = rope.tables(head_dim, theta, start, length)
+    return torch.from_numpy(cos), torch.from_numpy(sin)
 
 
 def causal_mask(length: int, past: int = 0, window: int | None = None) -> torch.Tensor:
-    """Additive 2-D mask (length, past+length): 0 where query i may see key j, -inf elsewhere.
-
-    With `window`, key j is visible to query i only when i - window < j <= i (HF sliding window)."""
-    q = torch.arange(past, past + length)[:, None]
-    k = torch.arange(past + length)[None, :]
-    ok = k <= q
-    if window is not None:
-        ok &= k > q - window
-    return torch.zeros(ok.shape).masked_fill(~ok, NEG_INF)
+    """Additive 2-D mask (length, past+length), see `runtime.rope.causal_mask`."""
+    return torch.from_numpy(rope.causal_mask(length, past, window))
 
 
 def rotate_half_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime import rvq
+from ..runtime.audio import SAMPLES_PER_FRAME
 from . import ModuleSpec, codec, common, register
 
-HOP = 960  # samples per frame of the encoder transformer (25 Hz)
-FRAME = 1920  # samples per code frame (12.5 Hz), after the stride-2 downsample
+HOP = SAMPLES_PER_FRAME // 2  # samples per step of the encoder transformer (25 Hz)
 
 # transformers 4.57.3 builds MimiTransformerModel's mask with create_causal_mask, so with
 # sdpa/eager attention the config's sliding_window (250) is never applied: the reference is
@@ -118,7 +118,7 @@ def build(tts) -> nn.Module:
 
 
 def inputs(tts, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    assert length % FRAME == 0, f"wav length must be a multiple of {FRAME}"
+    assert length % SAMPLES_PER_FRAME == 0, f"wav length must be a multiple of {SAMPLES_PER_FRAME}"
     cfg = _mimi(tts).config
     t = length // HOP
     wav = (0.1 * torch.randn(1, 1, length, generator=common.seeded(seed))).clamp(-1.0, 1.0)
@@ -127,7 +127,7 @@ def inputs(tts, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def reference(tts, inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def run_original(tts, inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     enc = _mimi(tts)
     h = enc.encoder(inp["wav"])  # as MimiModel._encode_frame, without padding_cache / past_key_values
     h = enc.encoder_transformer(h.transpose(1, 2), return_dict=True).last_hidden_state
@@ -139,8 +139,10 @@ SPEC = register(
         name="mimi_encoder",
         build=build,
         inputs=inputs,
-        reference=reference,
-        lengths=(FRAME * 20, FRAME * 33),
+        metric="rel",
+        tolerance=1e-5,
+        run_original=run_original,
+        lengths=(SAMPLES_PER_FRAME * 20, SAMPLES_PER_FRAME * 33),
         summary="Mimi encoder: wav (1,1,L) -> SEANet convs -> 25 Hz transformer -> downsample -> latent (1,D,L/1920)",
         rewrites=[
             "Causal conv pads are constants (padding_total is a buffer and the ceil arithmetic would trace T); "

@@ -10,10 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime import mel as mel_recipe
 from . import ModuleSpec, common, register
 
-# The arguments `Qwen3TTSForConditionalGeneration.extract_speaker_embedding` passes to mel_spectrogram.
-MEL_ARGS = dict(n_fft=1024, num_mels=128, sampling_rate=24000, hop_size=256, win_size=1024, fmin=0, fmax=12000)
+# The arguments `Qwen3TTSForConditionalGeneration.extract_speaker_embedding` passes to mel_spectrogram,
+# from the runtime's mel recipe (one home for the constants).
+MEL_ARGS = dict(n_fft=mel_recipe.N_FFT, num_mels=mel_recipe.N_MELS, sampling_rate=mel_recipe.SAMPLE_RATE, hop_size=mel_recipe.HOP_SIZE,
+                win_size=mel_recipe.WIN_SIZE, fmin=mel_recipe.FMIN, fmax=mel_recipe.FMAX)
 
 
 def mel_from_wav(wav: np.ndarray) -> torch.Tensor:
@@ -120,7 +123,7 @@ def inputs(tts, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def reference(tts, inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def run_original(tts, inp: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"xvector": tts.model.speaker_encoder(inp["mel"][None])[0]}
 
 
@@ -129,7 +132,9 @@ SPEC = register(
         name="speaker_encoder",
         build=build,
         inputs=inputs,
-        reference=reference,
+        metric="cos",
+        tolerance=0.99999,
+        run_original=run_original,
         lengths=(159, 301),
         summary="ECAPA-TDNN: log-mel (frames, 128) -> speaker x-vector (enc_dim,)",
         rewrites=[

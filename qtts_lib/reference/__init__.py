@@ -66,9 +66,9 @@ def _np(t):
     return t.detach().float().cpu().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
 
 
-def synthesize(tts, text: str, language: str, voice_wav=None, voice_text: str | None = None,
-               max_new_tokens: int = 45, eos_token_id: int | None = None, speaker: str | None = None,
-               **gen_kwargs) -> dict:
+def capture_generation(tts, text: str, language: str, voice_wav=None, voice_text: str | None = None,
+                       max_new_tokens: int = 45, eos_token_id: int | None = None, speaker: str | None = None,
+                       non_streaming: bool | None = None, **gen_kwargs) -> dict:
     """Run the original pipeline once and capture what the port must reproduce.
 
     Base checkpoints clone `voice_wav`: x-vector mode without `voice_text`, ICL mode with it.
@@ -110,6 +110,8 @@ def synthesize(tts, text: str, language: str, voice_wav=None, voice_text: str | 
         kwargs = dict(GREEDY, **gen_kwargs)
         if eos_token_id is not None:
             kwargs["eos_token_id"] = eos_token_id
+        if non_streaming is not None:  # else each entry point's own default
+            kwargs["non_streaming_mode"] = non_streaming
         with torch.inference_mode():
             if speaker is not None:
                 wavs, sr = tts.generate_custom_voice(
@@ -135,7 +137,7 @@ def _generated_frames(sequence, eos_token_id, tts) -> int:
 
 
 def default_voice(tts, voice_wav) -> dict:
-    """Voice arguments for `synthesize`: the reference wav for Base checkpoints, the first
+    """Voice arguments for `capture_generation`: the voice clip for Base checkpoints, the first
     built-in speaker (alphabetically) for CustomVoice ones, which have no speaker encoder."""
     if tts.model.tts_model_type == "custom_voice":
         return {"speaker": sorted(tts.model.config.talker_config.spk_id)[0]}

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+SAMPLE_RATE = 24000           # Hz: the codec's output rate and the only rate the encoders take
+SAMPLES_PER_FRAME = 1920      # one 12.5 Hz codec frame (the codec upsamples each frame 1920x)
+FRAME_RATE = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5 frames per second of audio
 
 
 class AudioError(ValueError):

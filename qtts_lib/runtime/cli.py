@@ -1,57 +1,79 @@
 """`qtts say ...`: text to a wav file with numpy + ncnn only. Introduced in 06.
 
-    qtts say --checkpoint tiny-base --voice data/inputs/voice.wav --text "Hello." --language english -o out.wav
-    qtts say --voice voice.wav --voice-text "what voice.wav says" ...       (ICL cloning)
-    qtts say --checkpoint tiny-customvoice --speaker serena ...       (built-in voice)
+    qtts say --checkpoint models/tiny-base --voice data/inputs/voice.wav --text "Hello." -o out.wav
+    qtts say --voice clip.wav --voice-text "what clip.wav says" ...     (ICL cloning)
+    qtts say --checkpoint tiny-customvoice --speaker serena ...        (built-in voice)
 
-Every user mistake ends in one line on stderr and exit status 2 (bad input) or 3 (missing
-artifacts), never in a traceback from inside ncnn.
+`--checkpoint` is a checkpoint directory (with its `ncnn/` exports), or a name looked up
+under `$QTTS_MODELS` and then `./models`. Every user mistake ends in one line on stderr and
+exit status 2 (bad input) or 3 (missing artifacts), never in a traceback from inside ncnn.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from .audio import SAMPLE_RATE, AudioError, load_wav, save_wav
-from .net import MissingArtifact
-from .synthesizer import SAMPLES_PER_FRAME, InputError
-
-FRAME_RATE = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5 frames per second
+from .net import DeviceError, MissingArtifact
+from .synthesizer import InputError
 
 
-def _model_dir(checkpoint: str) -> Path:
-    from .. import paths
-
+def model_dir(checkpoint: str) -> Path:
+    """A checkpoint directory, or a name under $QTTS_MODELS or ./models."""
     p = Path(checkpoint)
     if p.is_dir():
         return p
-    d = paths.model_dir(checkpoint)
-    if not d.is_dir():
-        names = sorted(x.name for x in paths.MODELS.iterdir() if x.is_dir() and not x.name.startswith(".")) if paths.MODELS.is_dir() else []
-        raise MissingArtifact(f"no checkpoint {checkpoint!r} under {paths.MODELS} (found: {', '.join(names) or 'none'});"
-                              " run notebooks/00_get_checkpoint.py with QTTS_CHECKPOINT set, or pass a directory")
-    return d
+    roots = [Path(r) for r in (os.environ.get("QTTS_MODELS"), "models") if r]
+    for root in roots:
+        if (root / checkpoint).is_dir():
+            return root / checkpoint
+    found = sorted({d.name for r in roots if r.is_dir() for d in r.iterdir() if d.is_dir() and not d.name.startswith(".")})
+    raise MissingArtifact(f"no checkpoint {checkpoint!r}: not a directory, and not under {' or '.join(map(str, roots))}"
+                          f" (found: {', '.join(found) or 'none'}); pass a checkpoint directory, or run"
+                          " notebooks/00_get_checkpoint.py with QTTS_CHECKPOINT set")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage mistakes end in one line and exit status 2, like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"qtts: error: {message} (see {self.prog} --help)\n")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="qtts", description="Qwen3-TTS on ncnn (no torch).")
+    p = Parser(prog="qtts", description="Qwen3-TTS on ncnn (no torch).")
     sub = p.add_subparsers(dest="command", required=True)
-    say = sub.add_parser("say", help="synthesize speech into a wav file")
-    say.add_argument("--checkpoint", default="tiny-base", help="name under models/ or a checkpoint directory")
+    say = sub.add_parser("say", help="synthesize speech into a wav file",
+                         description="Base checkpoints clone a voice clip (--voice, plus --voice-text for ICL); "
+                                     "CustomVoice checkpoints speak with a built-in --speaker.")
+    say.add_argument("--checkpoint", default="tiny-base", help="checkpoint directory, or a name under $QTTS_MODELS or ./models")
     say.add_argument("--text", required=True)
     say.add_argument("--language", default="auto", help="a language of the checkpoint, or auto")
     voice = say.add_mutually_exclusive_group()
-    voice.add_argument("--voice", type=Path, help="24 kHz mono reference wav to clone (x-vector)")
-    voice.add_argument("--speaker", help="a built-in speaker of a CustomVoice checkpoint")
-    say.add_argument("--voice-text", help="transcript of --voice: clone in ICL mode (x-vector only without it)")
+    voice.add_argument("--voice", type=Path, help="24 kHz mono voice clip to clone (x-vector); needed by Base checkpoints")
+    voice.add_argument("--speaker", help="a built-in speaker; needed by CustomVoice checkpoints")
+    say.add_argument("--voice-text", "--ref-text", dest="voice_text",
+                     help="transcript of --voice: clone in ICL mode (x-vector only without it)")
     say.add_argument("--resample", action="store_true", help="accept a wav at another rate/channels and convert it")
     say.add_argument("-o", "--output", type=Path, required=True)
     say.add_argument("--seed", type=int, default=0, help="sampling seed (ignored with --greedy)")
     say.add_argument("--greedy", action="store_true", help="argmax instead of sampling (what the parity tests use)")
-    say.add_argument("--max-frames", type=int, default=600, help="cap on generated frames (12.5 per second)")
-    say.add_argument("--threads", type=int, default=2)
+    say.add_argument("--max-frames", type=positive_int, default=600, help="cap on generated frames (12.5 per second)")
+    say.add_argument("--threads", type=positive_int, default=2, help="CPU threads (at least 1)")
+    say.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
     return p
 
 
@@ -62,25 +84,23 @@ def say(args: argparse.Namespace) -> int:
 
     if not args.text.strip():
         raise InputError("the text is empty")
-    if args.max_frames < 1:
-        raise InputError("--max-frames must be at least 1")
     if args.voice_text is not None and args.voice is None:
-        raise InputError("--voice-text needs --voice (the wav it transcribes)")
-    wav_ref = load_wav(args.voice, strict=not args.resample) if args.voice else None
+        raise InputError("--voice-text needs --voice (the clip it transcribes)")
+    clip = load_wav(args.voice, strict=not args.resample) if args.voice else None
     t0 = time.perf_counter()
-    synth = Synthesizer(_model_dir(args.checkpoint), threads=args.threads)
-    xvector = synth.xvector(wav_ref) if wav_ref is not None else None
-    voice_codes = synth.encode_voice(wav_ref) if args.voice_text is not None else None
-    prompt = synth.build_prompt(args.text, args.language, xvector=xvector, speaker=args.speaker,
-                                voice_codes=voice_codes, voice_text=args.voice_text)
-    if len(prompt.trailing) > args.max_frames:
-        print(f"warning: the text has {len(prompt.text_ids)} tokens but --max-frames {args.max_frames} "
-              f"({args.max_frames / FRAME_RATE:.0f} s) is the cap: the end of the text will not be spoken",
-              file=sys.stderr)
+    synth = Synthesizer(model_dir(args.checkpoint), threads=args.threads, device=args.device)
+    if clip is None and args.speaker is None:
+        raise InputError("this CustomVoice checkpoint speaks with a built-in voice: give --speaker "
+                         f"({', '.join(synth.speakers)})" if synth.kind == "custom_voice" else
+                         "this Base checkpoint clones a voice: give --voice CLIP.wav (x-vector), and add "
+                         "--voice-text 'what the clip says' for ICL cloning")
+    voice = synth.voice(wav=clip, text=args.voice_text, speaker=args.speaker)
+
     with tqdm(total=args.max_frames, unit="frame", desc="generating", file=sys.stderr) as bar:
-        result = synth.generate(prompt, args.max_frames + 1, greedy=args.greedy, seed=args.seed,
-                                on_frame=lambda n: bar.update(1))
-    result.wav = synth.decode_with_voice(result.codes, voice_codes)
+        result = synth.synthesize(args.text, args.language, voice, max_new_tokens=args.max_frames + 1,
+                                  greedy=args.greedy, seed=args.seed, on_frame=lambda n: bar.update(1),
+                                  on_warning=lambda m: bar.write(f"qtts: warning: {m} (raise --max-frames)",
+                                                                 file=sys.stderr))
     seconds = time.perf_counter() - t0
     save_wav(args.output, result.wav)
     audio_s = len(result.wav) / SAMPLE_RATE
@@ -94,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return say(args)
-    except (InputError, AudioError) as e:
+    except (InputError, AudioError, DeviceError) as e:
         print(f"qtts: error: {e}", file=sys.stderr)
         return 2
     except MissingArtifact as e:

@@ -26,14 +26,14 @@ class KvCacheNet:
     """A decoder with a KV cache. `prefill(embeds)` then `step(embed)`; `reset()` starts over."""
 
     def __init__(self, directory: str | Path, name: str, head_dim: int, theta: float, threads: int = 2,
-                 vulkan: bool = False):
+                 device: str = "cpu"):
         directory = Path(directory)
         param = directory / f"{name}_kv.param"
         if not param.is_file():
             raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
         manifest = json.loads((directory / "manifest.json").read_text())
         self.layers = manifest[f"{name}_kv.param"]["cached_layers"]
-        self.net = make_net(param, directory / f"{name}.bin", threads, vulkan)
+        self.net = make_net(param, directory / f"{name}.bin", threads, device)
         self.name, self.head_dim, self.theta = name, head_dim, theta
         self.reset()
 

@@ -25,7 +25,8 @@ import math
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from .audio import SAMPLE_RATE
+
 N_FFT = 1024
 WIN_SIZE = 1024
 HOP_SIZE = 256

@@ -24,6 +24,41 @@ class MissingArtifact(FileNotFoundError):
     pass
 
 
+class DeviceError(ValueError):
+    """A device that is not there or not understood; the message lists what ncnn sees."""
+
+
+def gpu_names() -> list[str]:
+    """The Vulkan devices ncnn sees, by index (empty without a Vulkan driver)."""
+    import ncnn
+
+    return [ncnn.get_gpu_info(i).device_name() for i in range(ncnn.get_gpu_count())]
+
+
+def parse_device(device: str) -> int | None:
+    """"cpu" -> None; "vulkan" -> ncnn's default GPU; "vulkan:N" -> N. Introduced in 08.
+
+    Asking for a GPU that ncnn cannot see is a `DeviceError` naming the devices it does see."""
+    spec = (device or "cpu").strip().lower()
+    if spec == "cpu":
+        return None
+    kind, _, index = spec.partition(":")
+    if kind != "vulkan" or (index and not index.isdigit()):
+        raise DeviceError(f"unknown device {device!r}; use cpu, vulkan or vulkan:N")
+    names = gpu_names()
+    if not names:
+        raise DeviceError(f"device {device!r}: ncnn sees no Vulkan device (get_gpu_count() == 0); "
+                          "install a Vulkan driver (e.g. Mesa's lavapipe: mesa-vulkan-drivers libvulkan1) or use cpu")
+    if not index:
+        import ncnn
+
+        return ncnn.get_default_gpu_index()
+    if int(index) >= len(names):
+        seen = ", ".join(f"vulkan:{i} {n}" for i, n in enumerate(names))
+        raise DeviceError(f"device {device!r}: ncnn sees {len(names)} Vulkan device(s): {seen}")
+    return int(index)
+
+
 def to_mat(array: np.ndarray, batch_axis: int = NO_BATCH):
     """An `ncnn.Mat` that owns a copy of `array` (float32 or int32). Introduced in 04."""
     import ncnn
@@ -53,10 +88,13 @@ def from_mat(mat, batch_axis: int = NO_BATCH) -> np.ndarray:
     return a[None] if batch_axis == 0 else a
 
 
-def make_net(param: str | Path, bin: str | Path, threads: int = 2, vulkan: bool = False):
-    """An ncnn.Net with fp16/bf16 off and `threads` set, loaded from param/bin."""
+def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu"):
+    """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin."""
     import ncnn
 
+    gpu = parse_device(device)
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, not {threads}")
     for f in (param, bin):
         if not Path(f).is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/04_export_align.py to export the modules")
@@ -67,7 +105,9 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, vulkan: bool 
     opt.use_fp16_storage = False
     opt.use_fp16_arithmetic = False
     opt.use_bf16_storage = False
-    opt.use_vulkan_compute = vulkan
+    opt.use_vulkan_compute = gpu is not None
+    if gpu is not None:
+        net.set_vulkan_device(gpu)
     if net.load_param(str(param)) != 0 or net.load_model(str(bin)) != 0:
         raise RuntimeError(f"ncnn could not load {param}")
     return net
@@ -76,7 +116,7 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, vulkan: bool 
 class Net:
     """A pnnx-exported graph: call it with numpy arrays in input order, get numpy outputs."""
 
-    def __init__(self, directory: str | Path, name: str, threads: int = 2, vulkan: bool = False):
+    def __init__(self, directory: str | Path, name: str, threads: int = 2, device: str = "cpu"):
         directory = Path(directory)
         manifest = directory / "manifest.json"
         if not manifest.is_file():
@@ -87,7 +127,7 @@ class Net:
         self.name = name
         self.in_axes = entry["input_batch_axes"]
         self.out_axes = entry["output_batch_axes"]
-        self.net = make_net(directory / f"{name}.param", directory / f"{name}.bin", threads, vulkan)
+        self.net = make_net(directory / f"{name}.param", directory / f"{name}.bin", threads, device)
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """All outputs, in order."""
