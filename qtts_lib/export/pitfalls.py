@@ -62,7 +62,8 @@ class Isolated:
 
 
 def run_isolated(func: Callable, *args, timeout: float = 120) -> Isolated:
-    """Run `func(*args)` (a module-level function; args passed as strings) in a child Python, by import."""
+    """Run `func(*args)` in a child Python that imports it (`func` is module-level; args go as strings).
+    Introduced in 04b."""
     if func.__qualname__ != func.__name__:
         raise ValueError(f"{func.__qualname__} is not a module-level function")
     code = f"import sys\nfrom {func.__module__} import {func.__name__} as f\nf(*sys.argv[1:])"
@@ -231,11 +232,11 @@ def param_of(layer: ParamLayer, key: str) -> str:
     return next((q for q in layer.params if q.startswith(f"{key}=")), "")
 
 
-def run_ncnn(work: Path, info: dict, inputs: dict, threads: int = 2, **opt) -> np.ndarray:
-    """Output 0 of a converted graph, in this process, for graphs known not to crash; `opt` sets `net.opt`
-    fields after `make_net`'s (fp16/bf16 off) and before loading."""
+def run_ncnn(work: Path, info: dict, inputs: dict, threads: int = 2, opt: dict | None = None) -> np.ndarray:
+    """Output 0 of a converted graph, in this process, for graphs known not to crash. Without `opt` the net is
+    `make_net`'s (fp16/bf16 off); with it, ncnn's own `Option` defaults changed only by `opt`'s fields."""
     param, binf = graph(work, info)
-    if opt:
+    if opt is not None:
         import ncnn
 
         net = ncnn.Net()
@@ -270,7 +271,7 @@ def torch_out(module: nn.Module, inputs: dict) -> np.ndarray:
 # ---------------------------------------------------------------- findings
 @dataclass
 class Finding:
-    """One pitfall as measured in this run; `data` holds what the chapter shows and checks."""
+    """One pitfall as measured in this run; `data` holds what the chapter shows and checks. Introduced in 04b."""
     key: str
     pitfall: str
     tool: str
@@ -285,11 +286,11 @@ def versions() -> dict[str, str]:
 
 
 def table(findings: list[Finding]):
-    """The findings as a DataFrame: pitfall, symptom, fix, reproduces on <version>?"""
+    """The findings as a DataFrame: pitfall, symptom, fix, reproduces on <version>? Introduced in 04b."""
     import pandas as pd
 
     col = f"reproduces on {', '.join(sorted({f.tool for f in findings}))}?"
-    rows = [{"pitfall": f.pitfall, "symptom (measured)": f.symptom, "fix": f.fix,
+    rows = [{"pitfall": f.pitfall, "symptom": f.symptom, "fix": f.fix,
              col: "yes" if f.reproduces else "no"} for f in findings]
     return pd.DataFrame(rows, index=range(1, len(rows) + 1))
 
@@ -694,14 +695,13 @@ def reproduce_fp16_runtime(work: Path, threads: int = 2) -> Finding:
                 ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_packed", "use_bf16_storage")}
     cpuinfo = Path("/proc/cpuinfo")
     flags = set(cpuinfo.read_text().split()) if cpuinfo.is_file() else set()
-    settings = {"defaults": {"num_threads": threads}, "fp16/bf16 off": {},
-                "bf16 storage on": {**FP_OFF, "use_bf16_storage": True}}
+    settings = {"defaults": {}, "fp16/bf16 off": None, "bf16 storage on": {**FP_OFF, "use_bf16_storage": True}}
     outputs, refs = {}, {}
     for t in LENGTHS:
         ins = seq_inputs(t, 100 + t, 64)
         refs[t] = torch_out(block, ins)
         for k, opt in settings.items():
-            outputs[k, t] = run_ncnn(work, info, ins, threads, **opt)
+            outputs[k, t] = run_ncnn(work, info, ins, threads, opt)
     rel = {k: max(rel_err(outputs[k, t], refs[t]) for t in LENGTHS) for k in settings}
     diff = max(float(np.abs(outputs["defaults", t] - outputs["fp16/bf16 off", t]).max()) for t in LENGTHS)
     data = {"defaults": defaults, "cpu": {f: f in flags for f in ("f16c", "avx512_fp16", "avx512_bf16", "asimdhp")},
