@@ -21,7 +21,7 @@
 # **You will learn:** what a Qwen3-TTS checkpoint directory holds; why this tutorial runs on random-init
 # checkpoints of the real architecture; how to import the 12 Hz path of `qwen-tts` without its 25 Hz extras.
 #
-# **You need:** nothing: the checkpoint is synthesized if it is not on disk.
+# **You need:** nothing but the installed packages: the checkpoint is synthesized if it is not on disk.
 #
 # **Leaves behind:** `models/<ckpt>/`, `data/outputs/<ckpt>/00_baseline.wav` (+ manifest),
 # `data/reports/<ckpt>/00_get_checkpoint.json`.

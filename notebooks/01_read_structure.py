@@ -23,7 +23,8 @@
 # Mimi encoder); that its multimodal rope is plain rope here; that `config.json`, not the class defaults,
 # is the truth; how HF's `min_new_tokens` really works.
 #
-# **You need:** `models/<ckpt>/` (chapter 00). **Leaves behind:** `data/reports/<ckpt>/01_read_structure.json`.
+# **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing) and the committed
+# `data/inputs/voice.wav`. **Leaves behind:** `data/reports/<ckpt>/01_read_structure.json`.
 
 # %%
 import inspect

@@ -22,7 +22,7 @@
 # **You will learn:** why `jit.trace` cannot carry the sampler, the per-step table choice or the prompt builder; which
 # innocent-looking PyTorch idioms pnnx/ncnn cannot carry and what replaces them; why two lengths.
 #
-# **You need:** `models/<ckpt>/` (chapter 00). **Leaves behind:** `data/reports/<ckpt>/02_split_modules.json`.
+# **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing). **Leaves behind:** `data/reports/<ckpt>/02_split_modules.json`.
 
 # %%
 import inspect

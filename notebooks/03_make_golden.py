@@ -22,7 +22,8 @@
 # **You will learn:** what a golden file must carry to be trusted later (manifest: producer, inputs, sha256,
 # versions, threads, checkpoint fingerprint); how small the argmax margins are and what that means for parity.
 #
-# **You need:** `models/<ckpt>/` (chapter 00). **Leaves behind:** `data/golden/<ckpt>/*.npz` + `manifest.json`,
+# **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing), the committed `data/inputs/voice.wav`
+# and `voice.txt`. **Leaves behind:** `data/golden/<ckpt>/*.npz` + `manifest.json`,
 # `data/reports/<ckpt>/03_make_golden.json`.
 
 # %%

@@ -22,7 +22,8 @@
 # **You will learn:** how pnnx is driven and what it leaves behind; how to read a `.param`; why rope is written the
 # way it is and what the one `.param` rewrite does; which metric fits which module.
 #
-# **You need:** `models/<ckpt>/` (chapter 00); the wrappers of chapter 02.
+# **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing). The wrappers of chapter 02 are library
+# code (`qtts_lib.modules`), not an artifact.
 # **Leaves behind:** `models/<ckpt>/ncnn/<module>.param/.bin` + `manifest.json`, `mimi_rvq.npz`,
 # `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in chapters 04b (pnnx) and 04c (the ncnn binding).
 

@@ -23,7 +23,8 @@
 # step needs (the caches untouched, a zero mask `(1, past+1)`, rope rows at the absolute position); why caches
 # must never leave ncnn.
 #
-# **You need:** `models/<ckpt>/ncnn/{talker,predictor}_decoder.param/.bin` (chapter 04).
+# **You need:** `models/<ckpt>/ncnn/{talker,predictor}_decoder.param/.bin` (chapter 04; exported here if missing or
+# stale); chapter 03's `xvec_greedy.npz` for a real prompt to prefill (a synthetic one otherwise, said so).
 # **Leaves behind:** `models/<ckpt>/ncnn/{talker,predictor}_decoder_kv.param` (+ manifest),
 # `data/reports/<ckpt>/05_inject_kv_cache.json`.
 

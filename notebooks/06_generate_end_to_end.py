@@ -23,7 +23,8 @@
 # table/head offset, the frame assembled one step late, EOS on codebook 0); why the processor order matters;
 # why the codec must be decoded in the reference's chunks.
 #
-# **You need:** `models/<ckpt>/ncnn/` (chapters 04–05), `data/golden/<ckpt>/` (chapter 03).
+# **You need:** `data/golden/<ckpt>/` (chapter 03: this chapter stops without it); `models/<ckpt>/ncnn/` (chapters
+# 04–05; exported here if missing or stale).
 # **Leaves behind:** `data/outputs/<ckpt>/06_ncnn.wav`, `data/reports/<ckpt>/06_generate_end_to_end.json`.
 
 # %%

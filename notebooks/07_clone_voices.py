@@ -22,7 +22,8 @@
 # **You will learn:** the exact mel recipe (where one wrong constant costs you the cosine); how the split RVQ works;
 # how the ICL prompt lines up reference text and reference codes; how built-in voices and dialects enter the prompt.
 #
-# **You need:** chapters 03–06 on `<ckpt>` (a Base checkpoint); `tiny-customvoice` is synthesized and exported here.
+# **You need:** chapter 03's goldens on `<ckpt>` (a Base checkpoint: `xvec_greedy.npz`, `icl_greedy.npz`); the ncnn
+# graphs are exported here if missing, and `tiny-customvoice` (or `full-customvoice`) is synthesized and exported here.
 # **Leaves behind:** `models/tiny-customvoice/ncnn/`, `data/outputs/<ckpt>/07_*.wav`, `data/reports/<ckpt>/07_clone_voices.json`.
 
 # %%
