@@ -9,20 +9,29 @@ CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]*.py))
 unexport MPLBACKEND
 export PYTHONHASHSEED := 0
 
-.PHONY: setup test unit notebooks book lab clean
+.PHONY: setup test unit lint notebooks book lab clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[port,dev]'
 	$(BIN)/pip install -q --no-deps qwen-tts==0.1.1
 	touch $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest tests -q
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory notebooks
+
+# The unit tests of qtts_lib (and the JupyterLab server test): a library break shows before any chapter runs.
+unit: setup
+	$(BIN)/python -m pytest tests -q
+
+# ruff over the package, the tests and the chapters (config in pyproject.toml; line length 120).
+lint: setup
+	$(BIN)/ruff check qtts_lib tests notebooks/*.py
 
 notebooks: setup
 	$(BIN)/jupytext --to ipynb -q $(CHAPTERS)
