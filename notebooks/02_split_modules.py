@@ -27,11 +27,10 @@
 # %%
 import inspect
 
-import numpy as np
 import torch
 from IPython.display import HTML, Markdown, display
 
-from qtts_lib import check, checkpoint, modules, paths, plots, reference, settings
+from qtts_lib import check, checkpoint, modules, plots, reference, settings
 
 ckpt = settings.checkpoint()
 torch.set_num_threads(settings.threads())
@@ -149,7 +148,7 @@ for spec in modules.all_specs():
 
 # %%
 plots.errors(results, value="rel", group="module", series="length", threshold=1e-5,
-             ylabel="relative L2 error vs original", title=f"wrappers vs original blocks ({ckpt})");
+             ylabel="relative L2 error vs original", title=f"wrappers vs original blocks ({ckpt})");  # noqa: E703 (the ';' hides the cell's return value)
 
 # %% [markdown]
 # ## Summary

@@ -37,8 +37,8 @@ import torch
 from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
-from qtts_lib.runtime import bpe, sampler
 from qtts_lib.isolation import qtts_without_torch
+from qtts_lib.runtime import bpe, sampler
 from qtts_lib.runtime.audio import save_wav
 from qtts_lib.runtime.synthesizer import Synthesizer
 
@@ -86,8 +86,13 @@ gen_cfg = tts.model.generate_config
 talker_sc = sampler.SamplerConfig.talker(gen_cfg, cfg, greedy=True)
 hist = list(golden["talker_sequences"][:6])
 logits = golden["logits"][6]
-from transformers.generation.logits_process import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor,
-                                                    RepetitionPenaltyLogitsProcessor, SuppressTokensLogitsProcessor)
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+
 hf = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(talker_sc.repetition_penalty),
                           MinNewTokensLengthLogitsProcessor(0, talker_sc.min_new_tokens, talker_sc.eos_id),
                           SuppressTokensLogitsProcessor(list(talker_sc.suppress_ids))])
@@ -138,7 +143,7 @@ ax.bar(range(len(agree)), agree, color=np.where(agree == 16, "tab:green", "crims
 ax.set_ylim(0, 16.5)
 ax.set_xlabel("frame")
 ax.set_ylabel("codes equal (of 16)")
-ax.set_title(f"ncnn runtime vs PyTorch golden, per frame ({ckpt})");
+ax.set_title(f"ncnn runtime vs PyTorch golden, per frame ({ckpt})");  # noqa: E703 (the ';' hides the cell's return value)
 
 # %% [markdown]
 # The early-stop golden uses an EOS id that the greedy path emits mid-run, so the loop's stop branch runs too:
@@ -160,7 +165,7 @@ wav = synth.codec.decode(codes)
 check.snr("waveform vs golden", wav, golden["wav"], 60.0)
 out = save_wav(paths.outputs_dir(ckpt) / "06_ncnn.wav", wav)
 display(Audio(wav, rate=24000))
-plots.waveform({"PyTorch golden": golden["wav"], "ncnn runtime": wav});
+plots.waveform({"PyTorch golden": golden["wav"], "ncnn runtime": wav});  # noqa: E703 (the ';' hides the cell's return value)
 
 # %% [markdown]
 # Everything so far is what one call does, `Synthesizer.synthesize(text, language, voice)`: prompt, loop, decode.

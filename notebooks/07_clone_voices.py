@@ -34,9 +34,9 @@ import numpy as np
 import torch
 from IPython.display import Audio, display
 
-from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
-from qtts_lib.runtime import mel, rvq
+from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, reference, settings
 from qtts_lib.isolation import qtts_without_torch
+from qtts_lib.runtime import mel, rvq
 from qtts_lib.runtime.audio import load_wav, save_wav
 from qtts_lib.runtime.synthesizer import InputError, Synthesizer
 
@@ -97,7 +97,7 @@ axes[0].imshow(m.T, origin="lower", aspect="auto", cmap="magma")
 axes[0].set_title(f"log-mel of voice.wav (numpy), {m.shape[0]} frames x 128")
 axes[1].plot(mel.mel_filterbank(24000, 1024, 128, 0.0, 12000.0)[::8].T, lw=0.8)
 axes[1].set_title("every 8th Slaney filter")
-axes[1].set_xlabel("FFT bin");
+axes[1].set_xlabel("FFT bin");  # noqa: E703 (the ';' hides the cell's return value)
 
 # %% [markdown]
 # ## 2. Clone with the x-vector

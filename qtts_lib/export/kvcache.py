@@ -16,7 +16,6 @@ from pathlib import Path
 
 from . import ParamLayer, format_param, parse_param
 
-
 CACHED = ("talker_decoder", "predictor_decoder")  # the graphs that run one position per step
 
 

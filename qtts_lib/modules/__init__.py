@@ -15,8 +15,8 @@ matches the keys of run_original(...).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 MODULES = [
     "talker_text_embed",
@@ -74,4 +74,4 @@ def all_specs() -> list[ModuleSpec]:
 
 
 def _load_all() -> None:
-    from . import talker, codec, speaker, mimi  # noqa: F401  (they register themselves)
+    from . import codec, mimi, speaker, talker  # noqa: F401  (they register themselves)

@@ -422,7 +422,7 @@ class Tokenizer:
         self._cache: dict[str, list[int]] = {}
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "Tokenizer":
+    def from_dir(cls, path: str | Path) -> Tokenizer:
         """Read vocab.json, merges.txt and tokenizer_config.json (added_tokens_decoder) from a checkpoint dir."""
         path = Path(path)
         vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
