@@ -65,7 +65,7 @@ print(inspect.getsource(kvcache.add_kv_cache))
 # %%
 before = (out_dir / "talker_decoder.param").read_text()
 after = kvcache.add_kv_cache(before)
-show = lambda text: [l for l in text.splitlines() if l.startswith(("SDPA", "Input"))][:6] + [text.splitlines()[1] + "   <- layer and blob counts"]
+show = lambda text: [line for line in text.splitlines() if line.startswith(("SDPA", "Input"))][:6] + [text.splitlines()[1] + "   <- layer and blob counts"]
 print("before:", *show(before), sep="\n  ")
 print("after:", *show(after), sep="\n  ")
 info = export.parse_param(after)

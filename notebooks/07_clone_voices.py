@@ -205,7 +205,7 @@ for speaker in synth_cv.speakers:
     ours = synth_cv.generate(prompt, N)
     row = check.tokens_equal(f"{speaker} ({language}): all codes = reference", ours.codes, ref_run["codes"])
     rows.append((speaker, language, ours.codes.shape[0], row["value"]))
-print("\n".join(f"{s:10} {l:8} {n} frames  mismatched {v}" for s, l, n, v in rows))
+print("\n".join(f"{s:10} {lang:8} {n} frames  mismatched {v}" for s, lang, n, v in rows))
 
 # %% [markdown]
 # Names and languages come from the checkpoint's config; an unknown name is refused with the valid ones:

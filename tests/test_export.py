@@ -34,9 +34,9 @@ SDPA                     sdpa_0                   4 1 15 15 15 in1 out0 5=1 6=0
 
 def test_parse_and_leftovers():
     info = export.parse_param(SMALL)
-    assert [l.type for l in info.layers][:2] == ["Input", "Input"]
+    assert [layer.type for layer in info.layers][:2] == ["Input", "Input"]
     assert info.input_blobs == ["in0", "in1"]
-    assert [l.type for l in info.leftovers] == ["pnnx.Expression", "Tensor.expand"]
+    assert [layer.type for layer in info.leftovers] == ["pnnx.Expression", "Tensor.expand"]
     assert not export.parse_param(ATTN).leftovers
 
 
@@ -51,20 +51,20 @@ def test_drop_rope_widening():
     info = export.parse_param(text)
     assert changed == ["in2", "in3"]
     assert info.counts["Concat"] == 0
-    rope = next(l for l in info.layers if l.type == "RotaryEmbed")
-    producers = {b: l for l in info.layers for b in l.outputs}
+    rope = next(layer for layer in info.layers if layer.type == "RotaryEmbed")
+    producers = {b: layer for layer in info.layers for b in layer.outputs}
     assert [producers[b].inputs[0] for b in rope.inputs[1:]] == ["in2", "in3"]
-    assert text.splitlines()[1] == f"{len(info.layers)} {len({b for l in info.layers for b in l.inputs + l.outputs})}"
+    assert text.splitlines()[1] == f"{len(info.layers)} {len({b for layer in info.layers for b in layer.inputs + layer.outputs})}"
 
 
 def test_add_kv_cache():
     text = kvcache.add_kv_cache(ATTN)
     info = export.parse_param(text)
-    sdpa = next(l for l in info.layers if l.type == "SDPA")
+    sdpa = next(layer for layer in info.layers if layer.type == "SDPA")
     assert sdpa.inputs[-2:] == ["cache_k_in_0", "cache_v_in_0"]
     assert sdpa.outputs == ["out0", "cache_k_out_0", "cache_v_out_0"]
     assert sdpa.params[-1] == "7=1"
-    cache_input = next(l for l in info.layers if l.name == "kv_cache_in")
+    cache_input = next(layer for layer in info.layers if layer.name == "kv_cache_in")
     assert cache_input.type == "Input" and cache_input.outputs == ["cache_k_in_0", "cache_v_in_0"]
     assert kvcache.count_caches(text) == 1 and kvcache.count_caches(ATTN) == 0
     with pytest.raises(ValueError, match="already cached"):

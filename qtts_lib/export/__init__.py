@@ -45,17 +45,17 @@ class ParamInfo:
     @property
     def leftovers(self) -> list[ParamLayer]:
         """Layers ncnn cannot run: pnnx-internal ops that no pass converted."""
-        return [l for l in self.layers if l.type.startswith("pnnx.") or l.type.startswith("torch.")
-                or l.type.startswith("Tensor.") or l.type.startswith("nn.") or l.type.startswith("F.")]
+        return [layer for layer in self.layers if layer.type.startswith("pnnx.") or layer.type.startswith("torch.")
+                or layer.type.startswith("Tensor.") or layer.type.startswith("nn.") or layer.type.startswith("F.")]
 
     @property
     def input_blobs(self) -> list[str]:
-        return [b for l in self.layers if l.type == "Input" for b in l.outputs]
+        return [b for layer in self.layers if layer.type == "Input" for b in layer.outputs]
 
 
 def parse_param(text: str) -> ParamInfo:
     """Parse ncnn .param text: magic line, `layer_count blob_count`, then one layer per line."""
-    lines = [l for l in text.splitlines() if l.strip()]
+    lines = [line for line in text.splitlines() if line.strip()]
     magic = int(lines[0])
     n_layers, _ = (int(x) for x in lines[1].split())
     layers = []
@@ -65,7 +65,7 @@ def parse_param(text: str) -> ParamInfo:
         ins = tok[4 : 4 + n_in]
         outs = tok[4 + n_in : 4 + n_in + n_out]
         layers.append(ParamLayer(typ, name, ins, outs, tok[4 + n_in + n_out :]))
-    return ParamInfo(magic, layers, Counter(l.type for l in layers))
+    return ParamInfo(magic, layers, Counter(layer.type for layer in layers))
 
 
 def read_param(path: str | Path) -> ParamInfo:
@@ -119,7 +119,7 @@ def export_module(wrapper, name: str, inputs_a: dict, inputs_b: dict, out_dir: s
         in_batch, out_batch = _batch_axes((work / f"{name}_ncnn.py").read_text())
         shutil.move(param, out_dir / f"{name}.param")
         shutil.move(binf, out_dir / f"{name}.bin")
-        shape_line = next((l for l in log.splitlines() if l.startswith("model inputshape")), "")
+        shape_line = next((line for line in log.splitlines() if line.startswith("model inputshape")), "")
         return {
             "name": name,
             "input_names": list(inputs_a),
@@ -137,11 +137,11 @@ def export_module(wrapper, name: str, inputs_a: dict, inputs_b: dict, out_dir: s
 # ---------------------------------------------------------------- .param rewrites
 def format_param(magic: int, layers: list[ParamLayer]) -> str:
     """.param text from layers, with the layer and blob counts recomputed."""
-    blobs = {b for l in layers for b in l.inputs + l.outputs}
+    blobs = {b for layer in layers for b in layer.inputs + layer.outputs}
     rows = [str(magic), f"{len(layers)} {len(blobs)}"]
-    for l in layers:
-        rows.append(" ".join([f"{l.type:<24}", f"{l.name:<24}", str(len(l.inputs)), str(len(l.outputs))]
-                             + l.inputs + l.outputs + l.params).rstrip())
+    for layer in layers:
+        rows.append(" ".join([f"{layer.type:<24}", f"{layer.name:<24}", str(len(layer.inputs)), str(len(layer.outputs))]
+                             + layer.inputs + layer.outputs + layer.params).rstrip())
     return "\n".join(rows) + "\n"
 
 
@@ -156,29 +156,29 @@ def drop_rope_widening(text: str) -> tuple[str, list[str]]:
     (they are now (L, head_dim/2) tables without a batch axis).
     """
     info = parse_param(text)
-    producer = {b: l for l in info.layers for b in l.outputs}
+    producer = {b: layer for layer in info.layers for b in layer.outputs}
     consumers: dict[str, list[ParamLayer]] = {}
-    for l in info.layers:
-        for b in l.inputs:
-            consumers.setdefault(b, []).append(l)
-    rope_inputs = {b for l in info.layers if l.type == "RotaryEmbed" for b in l.inputs[1:]}
+    for layer in info.layers:
+        for b in layer.inputs:
+            consumers.setdefault(b, []).append(layer)
+    rope_inputs = {b for layer in info.layers if layer.type == "RotaryEmbed" for b in layer.inputs[1:]}
     drop, changed = set(), []
-    for l in info.layers:
-        if l.type != "Concat" or len(l.inputs) != 2:
+    for layer in info.layers:
+        if layer.type != "Concat" or len(layer.inputs) != 2:
             continue
-        srcs = [producer.get(b) for b in l.inputs]
+        srcs = [producer.get(b) for b in layer.inputs]
         split = srcs[0]
         if split is None or split.type != "Split" or srcs[1] is not split:
             continue
-        if any(c is not l for b in split.outputs for c in consumers.get(b, [])):
+        if any(c is not layer for b in split.outputs for c in consumers.get(b, [])):
             continue
-        fed = _downstream_of(l.outputs[0], producer, consumers)
+        fed = _downstream_of(layer.outputs[0], producer, consumers)
         if not fed & rope_inputs:
             continue
-        split.outputs = [l.outputs[0]]
-        drop.add(l.name)
+        split.outputs = [layer.outputs[0]]
+        drop.add(layer.name)
         changed.append(split.inputs[0])
-    layers = [l for l in info.layers if l.name not in drop]
+    layers = [layer for layer in info.layers if layer.name not in drop]
     return format_param(info.magic, layers), changed
 
 

@@ -26,7 +26,7 @@ def cache_blob_names(i: int) -> tuple[str, str, str, str]:
 def add_kv_cache(text: str) -> str:
     """The .param text with a KV cache on every SDPA layer (see module docstring)."""
     info = parse_param(text)
-    sdpa = [l for l in info.layers if l.type == "SDPA"]
+    sdpa = [layer for layer in info.layers if layer.type == "SDPA"]
     if not sdpa:
         raise ValueError("no SDPA layer in this .param: nothing to give a cache")
     for i, layer in enumerate(sdpa):
@@ -38,14 +38,14 @@ def add_kv_cache(text: str) -> str:
         layer.outputs += [k_out, v_out]
         layer.params = [p for p in layer.params if not p.startswith("7=")] + ["7=1"]
     cache_in = [b for i in range(len(sdpa)) for b in cache_blob_names(i)[:2]]
-    last_input = max(i for i, l in enumerate(info.layers) if l.type == "Input")
+    last_input = max(i for i, layer in enumerate(info.layers) if layer.type == "Input")
     layers = info.layers[: last_input + 1] + [ParamLayer("Input", "kv_cache_in", [], cache_in, [])] + info.layers[last_input + 1 :]
     return format_param(info.magic, layers)
 
 
 def count_caches(text: str) -> int:
     """Number of cached SDPA layers in a .param (0 for an uncached graph)."""
-    return sum(1 for l in parse_param(text).layers if l.type == "SDPA" and len(l.outputs) == 3)
+    return sum(1 for layer in parse_param(text).layers if layer.type == "SDPA" and len(layer.outputs) == 3)
 
 
 def write_kv_param(ckpt: str, name: str) -> Path:

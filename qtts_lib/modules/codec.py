@@ -140,7 +140,7 @@ class CodecDecoder(nn.Module):
             w_rest = q.rvq_rest.output_proj.weight[:, :, 0]
             assert q.rvq_first.output_proj.bias is None and q.rvq_rest.output_proj.bias is None
             sem = _vq_out(q.rvq_first.vq.layers[0], _codebook(q.rvq_first.vq.layers[0])) @ w_first.T
-            ac = torch.cat([_vq_out(l, _codebook(l)) for l in q.rvq_rest.vq.layers]) @ w_rest.T
+            ac = torch.cat([_vq_out(layer, _codebook(layer)) for layer in q.rvq_rest.vq.layers]) @ w_rest.T
             # a project_out bias would be added once per looked-up row, as in the original sum
         self.sem_embed = nn.Embedding.from_pretrained(sem.clone(), freeze=True)
         self.ac_embed = nn.Embedding.from_pretrained(ac.clone(), freeze=True)
@@ -149,7 +149,7 @@ class CodecDecoder(nn.Module):
         pt = dec.pre_transformer
         self.input_proj, self.output_proj, self.norm = pt.input_proj, pt.output_proj, pt.norm
         self.layers = nn.ModuleList(
-            CodecTransformerLayer(l, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) for l in pt.layers
+            CodecTransformerLayer(layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) for layer in pt.layers
         )
         self.upsample = nn.Sequential(*[m for tc, cn in dec.upsample for m in (TransConv(tc), ConvNeXt(cn))])
         blocks: list[nn.Module] = [CausalConv(dec.decoder[0])]

@@ -73,8 +73,8 @@ class MimiEncoder(nn.Module):
               for m in enc.encoder.layers]
         )
         self.layers = nn.ModuleList(
-            MimiTransformerLayer(l, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-            for l in enc.encoder_transformer.layers
+            MimiTransformerLayer(layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            for layer in enc.encoder_transformer.layers
         )
         self.downsample = MConv(enc.downsample)
 
@@ -93,7 +93,7 @@ def rvq_tables(tts) -> dict[str, np.ndarray]:
     n_ac = model.encoder_valid_num_quantizers - q.num_semantic_quantizers
 
     def cbs(rvq: nn.Module, n: int) -> np.ndarray:
-        return np.stack([common.as_numpy(l.codebook.embed) for l in rvq.layers[:n]]).astype(np.float32)
+        return np.stack([common.as_numpy(layer.codebook.embed) for layer in rvq.layers[:n]]).astype(np.float32)
 
     sem, ac = q.semantic_residual_vector_quantizer, q.acoustic_residual_vector_quantizer
     return {
