@@ -192,11 +192,11 @@ for k in pitfalls.TRIMS:
 # list gives the pieces (`-233` = "an equal share of what is left"), and even splits are right. An **uneven**
 # split is not: for 8 into 3, `chunk` and `tensor_split` give 3, 3, 2 in torch, while ncnn's equal shares come out
 # 2, 3, 3. Explicit sizes (`split([3, 3, 2])`) are written into the Slice and are right. Each variant of
-# `pitfalls.Splitter`, its Slice line, and the widths of the pieces ncnn made:
+# `pitfalls.Splitter`, its Slice parameters, and the widths of the pieces ncnn made:
 
 # %%
 sp = found["split_even"].data
-pd.DataFrame({"Slice line": {k: " ".join(v[0].split()[4:]) for k, v in sp["lines"].items()},
+pd.DataFrame({"Slice parameters": {k: " ".join(q for q in v[0].split() if "=" in q) for k, v in sp["lines"].items()},
               "widths in ncnn": {k: str(w) for k, w in sp["widths"].items()}}).rename_axis("split")
 
 # %%
@@ -283,8 +283,8 @@ print(f"chapter ran in {time.perf_counter() - t_start:.0f} s; work dir removed")
 #   merely harmless.
 # - *A leftover-op, Crop or Slice check fails* → another pnnx version → the version printed at the top, and the
 #   `.param` lines printed in §2, §4, §5 against the ones described there.
-# - *"every pitfall recorded" or a row of the table says "no" where this text says it reproduces* → that pitfall is
-#   fixed on your version → the section's own checks say which part changed.
+# - *A row of §1's table says "no" where this text says the pitfall reproduces* → your pnnx fixed it → that
+#   section's checks name the part that changed; the rewrite in chapter 02 is then merely harmless.
 # - *The fp16=0 check fails near 1e-3* → ncnn took an fp16 path on your CPU → chapter 04c, §5.
 
 # %%
