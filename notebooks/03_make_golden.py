@@ -182,7 +182,7 @@ eager = run_with_logits(eager_tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
 del eager_tts
 domains = {f"1 thread instead of {THREADS}": one_thread, "eager attention instead of sdpa": eager}
 results = {name: compare(name, run) for name, run in domains.items()}
-for name, (dmax, rel, bad) in results.items():
+for name, (_dmax, rel, _bad) in results.items():
     check.at_most(f"{name}: logits agree to fp32 rounding", "rel", rel, 1e-5)
 
 # %% [markdown]

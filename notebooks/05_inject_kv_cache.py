@@ -116,7 +116,7 @@ for name, c in DECODERS.items():
     x = np.concatenate([first, g.standard_normal((1, STEPS, c["hidden_size"]), dtype=np.float32)], axis=1)
     P = first.shape[1]
 
-    def torch_prefix(n):
+    def torch_prefix(n, c=c, wrapper=wrapper, x=x):
         cos, sin = common.rope_tables(c["head_dim"], c["rope_theta"], 0, n)
         with torch.inference_mode():
             return wrapper(torch.from_numpy(x[:, :n]), common.causal_mask(n), cos, sin).numpy()

@@ -200,7 +200,7 @@ def test_processed_logits_are_bitwise_hf(parity):
 def test_tie_at_top_p_cut_differs_only_inside_the_tie(parity):
     rows = [r for r in parity if _tie_at_cut(r[0], r[1])]
     assert rows
-    for label, c, ours, ref, ref_p, x, h in rows:
+    for label, _c, ours, ref, ref_p, _x, _h in rows:
         differ = np.isneginf(ours) != np.isneginf(ref)
         assert np.isneginf(ours).sum() == np.isneginf(ref).sum(), label
         # every id kept by one side and dropped by the other holds the same processed score
@@ -216,7 +216,7 @@ def test_greedy_argmax_matches_hf(parity):
 
 
 def test_eos_masked_only_before_min_new_tokens(parity):
-    for label, c, ours, ref, *_ in parity:
+    for label, _c, ours, _ref, *_ in parity:
         if "eos-top" in label and label.startswith("talker"):
             step = int(label[-1])
             assert np.isneginf(ours[EOS]) == (step < 2), label
@@ -227,7 +227,7 @@ def test_eos_masked_only_before_min_new_tokens(parity):
 def test_sample_greedy_is_argmax(parity):
     greedy = [r for r in parity if not r[1].do_sample]
     assert greedy
-    for label, c, ours, ref, _, x, h in greedy:
+    for label, c, _ours, ref, _, x, h in greedy:
         got = sampler.sample(x, h, len(h), c, np.random.default_rng(0))
         assert got == int(torch.argmax(torch.from_numpy(ref))), label
 
