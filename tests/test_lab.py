@@ -103,8 +103,9 @@ def test_make_lab_opens_every_chapter_as_a_notebook(tmp_path):
             try:
                 client.wait_for_ready(timeout=30)
                 out = []
-                client.execute_interactive("import sys; print(sys.prefix)", timeout=30, output_hook=lambda m: out.append(
-                    m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+                client.execute_interactive("import sys; print(sys.prefix)", timeout=30,
+                                           output_hook=lambda m: out.append(m["content"].get("text", ""))
+                                           if m["msg_type"] == "stream" else None)
             finally:
                 client.stop_channels()
             assert Path("".join(out).strip()).resolve() == (ROOT / ".venv").resolve(), out

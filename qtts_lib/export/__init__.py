@@ -81,9 +81,10 @@ def pnnx_binary() -> str:
 
 def _batch_axes(ncnn_py: str) -> tuple[list[int], list[int]]:
     """Which axis pnnx treats as batch, per input and output, from its generated test script."""
-    ins = [int(b) for _, b in sorted(re.findall(r'ex\.input\("in(\d+)", ncnn\.Mat\(in\d+\.numpy\(\), batch_index=(\d+)\)', ncnn_py),
-                                     key=lambda t: int(t[0]))]
-    outs = [int(b) for _, b in sorted(re.findall(r"out(\d+)\.numpy\(batch_index=(\d+)\)", ncnn_py), key=lambda t: int(t[0]))]
+    in_pattern = r'ex\.input\("in(\d+)", ncnn\.Mat\(in\d+\.numpy\(\), batch_index=(\d+)\)'
+    ins = [int(b) for _, b in sorted(re.findall(in_pattern, ncnn_py), key=lambda t: int(t[0]))]
+    outs = [int(b) for _, b in sorted(re.findall(r"out(\d+)\.numpy\(batch_index=(\d+)\)", ncnn_py),
+                                      key=lambda t: int(t[0]))]
     return ins, outs
 
 

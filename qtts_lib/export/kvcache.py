@@ -31,15 +31,16 @@ def add_kv_cache(text: str) -> str:
         raise ValueError("no SDPA layer in this .param: nothing to give a cache")
     for i, layer in enumerate(sdpa):
         if len(layer.inputs) != 4 or len(layer.outputs) != 1:
-            raise ValueError(f"{layer.name}: expected 4 inputs / 1 output, found {len(layer.inputs)}/{len(layer.outputs)}"
-                             " (already cached?)")
+            raise ValueError(f"{layer.name}: expected 4 inputs / 1 output, "
+                             f"found {len(layer.inputs)}/{len(layer.outputs)} (already cached?)")
         k_in, v_in, k_out, v_out = cache_blob_names(i)
         layer.inputs += [k_in, v_in]
         layer.outputs += [k_out, v_out]
         layer.params = [p for p in layer.params if not p.startswith("7=")] + ["7=1"]
     cache_in = [b for i in range(len(sdpa)) for b in cache_blob_names(i)[:2]]
     last_input = max(i for i, layer in enumerate(info.layers) if layer.type == "Input")
-    layers = info.layers[: last_input + 1] + [ParamLayer("Input", "kv_cache_in", [], cache_in, [])] + info.layers[last_input + 1 :]
+    layers = (info.layers[: last_input + 1] + [ParamLayer("Input", "kv_cache_in", [], cache_in, [])]
+              + info.layers[last_input + 1 :])
     return format_param(info.magic, layers)
 
 

@@ -149,7 +149,8 @@ class CodecDecoder(nn.Module):
         pt = dec.pre_transformer
         self.input_proj, self.output_proj, self.norm = pt.input_proj, pt.output_proj, pt.norm
         self.layers = nn.ModuleList(
-            CodecTransformerLayer(layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) for layer in pt.layers
+            CodecTransformerLayer(layer, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            for layer in pt.layers
         )
         self.upsample = nn.Sequential(*[m for tc, cn in dec.upsample for m in (TransConv(tc), ConvNeXt(cn))])
         blocks: list[nn.Module] = [CausalConv(dec.decoder[0])]

@@ -1,4 +1,5 @@
-"""mimi_encoder: 24 kHz wav -> 12.5 Hz latent before quantization (the Mimi encoder of the 12 Hz tokenizer). Introduced in 02.
+"""mimi_encoder: 24 kHz wav -> 12.5 Hz latent before quantization (the Mimi encoder of the 12 Hz tokenizer).
+Introduced in 02.
 
 Graph inputs
   wav      (1, 1, L) float32, L a multiple of 1920 (the host pads)

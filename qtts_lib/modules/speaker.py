@@ -15,8 +15,8 @@ from . import ModuleSpec, common, register
 
 # The arguments `Qwen3TTSForConditionalGeneration.extract_speaker_embedding` passes to mel_spectrogram,
 # from the runtime's mel recipe (one home for the constants).
-MEL_ARGS = dict(n_fft=mel_recipe.N_FFT, num_mels=mel_recipe.N_MELS, sampling_rate=mel_recipe.SAMPLE_RATE, hop_size=mel_recipe.HOP_SIZE,
-                win_size=mel_recipe.WIN_SIZE, fmin=mel_recipe.FMIN, fmax=mel_recipe.FMAX)
+MEL_ARGS = dict(n_fft=mel_recipe.N_FFT, num_mels=mel_recipe.N_MELS, sampling_rate=mel_recipe.SAMPLE_RATE,
+                hop_size=mel_recipe.HOP_SIZE, win_size=mel_recipe.WIN_SIZE, fmin=mel_recipe.FMIN, fmax=mel_recipe.FMAX)
 
 
 def mel_from_wav(wav: np.ndarray) -> torch.Tensor:

@@ -57,7 +57,8 @@ class Decoder(nn.Module):
         self.n_rep: int = self.heads // self.kv_heads
         self.eps: float = cfg.rms_norm_eps
 
-    def _attn(self, a: nn.Module, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _attn(self, a: nn.Module, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> torch.Tensor:
         hd, half = self.head_dim, self.head_dim // 2
         q = _rms(a.q_proj(x).view(1, -1, self.heads, hd), a.q_norm.weight, self.eps).transpose(1, 2)
         k = _rms(a.k_proj(x).view(1, -1, self.kv_heads, hd), a.k_norm.weight, self.eps).transpose(1, 2)
@@ -69,7 +70,8 @@ class Decoder(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return a.o_proj(o.transpose(1, 2).reshape(1, -1, self.heads * hd))
 
-    def forward(self, inputs_embeds: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs_embeds: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
         x = inputs_embeds if self.proj is None else self.proj(inputs_embeds)
         for layer in self.layers:
             h = _rms(x, layer.input_layernorm.weight, self.eps)
@@ -155,7 +157,8 @@ def _hidden(rows: int, hidden: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------- references
-def _run_layers(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, text_pos: torch.Tensor) -> torch.Tensor:
+def _run_layers(model: nn.Module, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                text_pos: torch.Tensor) -> torch.Tensor:
     """Call each original layer as its Model.forward does, with the original rotary module."""
     pe = model.rotary_emb(x, pos)
     mask4 = mask[None, None]
@@ -232,9 +235,11 @@ def _build_predictor_embeds(tts) -> nn.Module:
 
 
 DECODER_REWRITES = [
-    "attention written out (q/k/v proj, per-head RMSNorm, rope, SDPA, o_proj): the HF attention dispatch does not trace",
+    "attention written out (q/k/v proj, per-head RMSNorm, rope, SDPA, o_proj): "
+    "the HF attention dispatch does not trace",
     "GQA via repeat_interleave(dim=-3) -> one ncnn SDPA; HF expand+reshape (repeat_kv) leaves pnnx.Expression",
-    "rope tables are inputs at half width (ncnn RotaryEmbed convention); built in-graph they need arange and freeze the length",
+    "rope tables are inputs at half width (ncnn RotaryEmbed convention); "
+    "built in-graph they need arange and freeze the length",
     "2-D additive mask input (ncnn SDPA) instead of HF's 4-D mask built from cache_position",
     "RMSNorm as plain ops in the original op order (bit-exact in fp32)",
 ]
@@ -263,13 +268,15 @@ register(ModuleSpec(
 register(ModuleSpec(
     name="talker_decoder",
     build=_build_talker_decoder,
-    inputs=lambda tts, length, seed: _decoder_inputs(_talker(tts).config, _talker(tts).config.hidden_size, length, seed),
+    inputs=lambda tts, length, seed: _decoder_inputs(_talker(tts).config, _talker(tts).config.hidden_size,
+                                                     length, seed),
     run_original=_talker_decoder_ref,
     metric="rel",
     lengths=(37, 5),
     summary="talker layers + norm: embeds (1, L, hidden), mask (L, L), cos/sin (L, hd/2) -> (1, L, hidden)",
     rewrites=DECODER_REWRITES + [
-        "interleaved mrope -> plain rope: with the 3 position rows equal (text and audio) the sections select identical tables",
+        "interleaved mrope -> plain rope: with the 3 position rows equal (text and audio) "
+        "the sections select identical tables",
     ],
 ))
 
@@ -285,11 +292,13 @@ register(ModuleSpec(
 register(ModuleSpec(
     name="predictor_decoder",
     build=_build_predictor_decoder,
-    inputs=lambda tts, length, seed: _decoder_inputs(_predictor(tts).config, _talker(tts).config.hidden_size, length, seed),
+    inputs=lambda tts, length, seed: _decoder_inputs(_predictor(tts).config, _talker(tts).config.hidden_size,
+                                                     length, seed),
     run_original=_predictor_decoder_ref,
     metric="rel",
     lengths=(16, 2),
-    summary="code-predictor layers + norm (small_to_mtp_projection first when not Identity), same I/O as talker_decoder",
+    summary=("code-predictor layers + norm (small_to_mtp_projection first when not Identity), "
+             "same I/O as talker_decoder"),
     rewrites=DECODER_REWRITES,
 ))
 

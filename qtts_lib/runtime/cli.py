@@ -30,7 +30,8 @@ def model_dir(checkpoint: str) -> Path:
     for root in roots:
         if (root / checkpoint).is_dir():
             return root / checkpoint
-    found = sorted({d.name for r in roots if r.is_dir() for d in r.iterdir() if d.is_dir() and not d.name.startswith(".")})
+    found = sorted({d.name for r in roots if r.is_dir()
+                    for d in r.iterdir() if d.is_dir() and not d.name.startswith(".")})
     raise MissingArtifact(f"no checkpoint {checkpoint!r}: not a directory, and not under {' or '.join(map(str, roots))}"
                           f" (found: {', '.join(found) or 'none'}); pass a checkpoint directory, or run"
                           " notebooks/00_get_checkpoint.py with QTTS_CHECKPOINT set")
@@ -59,11 +60,13 @@ def parser() -> argparse.ArgumentParser:
     say = sub.add_parser("say", help="synthesize speech into a wav file",
                          description="Base checkpoints clone a voice clip (--voice, plus --voice-text for ICL); "
                                      "CustomVoice checkpoints speak with a built-in --speaker.")
-    say.add_argument("--checkpoint", default="tiny-base", help="checkpoint directory, or a name under $QTTS_MODELS or ./models")
+    say.add_argument("--checkpoint", default="tiny-base",
+                     help="checkpoint directory, or a name under $QTTS_MODELS or ./models")
     say.add_argument("--text", required=True)
     say.add_argument("--language", default="auto", help="a language of the checkpoint, or auto")
     voice = say.add_mutually_exclusive_group()
-    voice.add_argument("--voice", type=Path, help="24 kHz mono voice clip to clone (x-vector); needed by Base checkpoints")
+    voice.add_argument("--voice", type=Path,
+                       help="24 kHz mono voice clip to clone (x-vector); needed by Base checkpoints")
     voice.add_argument("--speaker", help="a built-in speaker; needed by CustomVoice checkpoints")
     say.add_argument("--voice-text", "--ref-text", dest="voice_text",
                      help="transcript of --voice: clone in ICL mode (x-vector only without it)")

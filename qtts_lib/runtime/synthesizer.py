@@ -118,7 +118,8 @@ class Synthesizer:
         self.mimi = net("mimi_encoder") if (ncnn_dir / "mimi_rvq.npz").is_file() else None
         self.rvq_tables = dict(np.load(ncnn_dir / "mimi_rvq.npz")) if self.mimi is not None else None
         self.talker = KvCacheNet(ncnn_dir, "talker_decoder", talker["head_dim"], talker["rope_theta"], threads, device)
-        self.predictor = KvCacheNet(ncnn_dir, "predictor_decoder", pred["head_dim"], pred["rope_theta"], threads, device)
+        self.predictor = KvCacheNet(ncnn_dir, "predictor_decoder", pred["head_dim"], pred["rope_theta"], threads,
+                                    device)
         self.codec = Codec(ncnn_dir, st_config["decoder_config"], threads, device)
         self.SamplerConfig = SamplerConfig
 
@@ -191,7 +192,8 @@ class Synthesizer:
         if speaker is not None:
             spk_id = self.talker_cfg.get("spk_id") or {}
             if speaker.lower() not in spk_id:
-                raise InputError(f"unknown speaker {speaker!r}; valid: {', '.join(self.speakers) or '(none in this checkpoint)'}")
+                valid = ", ".join(self.speakers) or "(none in this checkpoint)"
+                raise InputError(f"unknown speaker {speaker!r}; valid: {valid}")
             return Voice(self.codec_embed([spk_id[speaker.lower()]])[0], speaker=speaker.lower())
         if xvector is not None:
             return Voice(np.asarray(xvector, np.float32).reshape(-1))
