@@ -98,7 +98,8 @@ if checkpoint.is_synthetic(ckpt) and ckpt.startswith("tiny"):
         same = artifacts.sha256(again / "model.safetensors") == manifest["model.safetensors"]
     check.equal("re-synthesis is byte-identical", "sha256 equal", same, True)
 else:
-    print(f"skipped the rebuild check because {ckpt} is " + ("full size (4 GB)" if checkpoint.is_synthetic(ckpt) else "a real checkpoint"))
+    print(f"skipped the rebuild check because {ckpt} is "
+          + ("full size (4 GB)" if checkpoint.is_synthetic(ckpt) else "a real checkpoint"))
 
 # %% [markdown]
 # ## 3. Read the numbers that matter from config.json
@@ -109,10 +110,14 @@ else:
 cfg = checkpoint.load_config(ckpt)
 talker, pred = cfg["talker_config"], cfg["talker_config"]["code_predictor_config"]
 print(f"model type: {cfg['tts_model_type']}")
-print(f"talker:    {talker['num_hidden_layers']} layers, hidden {talker['hidden_size']}, heads {talker['num_attention_heads']}/{talker['num_key_value_heads']}, head_dim {talker['head_dim']}, codec vocab {talker['vocab_size']}")
-print(f"predictor: {pred['num_hidden_layers']} layers, hidden {pred['hidden_size']}, {talker['num_code_groups'] - 1} tables and heads of {pred['vocab_size']}")
+print(f"talker:    {talker['num_hidden_layers']} layers, hidden {talker['hidden_size']}, "
+      f"heads {talker['num_attention_heads']}/{talker['num_key_value_heads']}, head_dim {talker['head_dim']}, "
+      f"codec vocab {talker['vocab_size']}")
+print(f"predictor: {pred['num_hidden_layers']} layers, hidden {pred['hidden_size']}, "
+      f"{talker['num_code_groups'] - 1} tables and heads of {pred['vocab_size']}")
 print(f"text:      vocab {talker['text_vocab_size']} -> {talker['text_hidden_size']} -> {talker['hidden_size']}")
-print(f"codec ids: pad {talker['codec_pad_id']}, bos {talker['codec_bos_id']}, eos {talker['codec_eos_token_id']}; languages {sorted(talker['codec_language_id'])}")
+print(f"codec ids: pad {talker['codec_pad_id']}, bos {talker['codec_bos_id']}, eos {talker['codec_eos_token_id']}; "
+      f"languages {sorted(talker['codec_language_id'])}")
 
 # %% [markdown]
 # ## 4. Load it with the original loader, offline

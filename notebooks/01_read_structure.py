@@ -94,9 +94,11 @@ targets += [("mimi_encoder.quantizer", codec.encoder.quantizer)]
 handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in targets]
 
 voice_wav = load_wav(paths.voice_wav())
-run = reference.capture_generation(tts, "Read the structure.", "english", max_new_tokens=4, **reference.default_voice(tts, voice_wav))
+run = reference.capture_generation(tts, "Read the structure.", "english", max_new_tokens=4,
+                                   **reference.default_voice(tts, voice_wav))
 with torch.inference_mode():
-    voice_codes = codec.encode(torch.from_numpy(voice_wav)[None], torch.ones(1, len(voice_wav), dtype=torch.long)).audio_codes[0]
+    voice_codes = codec.encode(torch.from_numpy(voice_wav)[None],
+                               torch.ones(1, len(voice_wav), dtype=torch.long)).audio_codes[0]
 for h in handles:
     h.remove()
 print(f"{len(seen)} blocks called; generated codes {run['codes'].shape}, reference codes {tuple(voice_codes.shape)}")
@@ -185,10 +187,12 @@ g = torch.Generator().manual_seed(0)
 q = torch.randn(1, tc.num_attention_heads, seq_len, hd, generator=g)
 k = torch.randn(1, tc.num_key_value_heads, seq_len, hd, generator=g)
 cos3, sin3 = model.talker.model.rotary_emb(q, position_ids)  # (3, 1, seq_len, hd)
-q_m, k_m = apply_multimodal_rotary_pos_emb(q, k, cos3, sin3, tc.rope_scaling["mrope_section"], tc.rope_scaling["interleaved"])
+q_m, k_m = apply_multimodal_rotary_pos_emb(q, k, cos3, sin3, tc.rope_scaling["mrope_section"],
+                                           tc.rope_scaling["interleaved"])
 q_p, k_p = apply_rotary_pos_emb(q, k, cos3[0], sin3[0])
 diff = max((q_m - q_p).abs().max().item(), (k_m - k_p).abs().max().item())
-print(f"mrope_section {tc.rope_scaling['mrope_section']}, interleaved={tc.rope_scaling['interleaved']}: max |mrope - rope| = {diff}")
+print(f"mrope_section {tc.rope_scaling['mrope_section']}, interleaved={tc.rope_scaling['interleaved']}: "
+      f"max |mrope - rope| = {diff}")
 check.equal("mrope == plain rope on text/audio positions", "max_abs", diff, 0.0)
 
 # %% [markdown]
@@ -213,10 +217,12 @@ for key, real in real_cfg["code_predictor_config"].items():
 display(HTML("<table><tr><th>part</th><th>key</th><th>class default</th><th>config.json (0.6B)</th></tr>" + "".join(
     f"<tr><td>{p}</td><td><code>{k}</code></td><td>{d}</td><td>{r}</td></tr>" for p, k, d, r in rows) + "</table>"))
 missing_head_dim = getattr(defaults, "head_dim", defaults.hidden_size // defaults.num_attention_heads)
-print(f"without head_dim in the config, attention uses hidden/heads = {missing_head_dim} instead of {real_cfg['head_dim']}")
+print(f"without head_dim in the config, attention uses hidden/heads = {missing_head_dim} "
+      f"instead of {real_cfg['head_dim']}")
 check.equal("class default eos id", "codec_eos_token_id", defaults.codec_eos_token_id, 4198)
 check.equal("config.json eos id", "codec_eos_token_id", real_cfg["codec_eos_token_id"], 2150)
-check.equal("this checkpoint's eos id is the real one", "codec_eos_token_id", cfg["talker_config"]["codec_eos_token_id"], 2150)
+check.equal("this checkpoint's eos id is the real one", "codec_eos_token_id",
+            cfg["talker_config"]["codec_eos_token_id"], 2150)
 check.at_least("keys where the defaults are wrong", "count", len(rows), 10)
 
 # %% [markdown]

@@ -59,8 +59,10 @@ for spec in modules.all_specs():
     outs = spec.run_original(tts, ins)
     rows.append(f"<tr><td><code>{spec.name}</code></td><td>{spec.summary}</td>"
                 f"<td>{'<br>'.join(f'{k} {describe(v)}' for k, v in ins.items())}</td>"
-                f"<td>{'<br>'.join(f'{k} {describe(v)}' for k, v in list(outs.items())[:3])}{' …' if len(outs) > 3 else ''}</td></tr>")
-display(HTML("<table><tr><th>module</th><th>what</th><th>inputs (first length)</th><th>outputs</th></tr>" + "".join(rows) + "</table>"))
+                f"<td>{'<br>'.join(f'{k} {describe(v)}' for k, v in list(outs.items())[:3])}"
+                f"{' …' if len(outs) > 3 else ''}</td></tr>")
+display(HTML("<table><tr><th>module</th><th>what</th><th>inputs (first length)</th><th>outputs</th></tr>"
+             + "".join(rows) + "</table>"))
 
 # %% [markdown]
 # ## 2. The rewrites, each shown equal in torch
@@ -84,9 +86,11 @@ g = torch.Generator().manual_seed(0)
 x = torch.randn(1, 2, 9, 16, generator=g)  # (batch, kv_heads, seq_len, head_dim)
 from qwen_tts.core.models.modeling_qwen3_tts import repeat_kv
 
-check.equal("repeat_interleave(dim=-3) == HF repeat_kv", "max_abs", (x.repeat_interleave(4, dim=-3) - repeat_kv(x, 4)).abs().max().item(), 0.0)
+check.equal("repeat_interleave(dim=-3) == HF repeat_kv", "max_abs",
+            (x.repeat_interleave(4, dim=-3) - repeat_kv(x, 4)).abs().max().item(), 0.0)
 y = torch.randn(1, 8, 50, generator=g)
-check.equal("F.pad(x, (0, -3)) == x[..., :-3]", "max_abs", (torch.nn.functional.pad(y, (0, -3)) - y[..., :-3]).abs().max().item(), 0.0)
+check.equal("F.pad(x, (0, -3)) == x[..., :-3]", "max_abs",
+            (torch.nn.functional.pad(y, (0, -3)) - y[..., :-3]).abs().max().item(), 0.0)
 parts = [torch.randn(4, 8, generator=g) for _ in range(15)]
 stacked = torch.stack(parts).sum(0)
 via_matmul = (torch.ones(1, 15) @ torch.stack(parts).reshape(1, 15, -1)).reshape(4, 8)

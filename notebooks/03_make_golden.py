@@ -48,7 +48,8 @@ EOS = cfg["talker_config"]["codec_eos_token_id"]
 custom_voice = cfg["tts_model_type"] == "custom_voice"
 voice = reference.default_voice(tts, load_wav(paths.voice_wav()))
 SPEAKER, voice_wav = voice.get("speaker"), voice.get("voice_wav")
-print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector clone of data/inputs/voice.wav'}, {THREADS} threads")
+print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector clone of data/inputs/voice.wav'}, "
+      f"{THREADS} threads")
 
 # %% [markdown]
 # ## 1. Generate the main golden: greedy, fp32, CPU, fixed threads
@@ -59,9 +60,11 @@ print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector cl
 # %%
 def run_with_logits(model_tts, **kw):
     logits = []
-    h = model_tts.model.talker.codec_head.register_forward_hook(lambda m, a, out: logits.append(out[0, -1].detach().clone()))
+    h = model_tts.model.talker.codec_head.register_forward_hook(
+        lambda m, a, out: logits.append(out[0, -1].detach().clone()))
     try:
-        out = reference.capture_generation(model_tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice_wav, speaker=SPEAKER, **kw)
+        out = reference.capture_generation(model_tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice_wav,
+                                           speaker=SPEAKER, **kw)
     finally:
         h.remove()
     out["logits"] = torch.stack(logits).numpy()  # (steps, 3072)
@@ -74,7 +77,8 @@ codes = main["codes"]  # (T, 16)
 hits = np.flatnonzero(main["talker_sequences"] == EOS)
 eos_step = int(hits[0]) if hits.size else -1
 print(f"{codes.shape[0]} frames x 16 = {codes.size} tokens, EOS step {eos_step} ({time.perf_counter() - t0:.1f} s)")
-check.equal("main golden: frames", "frames", int(codes.shape[0]), inputs.GOLDEN_MAX_NEW_TOKENS - 1 if eos_step < 0 else eos_step)
+check.equal("main golden: frames", "frames", int(codes.shape[0]),
+            inputs.GOLDEN_MAX_NEW_TOKENS - 1 if eos_step < 0 else eos_step)
 check.at_least("main golden: at least 40 frames or an EOS", "frames", int(codes.shape[0]) if eos_step < 0 else 40, 40)
 
 # %% [markdown]
@@ -85,7 +89,8 @@ check.at_least("main golden: at least 40 frames or an EOS", "frames", int(codes.
 
 # %%
 cb0 = main["talker_sequences"]
-k = next(i for i in range(max(2, len(cb0) // 2), len(cb0) - 1) if cb0[i] not in cb0[:i])  # mid-run, so the stop follows real steps
+# mid-run, so the stop follows real steps
+k = next(i for i in range(max(2, len(cb0) // 2), len(cb0) - 1) if cb0[i] not in cb0[:i])
 early_eos = int(cb0[k])
 early = run_with_logits(tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS, eos_token_id=early_eos)
 print(f"eos id {early_eos}: first emitted at step {k}; the original stopped after {early['codes'].shape[0]} frames")
@@ -113,8 +118,10 @@ def save(name, run, eos_id, **more_inputs):
         arrays["xvector"] = run["xvector"]
     arrays["eos_step"] = np.array(int(hit[0]) if hit.size else -1)
     arrays["eos_id"] = np.array(eos_id)
-    path = artifacts.save_npz(golden / f"{name}.npz", "03_make_golden", ckpt, dict(common, eos_id=eos_id, **more_inputs), extra, **arrays)
-    print(f"{path.name:22} {path.stat().st_size / 1024:8.1f} KiB  " + ", ".join(f"{k}{tuple(v.shape)}" for k, v in arrays.items()))
+    path = artifacts.save_npz(golden / f"{name}.npz", "03_make_golden", ckpt,
+                              dict(common, eos_id=eos_id, **more_inputs), extra, **arrays)
+    print(f"{path.name:22} {path.stat().st_size / 1024:8.1f} KiB  "
+          + ", ".join(f"{k}{tuple(v.shape)}" for k, v in arrays.items()))
 
 
 mode = "speaker" if custom_voice else "xvec"
@@ -139,7 +146,8 @@ else:
 # %%
 for name in sorted(p.name for p in golden.glob("*.npz")):
     arrays, entry = artifacts.load_npz(golden / name, ckpt)
-    check.equal(f"{name} reloads through its manifest", "sha256 ok", entry["sha256"] == artifacts.sha256(golden / name), True)
+    check.equal(f"{name} reloads through its manifest", "sha256 ok",
+                entry["sha256"] == artifacts.sha256(golden / name), True)
 
 # %%
 display(Audio(main["wav"], rate=24000))
@@ -158,8 +166,10 @@ ax.set_title("golden codes (T, 16): codebook 0 from the talker, 1..15 from the c
 
 # %%
 rerun = run_with_logits(tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
-check.equal("same domain rerun: logits bitwise equal", "max_abs", float(np.abs(rerun["logits"] - main["logits"]).max()), 0.0)
-check.equal("same domain rerun: waveform bitwise equal", "max_abs", float(np.abs(rerun["wav"] - main["wav"]).max()), 0.0)
+check.equal("same domain rerun: logits bitwise equal", "max_abs",
+            float(np.abs(rerun["logits"] - main["logits"]).max()), 0.0)
+check.equal("same domain rerun: waveform bitwise equal", "max_abs",
+            float(np.abs(rerun["wav"] - main["wav"]).max()), 0.0)
 
 
 def compare(name, other):
@@ -195,8 +205,10 @@ top2 = np.sort(main["logits"][:, allowed], axis=1)[:, -2:]
 margin = top2[:, 1] - top2[:, 0]
 spread = main["logits"][:, allowed].max(1) - main["logits"][:, allowed].min(1)
 worst = max(r[0] for r in results.values())
-print(f"talker decisions: {len(margin)}; median margin {np.median(margin):.3g} ({np.median(margin / spread):.2f} of the logit spread); "
-      f"smallest {margin.min():.3g}; under 1e-2: {(margin < 1e-2).sum()}; under the largest cross-domain change ({worst:.2g}): {(margin < worst).sum()}")
+print(f"talker decisions: {len(margin)}; median margin {np.median(margin):.3g} "
+      f"({np.median(margin / spread):.2f} of the logit spread); "
+      f"smallest {margin.min():.3g}; under 1e-2: {(margin < 1e-2).sum()}; "
+      f"under the largest cross-domain change ({worst:.2g}): {(margin < worst).sum()}")
 fig, ax = plt.subplots(figsize=(7, 2.8))
 ax.hist(np.log10(margin + 1e-12), bins=30, color="tab:blue")
 ax.axvline(np.log10(max(worst, 1e-12)), color="crimson", ls="--", label="largest cross-domain logit change")

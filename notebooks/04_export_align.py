@@ -72,7 +72,8 @@ rows = "".join(
     f"<td>{e['work_bytes_before_cleanup'] / 2**20:.1f}</td><td>{e['pnnx_inputshape']}</td>"
     f"<td>{e['input_batch_axes']}</td><td>{sum(e['layer_counts'].values())}</td></tr>" for n, e in entries.items())
 display(HTML("<table><tr><th>module</th><th>export s</th><th>.bin MiB</th><th>intermediates MiB (deleted)</th>"
-             "<th>pnnx input shapes</th><th>batch axis per input (233 = none)</th><th>layers</th></tr>" + rows + "</table>"))
+             "<th>pnnx input shapes</th><th>batch axis per input (233 = none)</th><th>layers</th></tr>"
+             + rows + "</table>"))
 
 # %% [markdown]
 # ## 2. Read the `.param`
@@ -102,7 +103,8 @@ print("".join((out_dir / "talker_decoder.param").read_text().splitlines(keepends
 # %%
 e = entries["talker_decoder"]
 print("rewritten inputs:", e.get("rope_inputs_made_half_width"), "-> batch axes", e["input_batch_axes"])
-check.equal("talker_decoder: no Concat left in front of RotaryEmbed", "count", export.read_param(out_dir / "talker_decoder.param").counts["Concat"], 0)
+check.equal("talker_decoder: no Concat left in front of RotaryEmbed", "count",
+            export.read_param(out_dir / "talker_decoder.param").counts["Concat"], 0)
 
 # %% [markdown]
 # ## 3. Align each graph in ncnn, at two lengths
@@ -136,8 +138,10 @@ for name in entries:
             codes_ncnn = rvq.split_rvq_encode(ours[0][0], rvq_tables)  # (16, T)
             wav = ins["wav"][0]  # (1, L)
             with torch.inference_mode():
-                codes_torch = tts.model.speech_tokenizer.model.encode(wav, torch.ones_like(wav, dtype=torch.long)).audio_codes[0]
-            check.tokens_equal(f"mimi codes (ncnn + numpy RVQ vs torch encode) @ {length}", codes_ncnn, codes_torch.numpy().T)
+                codes_torch = tts.model.speech_tokenizer.model.encode(
+                    wav, torch.ones_like(wav, dtype=torch.long)).audio_codes[0]
+            check.tokens_equal(f"mimi codes (ncnn + numpy RVQ vs torch encode) @ {length}", codes_ncnn,
+                               codes_torch.numpy().T)
 
 # %% [markdown]
 # Relative L2 error of every module at both lengths, ncnn against torch. The decoders sit around 1e-7: fp32 with a

@@ -65,7 +65,8 @@ print(inspect.getsource(kvcache.add_kv_cache))
 # %%
 before = (out_dir / "talker_decoder.param").read_text()
 after = kvcache.add_kv_cache(before)
-show = lambda text: [line for line in text.splitlines() if line.startswith(("SDPA", "Input"))][:6] + [text.splitlines()[1] + "   <- layer and blob counts"]
+show = lambda text: ([line for line in text.splitlines() if line.startswith(("SDPA", "Input"))][:6]
+                     + [text.splitlines()[1] + "   <- layer and blob counts"])
 print("before:", *show(before), sep="\n  ")
 print("after:", *show(after), sep="\n  ")
 info = export.parse_param(after)
@@ -112,7 +113,8 @@ for name, c in DECODERS.items():
     net = KvCacheNet(out_dir, name, c["head_dim"], c["rope_theta"], threads=THREADS)
     wrapper = modules.get(name).build(tts)
     g = np.random.default_rng(5)
-    first = prompt if name == "talker_decoder" and prompt is not None else g.standard_normal((1, 2, c["hidden_size"]), dtype=np.float32)
+    first = (prompt if name == "talker_decoder" and prompt is not None
+             else g.standard_normal((1, 2, c["hidden_size"]), dtype=np.float32))
     x = np.concatenate([first, g.standard_normal((1, STEPS, c["hidden_size"]), dtype=np.float32)], axis=1)
     P = first.shape[1]
 
@@ -152,7 +154,8 @@ net.prefill(x[:, :4])
 for t in range(4, 16):
     k = net.caches[0][0]
     if t in (4, 5, 8, 12, 15):
-        print(f"past {net.past:2d}: cache k of layer 0  w={k.w} h={k.h} c={k.c}  cstep={k.cstep} (room for {k.cstep // k.w} rows)")
+        print(f"past {net.past:2d}: cache k of layer 0  w={k.w} h={k.h} c={k.c}  "
+              f"cstep={k.cstep} (room for {k.cstep // k.w} rows)")
     net.step(x[:, t : t + 1])
 
 # %% [markdown]

@@ -66,7 +66,8 @@ ours = bpe.Tokenizer.from_dir(model_dir)
 theirs = tts.processor.tokenizer
 prompt_text = f"<|im_start|>assistant\n{inputs.TARGET_TEXT}<|im_end|>\n<|im_start|>assistant\n"
 print(ours.encode(prompt_text))
-check.equal("prompt ids = reference tokenizer", "equal", ours.encode(prompt_text) == theirs(prompt_text)["input_ids"], True)
+check.equal("prompt ids = reference tokenizer", "equal",
+            ours.encode(prompt_text) == theirs(prompt_text)["input_ids"], True)
 corpus = (paths.INPUTS / "tokenizer_corpus.txt").read_text(encoding="utf-8").splitlines()
 bad = [line for line in corpus if ours.encode(line) != theirs(line)["input_ids"]]
 check.equal(f"committed corpus ({len(corpus)} lines: CJK, kana, hangul, emoji, contractions, digits, spaces, specials)",
@@ -99,9 +100,12 @@ hf = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(talker_sc.repetition_
 ref_scores = hf(torch.tensor([hist]), torch.from_numpy(logits)[None].clone())[0].numpy()
 ours_scores = sampler.process(logits, hist, 6, talker_sc)
 finite = np.isfinite(ref_scores)
-check.equal("same -inf positions as HF (suppressed range)", "equal", bool((np.isfinite(ours_scores) == finite).all()), True)
-check.close("processed talker logits = HF processors (step 6 of the golden)", ours_scores[finite], ref_scores[finite], max_abs=1e-6)
-check.equal("greedy token = golden token at step 6", "token", sampler.sample(logits, hist, 6, talker_sc, np.random.default_rng(0)), int(golden["talker_sequences"][6]))
+check.equal("same -inf positions as HF (suppressed range)", "equal",
+            bool((np.isfinite(ours_scores) == finite).all()), True)
+check.close("processed talker logits = HF processors (step 6 of the golden)", ours_scores[finite], ref_scores[finite],
+            max_abs=1e-6)
+check.equal("greedy token = golden token at step 6", "token",
+            sampler.sample(logits, hist, 6, talker_sc, np.random.default_rng(0)), int(golden["talker_sequences"][6]))
 
 # %% [markdown]
 # ## 3. Build the prompt: two tracks summed position by position
@@ -132,7 +136,8 @@ t0 = time.perf_counter()
 result = synth.generate(prompt, inputs.GOLDEN_MAX_NEW_TOKENS)
 seconds = time.perf_counter() - t0
 codes = result.codes
-print(f"{len(codes)} frames in {seconds:.2f} s (talker {result.seconds['talker']:.2f} s, code predictor {result.seconds['predictor']:.2f} s)")
+print(f"{len(codes)} frames in {seconds:.2f} s "
+      f"(talker {result.seconds['talker']:.2f} s, code predictor {result.seconds['predictor']:.2f} s)")
 check.tokens_equal("all codes = golden (greedy, fp32)", codes, golden["codes"])
 check.equal("EOS step = golden", "eos_step", result.eos_step, int(golden["eos_step"]))
 
@@ -196,8 +201,9 @@ check.snr(f"chunked decode of {T} frames vs reference", ours_long, ref_long, 60.
 # %%
 cli_out = paths.outputs_dir(ckpt) / "06_cli.wav"
 voice_args = ["--speaker", speaker] if custom_voice else ["--voice", str(paths.voice_wav())]
-run = qtts_without_torch("say", "--checkpoint", str(model_dir), "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE,
-                         "--greedy", "--max-frames", "20", "-o", str(cli_out), "--threads", str(THREADS), *voice_args)
+run = qtts_without_torch("say", "--checkpoint", str(model_dir), "--text", inputs.TARGET_TEXT,
+                         "--language", inputs.LANGUAGE, "--greedy", "--max-frames", "20", "-o", str(cli_out),
+                         "--threads", str(THREADS), *voice_args)
 print(run.stdout, run.stderr[-600:])
 check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
 
@@ -205,7 +211,8 @@ check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
 # Bad input ends in one clear line and a non-zero exit status, never a traceback from inside ncnn:
 
 # %%
-for label, extra in [("empty text", ["--text", "   "]), ("unknown language", ["--text", "hi", "--language", "klingon"])]:
+for label, extra in [("empty text", ["--text", "   "]),
+                     ("unknown language", ["--text", "hi", "--language", "klingon"])]:
     args = ["say", "--checkpoint", str(model_dir), "-o", str(cli_out), "--language", "english"] + voice_args + extra
     r = qtts_without_torch(*args)
     print(f"{label}: exit {r.returncode}: {r.stderr.strip()}")

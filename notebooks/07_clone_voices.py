@@ -115,7 +115,8 @@ if base:
     if entry["inputs"]["voice"] != f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}":
         raise artifacts.StaleArtifact("the golden was made from another voice.wav; re-run notebooks/03_make_golden.py")
     voice = synth.voice(wav=voice_wav)  # the x-vector, computed as above
-    result = synth.generate(synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, voice), inputs.GOLDEN_MAX_NEW_TOKENS)
+    result = synth.generate(synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, voice),
+                            inputs.GOLDEN_MAX_NEW_TOKENS)
     check.tokens_equal("x-vector clone: all codes = golden", result.codes, golden["codes"])
 else:
     print("skipped the cloning sections because a CustomVoice checkpoint has no speaker encoder; section 4 covers it")
@@ -138,7 +139,8 @@ def torch_codes(w: np.ndarray) -> np.ndarray:
 if base:
     for frames in (len(voice_wav) // 1920, 40):
         w = voice_wav[: frames * 1920]
-        check.tokens_equal(f"reference codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.encode_voice(w), torch_codes(w))
+        check.tokens_equal(f"reference codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.encode_voice(w),
+                           torch_codes(w))
 
 # %% [markdown]
 # A fixed graph takes whole frames, so the runtime zero-pads a wav up front; the reference instead pads inside every
@@ -151,7 +153,8 @@ if base:
     per_frame = (ours_c != ref_c).sum(1)
     print(f"{len(odd)} samples -> {len(ref_c)} frames; differing codes per frame: last frame {per_frame[-1]}/16, "
           f"all other frames {per_frame[:-1].sum()}")
-    check.equal("unpadded wav: every frame but the last agrees", "codes differing before the last frame", int(per_frame[:-1].sum()), 0)
+    check.equal("unpadded wav: every frame but the last agrees", "codes differing before the last frame",
+                int(per_frame[:-1].sum()), 0)
 
 # %% [markdown]
 # The ICL prompt appends to the shared prefix (role, tags, x-vector, `codec_pad`) two tracks summed position by
