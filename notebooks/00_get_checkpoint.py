@@ -206,8 +206,10 @@ print(out, entry["sha256"][:16])
 # **Artifacts left:** `models/<ckpt>/`, `data/outputs/<ckpt>/00_baseline.wav` with its manifest, the chapter report.
 #
 # **If your numbers differ**
-# - *"QTTS_CHECKPOINT is not a known checkpoint"* → the name is not one of ours nor a directory under `models/` with `config.json` and `model.safetensors`.
-# - *Loader tries to download* → `HF_HUB_OFFLINE` was unset and the directory is incomplete; compare its files with the listing in section 2.
+# - *"QTTS_CHECKPOINT is not a known checkpoint"* → the name is not one of ours nor a directory under `models/` with
+#   `config.json` and `model.safetensors`.
+# - *Loader tries to download* → `HF_HUB_OFFLINE` was unset and the directory is incomplete; compare its files with the
+#   listing in section 2.
 # - *Silent baseline* → a checkpoint synthesized by hand with the default codec init; let `checkpoint.ensure` build it.
 
 # %%

@@ -267,7 +267,8 @@ for new in range(3):
 # **Artifacts left:** `data/reports/<ckpt>/01_read_structure.json`.
 #
 # **If your numbers differ**
-# - *mrope diff not 0.0* → position ids with unequal rows (e.g. left padding in a batch); the port assumes batch 1 without padding.
+# - *mrope diff not 0.0* → position ids with unequal rows (e.g. left padding in a batch);
+#   the port assumes batch 1 without padding.
 # - *A block missing from the tables* → a `tiny-customvoice` checkpoint has no speaker encoder; that is expected.
 
 # %%

@@ -22,7 +22,8 @@
 # **You will learn:** why `jit.trace` cannot carry the sampler, the per-step table choice or the prompt builder; which
 # innocent-looking PyTorch idioms pnnx/ncnn cannot carry and what replaces them; why two lengths.
 #
-# **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing). **Leaves behind:** `data/reports/<ckpt>/02_split_modules.json`.
+# **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing).
+# **Leaves behind:** `data/reports/<ckpt>/02_split_modules.json`.
 
 # %%
 import inspect
@@ -165,7 +166,8 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 # **Artifacts left:** `data/reports/<ckpt>/02_split_modules.json`.
 #
 # **If your numbers differ**
-# - *A decoder matches at one length only* → something derived from `x.shape` was frozen; look for Python ints from shapes.
+# - *A decoder matches at one length only* → something derived from `x.shape` was frozen;
+#   look for Python ints from shapes.
 # - *Decoders off by ~1e-1* → mask or rope table layout (full vs half width, or a transposed table).
 # - *Codec SNR low* → the sliding-window mask is off by one, or a codebook was folded without its projection.
 

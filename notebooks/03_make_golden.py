@@ -13,7 +13,8 @@
 
 # %% [markdown]
 # # 03 · Make golden references
-# > The port is judged against files, not against memory: greedy fp32 CPU outputs of the original, saved with a manifest.
+# > The port is judged against files, not against memory:
+# > greedy fp32 CPU outputs of the original, saved with a manifest.
 #
 # **You will:** run the original greedily (talker and sub-talker `do_sample=False`) on CPU fp32 at a fixed thread
 # count, save the codes `(T, 16)`, the EOS step, the waveform and the prompt embeddings; make an early-stop case and
@@ -84,8 +85,9 @@ check.at_least("main golden: at least 40 frames or an EOS", "frames", int(codes.
 # %% [markdown]
 # With random weights the talker practically never picks the real EOS (about 1 in 2049 per step), so the run ends
 # at `max_new_tokens`. To exercise the EOS branch of the port, make a second golden whose EOS id is a code the greedy
-# path emits at step *k* (past the middle of the run) and never before (`min_new_tokens=2` masks EOS at steps 0 and 1, so an earlier
-# occurrence would change the path). The original must then stop after exactly *k* frames, identical to the first *k*.
+# path emits at step *k* (past the middle of the run) and never before (`min_new_tokens=2` masks EOS at steps 0 and 1,
+# so an earlier occurrence would change the path). The original must then stop after exactly *k* frames, identical to
+# the first *k*.
 
 # %%
 cb0 = main["talker_sequences"]
@@ -233,7 +235,8 @@ ax.set_title("how close each greedy decision was");  # noqa: E703 (the ';' hides
 # - Same domain ⇒ bitwise repeatable; another thread count or attention kernel moves the low bits, and a near-tie
 #   argmax can flip. Compare only within one numeric domain.
 #
-# **Artifacts left:** `data/golden/<ckpt>/{xvec_greedy,xvec_eos,icl_greedy}.npz` (or `speaker_*` for CustomVoice), `manifest.json`.
+# **Artifacts left:** `data/golden/<ckpt>/{xvec_greedy,xvec_eos,icl_greedy}.npz` (or `speaker_*` for CustomVoice),
+# `manifest.json`.
 #
 # **If your numbers differ**
 # - *Rerun not bitwise equal* → another process changed the thread pool, or `QTTS_THREADS` differs between runs.

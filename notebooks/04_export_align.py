@@ -25,7 +25,8 @@
 # **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing). The wrappers of chapter 02 are library
 # code (`qtts_lib.modules`), not an artifact.
 # **Leaves behind:** `models/<ckpt>/ncnn/<module>.param/.bin` + `manifest.json`, `mimi_rvq.npz`,
-# `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in chapters 04b (pnnx) and 04c (the ncnn binding).
+# `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in chapters 04b (pnnx) and
+# 04c (the ncnn binding).
 
 # %%
 import time
@@ -165,8 +166,10 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 #
 # **If your numbers differ**
 # - *`load_param` fails* → a leftover pnnx op (section 2 names it); chapter 04b shows the usual suspects.
-# - *Right at one length, wrong shape at the other* → the export saw one shape; both `input=` and `input2=` must be given.
-# - *Errors around 1e-3* → fp16 weights or arithmetic: export with `fp16=0` and turn `use_fp16_*` off (runtime.net does).
+# - *Right at one length, wrong shape at the other* → the export saw one shape;
+#   both `input=` and `input2=` must be given.
+# - *Errors around 1e-3* → fp16 weights or arithmetic:
+#   export with `fp16=0` and turn `use_fp16_*` off (runtime.net does).
 # - *Random garbage that changes from run to run* → an `ncnn.Mat` made from a temporary numpy array (see 04c).
 
 # %%

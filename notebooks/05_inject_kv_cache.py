@@ -222,11 +222,13 @@ for mode, outs in ways.items():
 # - Extract caches in place with `type=1` and feed them back as they are; a clone or a numpy round trip silently
 #   breaks attention.
 #
-# **Artifacts left:** `models/<ckpt>/ncnn/{talker,predictor}_decoder_kv.param` with manifest entries; the chapter report.
+# **Artifacts left:** `models/<ckpt>/ncnn/{talker,predictor}_decoder_kv.param` with manifest entries;
+# the chapter report.
 #
 # **If your numbers differ**
 # - *Prefill right, steps wrong* → caches extracted with the tuple form or converted to numpy (section 4).
-# - *Steps right for a while, then wrong* → rope rows not at the absolute position (`past`), or the mask width is not `past+1`.
+# - *Steps right for a while, then wrong* → rope rows not at the absolute position (`past`),
+#   or the mask width is not `past+1`.
 # - *`load_param` fails on the _kv file* → the header counts; `export.parse_param` on it shows which line is off.
 
 # %%

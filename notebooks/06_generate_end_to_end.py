@@ -232,7 +232,8 @@ for label, extra in [("empty text", ["--text", "   "]),
 #
 # **If your numbers differ**
 # - *Codes diverge at frame 0, codebook ≥ 1* → the MTP table/head offset (table *s−1*, head *s*).
-# - *Codes diverge after the text runs out* → trailing text index (it starts at 0 on the first step) or the `tts_pad` fallback.
+# - *Codes diverge after the text runs out* → trailing text index (it starts at 0 on the first step)
+#   or the `tts_pad` fallback.
 # - *Diverge at step 0 or 1 only* → EOS masking by `min_new_tokens` (−inf, not "resample").
 # - *Waveform fine for 300 frames, then ~60 dB* → one-shot decode instead of the reference's chunks.
 

@@ -24,7 +24,8 @@
 #
 # **You need:** chapter 03's goldens on `<ckpt>` (a Base checkpoint: `xvec_greedy.npz`, `icl_greedy.npz`); the ncnn
 # graphs are exported here if missing, and `tiny-customvoice` (or `full-customvoice`) is synthesized and exported here.
-# **Leaves behind:** `models/tiny-customvoice/ncnn/`, `data/outputs/<ckpt>/07_*.wav`, `data/reports/<ckpt>/07_clone_voices.json`.
+# **Leaves behind:** `models/tiny-customvoice/ncnn/`, `data/outputs/<ckpt>/07_*.wav`,
+# `data/reports/<ckpt>/07_clone_voices.json`.
 
 # %%
 import inspect
@@ -125,7 +126,8 @@ else:
 # ## 3. Clone in context (ICL): reference codes from the Mimi encoder
 # ICL puts the reference *speech* into the prompt as codes. Mimi's quantizer is **split**: a semantic chain (1 level)
 # and an acoustic residual chain, both starting from the same latent, each through its own 1×1 input projection;
-# the model keeps 16 codes per frame (1 + 15). The argmin search is a few small matrix products, so it stays on the host:
+# the model keeps 16 codes per frame (1 + 15). The argmin search is a few small matrix products,
+# so it stays on the host:
 
 # %%
 print(inspect.getsource(rvq.residual_chain))
@@ -249,7 +251,8 @@ for label, args in runs.items():
 # **If your numbers differ**
 # - *x-vector cosine ~0.99* → a mel constant (padding, window periodicity, magnitude epsilon, Slaney vs HTK).
 # - *Reference codes differ only in the last frame* → the wav is not a multiple of 1920 samples (section 3).
-# - *ICL codes diverge at once* → reference text tokenized without stripping its role/`<|im_end|>` tokens, or codec rows summed without codebook 0.
+# - *ICL codes diverge at once* → reference text tokenized without stripping its role/`<|im_end|>` tokens, or codec rows
+#   summed without codebook 0.
 # - *A dialect speaker diverges* → the language tag was not switched to the dialect id.
 
 # %%
