@@ -133,7 +133,7 @@ check.at_most("3 in-place first layer, to_mat: max |ncnn - relu(x)|", "max_abs",
 # %%
 ext = found["extract"].data
 check.equal("4 child exit", "returncode", ext["run"].returncode, 0)
-pd.DataFrame(ext["seen"]).T
+pd.DataFrame.from_dict(ext["seen"], orient="index")
 
 # %%
 for s, row in ext["seen"].items():

@@ -20,10 +20,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -220,11 +220,11 @@ def graph(work: Path, info: dict) -> tuple[Path, Path]:
 
 def param_lines(param: Path, *types: str) -> list[str]:
     """The .param lines of the given layer types, as pnnx wrote them."""
-    return [l for l in Path(param).read_text().splitlines() if l.split(" ", 1)[0] in types]
+    return [line for line in Path(param).read_text().splitlines() if line.split(" ", 1)[0] in types]
 
 
 def first_layer(param: Path, layer_type: str) -> ParamLayer:
-    return next(l for l in read_param(param).layers if l.type == layer_type)
+    return next(layer for layer in read_param(param).layers if layer.type == layer_type)
 
 
 def param_of(layer: ParamLayer, key: str) -> str:
@@ -353,7 +353,7 @@ def reproduce_gqa(work: Path, threads: int = 2) -> Finding:
         for t in LENGTHS:
             ins = attn_inputs(t, 100 + t)
             outputs[r, t] = run_ncnn(work, info[r], ins, threads), torch_out(attn[r], ins)
-    leftovers = {r: sorted({l.type for l in p.leftovers}) for r, p in params.items()}
+    leftovers = {r: sorted({layer.type for layer in p.leftovers}) for r, p in params.items()}
     ret = load.result["load_param"] if load.result else None
     data = {"hf_lines": param_lines(graph(work, info[HF_REPEAT])[0], "pnnx.Expression", "Tensor.expand", "SDPA"),
             "leftovers": leftovers, "sdpa": {r: p.counts["SDPA"] for r, p in params.items()},
@@ -532,7 +532,7 @@ def reproduce_splits(work: Path, threads: int = 2) -> list[Finding]:
     for k, inf in info.items():
         param, binf = graph(work, inf)
         p = read_param(param)
-        slice_layer = next(l for l in p.layers if l.type == "Slice")
+        slice_layer = next(layer for layer in p.layers if layer.type == "Slice")
         lines[k] = param_lines(param, "Slice")
         leftovers[k] = len(p.leftovers)
         has_list[k] = any(q.startswith("-23300=") for q in slice_layer.params)
