@@ -9,7 +9,7 @@ CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]*.py))
 unexport MPLBACKEND
 export PYTHONHASHSEED := 0
 
-.PHONY: setup test unit lint notebooks book lab clean
+.PHONY: setup test unit lint notebooks book bench lab clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,16 @@ lint: setup
 notebooks: setup
 	$(BIN)/jupytext --to ipynb -q $(CHAPTERS)
 	$(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q $(CHAPTERS:.py=.ipynb)
+
+# PyTorch vs ncnn on BENCH_CKPT (default full-base, built and exported first if missing), interleaved repeats,
+# the machine described; writes data/bench/$(BENCH_NAME).json. See qtts_lib/perf.py.
+BENCH_CKPT ?= full-base
+BENCH_NAME ?= $(shell hostname -s)-$(BENCH_CKPT)
+BENCH_ARGS ?= --threads 1,2,all --frames 40 --repeats 3
+bench: setup
+	QTTS_CHECKPOINT=$(BENCH_CKPT) $(BIN)/python -c "from qtts_lib import checkpoint, export, reference, settings; \
+	  c = settings.checkpoint(); export.ensure(reference.load(checkpoint.ensure(c), threads=settings.threads()), c)"
+	$(BIN)/python -m qtts_lib.perf --checkpoint $(BENCH_CKPT) $(BENCH_ARGS) -o data/bench/$(BENCH_NAME).json
 
 book: setup
 	rm -rf book/chapters && mkdir -p book/chapters

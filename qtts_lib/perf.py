@@ -1,0 +1,282 @@
+"""The performance harness: PyTorch vs the ncnn runtime, side by side, with the machine described. Introduced in 09.
+
+    python -m qtts_lib.perf --checkpoint full-base --threads 1,2 --frames 40 --repeats 3 -o data/bench/NAME.json
+
+Every measurement runs in a fresh child process (its own model load, its own peak RSS, no thread
+pool left over from the other runtime), and the runs are interleaved: repeat 1 of every
+(runtime, threads), then repeat 2, ... so a slow minute on the machine hits every row alike.
+Reported numbers are medians. Both sides generate greedily from the same prompt (an x-vector
+clone of data/inputs/voice.wav) for at most `frames` frames (random weights practically never emit
+EOS; a real checkpoint stops earlier and every time is divided by the frames made) and decode them
+with their own codec.
+
+Per frame: talker (the decoder step + head + sampling), predictor (the 15 code-predictor steps),
+codec (decoding the generated codes), total (their sum); prefill and model load on their own.
+The generation loop is memory-bound: every frame reads the talker's weights once and the code
+predictor's 15 times, so (those bytes) / (measured read bandwidth) is the floor no fp32 runtime can
+beat; each row reports it and its ratio to it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .runtime.audio import FRAME_RATE, SAMPLE_RATE
+
+SCHEMA_KEYS = ("runtime", "device", "precision", "threads", "ms_per_frame", "prefill_ms", "rtf", "peak_rss_gb",
+               "floor_ms_per_frame", "floor_ratio", "repeats")
+
+
+# ---------------------------------------------------------------- the machine
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return float("nan")
+
+
+def read_bandwidth_gbs(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
+    """Streaming-read bandwidth in GB/s: `threads` threads each sum their slice of a `gib` GiB array
+    (numpy releases the GIL in the reduction). Median of `repeats`; the first pass warms the pages."""
+    a = np.ones(int(gib * 2**30 / 4), np.float32)
+    parts = np.array_split(a, threads)
+    a.sum()
+
+    def once() -> float:
+        workers = [threading.Thread(target=np.add.reduce, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return time.perf_counter() - t0
+
+    seconds = statistics.median(once() for _ in range(repeats))
+    return a.nbytes / seconds / 1e9
+
+
+def describe_machine(thread_counts: list[int]) -> dict:
+    """CPU, cores, memory, load, and the read bandwidth at each thread count (measured now)."""
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gb": memory_gb(),
+        "python": platform.python_version(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "read_bandwidth_gbs": {str(t): round(read_bandwidth_gbs(t), 1) for t in thread_counts},
+    }
+
+
+def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16) -> int:
+    """Weights one frame reads: the talker decoder and codec head once, the code predictor's decoder
+    and one of its heads per predicted codebook (15). Embedding lookups read a few rows only."""
+    size = lambda name: (ncnn_dir / f"{name}.bin").stat().st_size  # noqa: E731
+    per_head = size("predictor_heads") / (groups - 1)
+    return int(size("talker_decoder") + size("talker_codec_head")
+               + (groups - 1) * (size("predictor_decoder") + per_head))
+
+
+# ---------------------------------------------------------------- one run per child process
+def peak_rss_gb() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss it does not carry the parent's peak
+    across fork + exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20  # kB
+    return float("nan")
+
+
+def run_ncnn(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int, device: str = "cpu") -> dict:
+    """Generate exactly `frames` frames with the ncnn runtime and decode them; seconds per component."""
+    from .runtime.audio import load_wav
+    from .runtime.synthesizer import Synthesizer
+
+    t0 = time.perf_counter()
+    synth = Synthesizer(model_dir, threads=threads, device=device)
+    load_s = time.perf_counter() - t0
+    voice = synth.voice(wav=load_wav(voice_wav))
+    prompt = synth.build_prompt(text, "english", voice)
+    result = synth.generate(prompt, frames + 1, greedy=True)  # random weights: EOS is rare; frames are counted
+    t0 = time.perf_counter()
+    synth.codec.decode(result.codes)
+    codec_s = time.perf_counter() - t0
+    return {"frames": len(result.codes), "load_s": load_s, "prefill_s": result.seconds["prefill"],
+            "talker_s": result.seconds["talker"], "predictor_s": result.seconds["predictor"], "codec_s": codec_s,
+            "peak_rss_gb": peak_rss_gb()}
+
+
+def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int) -> dict:
+    """The same with the qwen_tts package (greedy generate_voice_clone, x-vector), timed by wrapping the
+    talker's generate, the code predictor's generate, the talker's first forward (prefill) and the codec."""
+    import torch
+
+    from . import reference
+    from .runtime.audio import load_wav
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    tts = reference.load(model_dir, threads=threads)
+    load_s = time.perf_counter() - t0
+    model = tts.model
+    spent = {"talker_generate": 0.0, "predictor": 0.0, "codec": 0.0, "prefill": None}
+
+    def timed(key, fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            spent[key] += time.perf_counter() - t
+            return out
+        return wrapper
+
+    started = []  # hooks, not a wrapper: HF validates generate's kwargs against forward's signature
+    model.talker.register_forward_pre_hook(lambda m, a: started.append(time.perf_counter()))
+    model.talker.register_forward_hook(
+        lambda m, a, o: spent.update(prefill=time.perf_counter() - started[0]) if spent["prefill"] is None else None)
+    model.talker.generate = timed("talker_generate", model.talker.generate)
+    model.talker.code_predictor.generate = timed("predictor", model.talker.code_predictor.generate)
+    decode = timed("codec", model.speech_tokenizer.decode)
+
+    def counting_decode(items):
+        spent["frames"] = int(items[0]["audio_codes"].shape[0])
+        return decode(items)
+
+    model.speech_tokenizer.decode = counting_decode
+    clip = load_wav(voice_wav)
+    with torch.inference_mode():
+        tts.generate_voice_clone(text=text, language="english", ref_audio=(clip, SAMPLE_RATE), x_vector_only_mode=True,
+                                 max_new_tokens=frames + 1, **reference.GREEDY)
+    talker_s = spent["talker_generate"] - spent["predictor"] - spent["prefill"]
+    return {"frames": spent["frames"], "load_s": load_s, "prefill_s": spent["prefill"], "talker_s": talker_s,
+            "predictor_s": spent["predictor"], "codec_s": spent["codec"], "peak_rss_gb": peak_rss_gb()}
+
+
+def _child(args: argparse.Namespace) -> None:
+    fn = run_ncnn if args.child == "ncnn" else run_pytorch
+    out = fn(Path(args.model_dir), Path(args.voice), args.text, args.frames, args.threads)
+    print("QTTS_PERF " + json.dumps(out))
+
+
+def measure_once(runtime: str, model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int) -> dict:
+    """One run in a fresh Python; raises with its stderr if the child fails."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "qtts_lib.perf", "--child", runtime, "--model-dir", str(model_dir),
+           "--voice", str(voice_wav), "--text", text, "--frames", str(frames), "--threads", str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("QTTS_PERF ")), None)  # noqa: E741
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"{runtime} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line.split(" ", 1)[1])
+
+
+# ---------------------------------------------------------------- the benchmark
+def row(runtime: str, threads: int, runs: list[dict], floor_ms: float) -> dict:
+    """One schema row from repeated runs: medians per component, per frame."""
+    med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
+    frames = runs[0]["frames"]
+    ms = {k: 1000 * med(f"{k}_s") / frames for k in ("talker", "predictor", "codec")}
+    ms["total"] = sum(ms.values())
+    total_s = ms["total"] * frames / 1000
+    return {
+        "runtime": runtime, "device": "cpu", "precision": "fp32", "threads": threads,
+        "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
+        "prefill_ms": round(1000 * med("prefill_s"), 1), "load_s": round(med("load_s"), 2),
+        "rtf": round(total_s / (frames / FRAME_RATE), 3), "peak_rss_gb": round(max(r["peak_rss_gb"] for r in runs), 2),
+        "floor_ms_per_frame": round(floor_ms, 1),
+        "floor_ratio": round((ms["talker"] + ms["predictor"]) / floor_ms, 2),
+        "repeats": len(runs),
+    }
+
+
+def benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_counts: list[int], repeats: int,
+              runtimes=("pytorch", "ncnn"), progress: bool = True) -> dict:
+    """Interleaved repeats of every (runtime, threads); the result in data/bench's schema."""
+    from tqdm.auto import tqdm
+
+    machine = describe_machine(thread_counts)
+    weights = weight_bytes_per_frame(Path(model_dir) / "ncnn")
+    runs: dict[tuple[str, int], list[dict]] = {(r, t): [] for t in thread_counts for r in runtimes}
+    with tqdm(total=repeats * len(runs), desc="bench", unit="run", disable=not progress) as bar:
+        for _ in range(repeats):
+            for (runtime, threads), done in runs.items():
+                bar.set_postfix_str(f"{runtime} {threads} threads")
+                done.append(measure_once(runtime, model_dir, voice_wav, text, frames, threads))
+                bar.update(1)
+    machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    rows = []
+    for (runtime, threads), done in runs.items():
+        floor_ms = weights / (machine["read_bandwidth_gbs"][str(threads)] * 1e9) * 1000
+        rows.append(row(runtime, threads, done, floor_ms))
+    return {"machine": machine, "checkpoint": Path(model_dir).name, "frames": frames,
+            "weight_bytes_per_frame": weights, "text": text, "rows": rows}
+
+
+def check_schema(result: dict) -> None:
+    """Raise if `result` does not have data/bench's shape (the perf chapter and the tests use this)."""
+    for key in ("machine", "checkpoint", "frames", "rows"):
+        if key not in result:
+            raise ValueError(f"bench result has no {key!r}")
+    if not result["rows"]:
+        raise ValueError("bench result has no rows")
+    for r in result["rows"]:
+        missing = [k for k in SCHEMA_KEYS if k not in r]
+        if missing:
+            raise ValueError(f"a row lacks {missing}")
+        if set(r["ms_per_frame"]) != {"talker", "predictor", "codec", "total"}:
+            raise ValueError(f"ms_per_frame keys {sorted(r['ms_per_frame'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import paths
+
+    p = argparse.ArgumentParser(prog="python -m qtts_lib.perf", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", default="full-base", help="a name under models/ or a checkpoint directory")
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts; 'all' = every core")
+    p.add_argument("--frames", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--text", default="Hello from ncnn. Every token of this sentence is checked against PyTorch.")
+    p.add_argument("--voice", default=str(paths.voice_wav()))
+    p.add_argument("-o", "--output", type=Path)
+    p.add_argument("--child", choices=["ncnn", "pytorch"], help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        args.threads = int(args.threads)
+        _child(args)
+        return 0
+    model_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else paths.model_dir(args.checkpoint)
+    counts = sorted({os.cpu_count() if t == "all" else int(t) for t in args.threads.split(",")})
+    result = benchmark(model_dir, Path(args.voice), args.text, args.frames, counts, args.repeats)
+    check_schema(result)
+    text = json.dumps(result, indent=1)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
