@@ -50,8 +50,8 @@ print(f"checkpoint: {ckpt}   threads: {settings.threads()}   torch {torch.__vers
 #
 # | name | what | used for |
 # |---|---|---|
-# | `tiny-base` (default), `tiny-customvoice` | the real config keys, token ids and strides; small widths and depths | CI, every chapter in seconds |
-# | `full-base`, `full-customvoice` | the real 0.6B dimensions from the real `config.json` | honest memory and speed numbers |
+# | `tiny-base` (default), `tiny-customvoice` | real config keys, ids, strides; small dims | CI, chapters in seconds |
+# | `full-base`, `full-customvoice` | the 0.6B dimensions of the real `config.json` | honest memory and speed numbers |
 # | a real checkpoint directory under `models/` | e.g. `models/Qwen3-TTS-12Hz-0.6B-Base` | real speech |
 #
 # Random weights make noise, so every proof in this tutorial is *parity* (token for token, SNR, cosine),

@@ -72,15 +72,18 @@ display(HTML("<table><tr><th>module</th><th>what</th><th>inputs (first length)</
 #
 # | rewrite | replaces | because |
 # |---|---|---|
-# | `k.repeat_interleave(n, dim=-3)` for GQA | HF `repeat_kv` (expand + reshape) | folds into one ncnn SDPA; expand+reshape leaves `pnnx.Expression` and the .param does not load |
-# | rope `cos`/`sin` of width head_dim/2 as graph inputs | `rotary_emb` inside the model | ncnn RotaryEmbed's convention; an in-graph `arange` freezes the length |
-# | 2-D additive mask `(len, len)` as an input | HF's mask factory (4-D, vmap) | the documented SDPA form; the HF mask code does not even trace |
-# | int32 ids straight into the embedding | int64 ids | ncnn `Embed` reinterprets the blob as int32; ids must not pass through Reshape |
-# | one fused `15·2048` predictor/codec table, ids offset by `group·2048` on the host | 15 separate tables | one Embed, no per-group graph and no split of the code tensor (an uneven `chunk` still splits wrongly in ncnn, chapter 04b) |
-# | `ones(1, 15) @ x.reshape(1, 15, -1)` | `stack(...).sum(0)` | pnnx turns stack+sum into a Reduction with empty axes (SIGFPE); the leading 1 keeps pnnx from taking the 15 for a batch axis |
+# | `k.repeat_interleave(n, dim=-3)` (GQA) | HF `repeat_kv` | one ncnn SDPA; `repeat_kv` leaves `pnnx.Expression`¹ |
+# | rope `cos`/`sin` (head_dim/2) inputs | `rotary_emb` | RotaryEmbed's form; an in-graph `arange` freezes the length |
+# | 2-D additive mask `(len, len)` input | HF's 4-D mask factory (vmap) | the documented SDPA form; HF's won't trace |
+# | int32 ids straight into the embedding | int64 ids | ncnn `Embed` reads the blob as int32; no Reshape on the way |
+# | one fused `15·2048` predictor/codec table² | 15 tables | one Embed, no per-group graph, no split of the codes |
+# | `ones(1, 15) @ x.reshape(1, 15, -1)`³ | `stack(...).sum(0)` | pnnx: stack+sum → Reduction with empty axes (SIGFPE) |
 # | `F.pad(x, (0, -r))` | `x[..., :-r]` | with a dynamic length pnnx silently drops the slice |
-# | fixed left padding in causal convs | `ceil` arithmetic on `x.shape[-1]` | the trace bakes the traced length into the graph |
-# | constants folded before trace (codebook `embedding_sum / usage`) | computed per call | fewer ops, nothing shape-dependent |
+# | fixed left padding in causal convs | `ceil` arithmetic on `x.shape[-1]` | the trace bakes in the traced length |
+# | constants folded before trace (`embedding_sum / usage`) | computed per call | fewer ops, none shape-dependent |
+#
+# ¹ expand + reshape, and the .param does not load. ² ids offset by `group·2048` on the host; an uneven `chunk` of the
+# codes still splits wrongly in ncnn (chapter 04b). ³ the leading 1 keeps pnnx from taking the 15 for a batch axis.
 
 # %%
 g = torch.Generator().manual_seed(0)
