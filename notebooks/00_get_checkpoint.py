@@ -181,7 +181,7 @@ check.equal("1920 samples per frame", "samples/frame", len(wav) // run["codes"].
 
 # %%
 display(Audio(wav, rate=24000))
-plots.waveform({"reference voice": voice_wav, f"original model ({ckpt})": wav});  # noqa: E703 (the ';' hides the cell's return value)
+plots.waveform({"reference voice": voice_wav, f"original model ({ckpt})": wav});
 
 # %% [markdown]
 # ## 7. Keep the baseline

@@ -156,7 +156,7 @@ for spec in modules.all_specs():
 
 # %%
 plots.errors(results, value="rel", group="module", series="length", threshold=1e-5,
-             ylabel="relative L2 error vs original", title=f"wrappers vs original blocks ({ckpt})");  # noqa: E703 (the ';' hides the cell's return value)
+             ylabel="relative L2 error vs original", title=f"wrappers vs original blocks ({ckpt})");
 
 # %% [markdown]
 # ## Summary

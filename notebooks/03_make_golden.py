@@ -158,7 +158,7 @@ fig, ax = plt.subplots(figsize=(11, 2.8))
 ax.imshow(codes.T, aspect="auto", interpolation="nearest", cmap="viridis")
 ax.set_xlabel("frame")
 ax.set_ylabel("codebook")
-ax.set_title("golden codes (T, 16): codebook 0 from the talker, 1..15 from the code predictor");  # noqa: E703 (the ';' hides the cell's return value)
+ax.set_title("golden codes (T, 16): codebook 0 from the talker, 1..15 from the code predictor");
 
 # %% [markdown]
 # ## 3. The numeric-domain lesson
@@ -217,7 +217,7 @@ ax.axvline(np.log10(max(worst, 1e-12)), color="crimson", ls="--", label="largest
 ax.set_xlabel("log10(top1 - top2) of the talker logits")
 ax.set_ylabel("decisions")
 ax.legend(fontsize=8)
-ax.set_title("how close each greedy decision was");  # noqa: E703 (the ';' hides the cell's return value)
+ax.set_title("how close each greedy decision was");
 
 # %% [markdown]
 # With a few dozen decisions a near tie may or may not occur in this run; over a long generation it will. The

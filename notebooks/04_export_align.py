@@ -151,7 +151,7 @@ for name in entries:
 
 # %%
 plots.errors(results, value="rel", group="module", series="length", threshold=1e-5,
-             ylabel="relative L2 error, ncnn vs torch", title=f"ncnn fp32 vs torch wrappers ({ckpt})");  # noqa: E703 (the ';' hides the cell's return value)
+             ylabel="relative L2 error, ncnn vs torch", title=f"ncnn fp32 vs torch wrappers ({ckpt})");
 
 # %% [markdown]
 # ## Summary

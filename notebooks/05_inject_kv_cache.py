@@ -139,7 +139,7 @@ ax.axhline(1e-5, color="crimson", ls="--", lw=1, label="threshold 1e-5")
 ax.set_xlabel("call (0 = prefill, then one step each)")
 ax.set_ylabel("relative error vs torch")
 ax.set_title(f"cached ncnn decoders vs torch recomputing the prefix ({ckpt})")
-ax.legend(fontsize=8);  # noqa: E703 (the ';' hides the cell's return value)
+ax.legend(fontsize=8);
 
 # %% [markdown]
 # ## 4. The cache is private to ncnn: keep it there

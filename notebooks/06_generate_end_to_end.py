@@ -148,7 +148,7 @@ ax.bar(range(len(agree)), agree, color=np.where(agree == 16, "tab:green", "crims
 ax.set_ylim(0, 16.5)
 ax.set_xlabel("frame")
 ax.set_ylabel("codes equal (of 16)")
-ax.set_title(f"ncnn runtime vs PyTorch golden, per frame ({ckpt})");  # noqa: E703 (the ';' hides the cell's return value)
+ax.set_title(f"ncnn runtime vs PyTorch golden, per frame ({ckpt})");
 
 # %% [markdown]
 # The early-stop golden uses an EOS id that the greedy path emits mid-run, so the loop's stop branch runs too:
@@ -170,7 +170,7 @@ wav = synth.codec.decode(codes)
 check.snr("waveform vs golden", wav, golden["wav"], 60.0)
 out = save_wav(paths.outputs_dir(ckpt) / "06_ncnn.wav", wav)
 display(Audio(wav, rate=24000))
-plots.waveform({"PyTorch golden": golden["wav"], "ncnn runtime": wav});  # noqa: E703 (the ';' hides the cell's return value)
+plots.waveform({"PyTorch golden": golden["wav"], "ncnn runtime": wav});
 
 # %% [markdown]
 # Everything so far is what one call does, `Synthesizer.synthesize(text, language, voice)`: prompt, loop, decode.

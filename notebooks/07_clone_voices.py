@@ -98,7 +98,7 @@ axes[0].imshow(m.T, origin="lower", aspect="auto", cmap="magma")
 axes[0].set_title(f"log-mel of voice.wav (numpy), {m.shape[0]} frames x 128")
 axes[1].plot(mel.mel_filterbank(24000, 1024, 128, 0.0, 12000.0)[::8].T, lw=0.8)
 axes[1].set_title("every 8th Slaney filter")
-axes[1].set_xlabel("FFT bin");  # noqa: E703 (the ';' hides the cell's return value)
+axes[1].set_xlabel("FFT bin");
 
 # %% [markdown]
 # ## 2. Clone with the x-vector

@@ -160,24 +160,24 @@ def extract_blobs(net, inputs: Sequence[np.ndarray], blobs: Sequence[str],
 
 
 def probe_ncnn(param_dir: str | Path, name: str, inputs: Sequence[np.ndarray], a_opts: dict | None = None,
-               b_opts: dict | None = None, layers: Sequence[str] | None = None,
-               param: str | None = None) -> ProbeResult:
+               b_opts: dict | None = None, layers: Sequence[str] | None = None) -> ProbeResult:
     """One graph under two configurations, blob by blob: the output of every computing layer (or of `layers`,
     by ncnn layer name) of configuration `a` against `b`. Introduced in 04 (used in 08 and the precision tiers).
 
-    Each opts dict may hold `threads`, `device` ("cpu", "vulkan", "vulkan:N") and any `net.opt` attribute
-    (`use_fp16_storage`, ...); unset ones are runtime.net's defaults (fp32, 2 threads, CPU). `param` picks another
-    .param over the same .bin (e.g. a rewritten one)."""
+    Each opts dict may hold `threads`, `device` ("cpu", "vulkan", "vulkan:N"), `param` (another .param over the
+    same `<name>.bin`, e.g. a rewritten one; its blob names must match) and any `net.opt` attribute
+    (`use_fp16_storage`, ...); unset ones are runtime.net's defaults (fp32, 2 threads, CPU, `<name>.param`)."""
     param_dir = Path(param_dir)
-    info = read_param(param_dir / f"{param or name}.param")
+    opts = [dict(a_opts or {}), dict(b_opts or {})]
+    info = read_param(param_dir / f"{opts[0].get('param', name)}.param")
     chosen = [layer for layer in computed_layers(info) if layers is None or layer.name in layers]
     blobs = [layer.outputs[0] for layer in chosen]
     axes = input_axes(param_dir, name)
     got = []
-    for opts in (a_opts or {}, b_opts or {}):
-        opts = dict(opts)
-        threads, device = opts.pop("threads", 2), opts.pop("device", "cpu")
-        net = load_net(param_dir / f"{param or name}.param", param_dir / f"{name}.bin", threads, device, opts)
+    for o in opts:
+        o = dict(o)
+        threads, device, param = o.pop("threads", 2), o.pop("device", "cpu"), o.pop("param", name)
+        net = load_net(param_dir / f"{param}.param", param_dir / f"{name}.bin", threads, device, o)
         got.append(extract_blobs(net, inputs, blobs, axes))
         del net
     rows = [_row(layer.name, layer, got[0][layer.outputs[0]], got[1][layer.outputs[0]]) for layer in chosen]
@@ -187,6 +187,8 @@ def probe_ncnn(param_dir: str | Path, name: str, inputs: Sequence[np.ndarray], a
 def _describe(opts: dict | None) -> str:
     opts = dict(opts or {})
     words = [opts.pop("device", "cpu"), f"{opts.pop('threads', 2)} threads"]
+    if "param" in opts:
+        words.insert(0, f"{opts.pop('param')}.param")
     words += [k if v is True else f"{k}={v}" for k, v in opts.items()]
     return "ncnn " + ", ".join(words)
 

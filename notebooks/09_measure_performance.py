@@ -1,0 +1,222 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Measure performance honestly
+# > Side by side in one run, medians of interleaved repeats, and against what the memory bus allows.
+#
+# **You will:** describe the machine (CPU, cores, memory, read bandwidth measured now); count the bytes of weights
+# one frame must read and turn them into a floor no fp32 runtime can beat; run the benchmark harness
+# (`qtts_lib.perf`, `make bench`) on the current checkpoint — PyTorch and the ncnn runtime in fresh processes,
+# repeats interleaved; then read the committed full-size results of named machines in `data/bench/`.
+#
+# **You will learn:** why the generation loop is memory-bound and the codec compute-bound; how to report speed so
+# that it means something (medians, ratios from one run, the machine and its load); where ncnn's time goes.
+#
+# **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip.
+# Timings on `tiny-*` mean little (microseconds of work per call; overhead dominates) — the full-size numbers
+# are the committed ones. **Leaves behind:** `data/outputs/<ckpt>/09_bench.json`,
+# `data/reports/<ckpt>/09_measure_performance.json`.
+
+# %%
+import json
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from IPython.display import display
+
+from qtts_lib import check, checkpoint, export, paths, perf, reference, settings
+
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
+report = check.begin("09_measure_performance", ckpt)
+model_dir = checkpoint.ensure(ckpt)
+tts = reference.load(model_dir, threads=THREADS)
+export.ensure(tts, ckpt)
+del tts  # the harness loads each runtime in its own process
+full = ckpt.startswith("full") or not ckpt.startswith("tiny")
+FRAMES, REPEATS = (40, 3) if full else (8, 1)
+thread_counts = sorted({1, THREADS})
+
+# %% [markdown]
+# ## 1. Describe the machine
+# A number without its machine is not a result. `perf.describe_machine` reads the CPU model, cores, memory and the
+# load average, and **measures** the streaming-read bandwidth at each thread count: threads sum their slice of a
+# 1 GiB array (numpy releases the GIL inside the reduction), median of five passes.
+
+# %%
+machine = perf.describe_machine(thread_counts)
+pd.Series(machine, dtype=object).to_frame("this machine")
+
+# %% [markdown]
+# ## 2. Count the bytes a frame must read: the floor
+# Each generated frame runs the talker once and the code predictor 15 times (one step per codebook 1..15), and a
+# decode step at batch 1 reads every weight of the graph it runs. So the weights read per frame are the talker
+# decoder and its codec head, plus 15 × (the predictor decoder and one of its 15 heads). Divided by the measured
+# read bandwidth, that is the time no fp32 runtime can beat on this machine. We count the bytes from the `.bin`
+# files and, independently, from the parameter counts in `config.json`:
+
+# %%
+cfg = checkpoint.load_config(ckpt)["talker_config"]
+pred = cfg["code_predictor_config"]
+
+
+def decoder_params(c: dict, hidden_in: int) -> int:
+    h, hd, heads, kv, inter = (c["hidden_size"], c["head_dim"], c["num_attention_heads"],
+                               c["num_key_value_heads"], c["intermediate_size"])
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 2 * hd  # q, k, v, o, q/k norms
+    mlp = 3 * h * inter
+    return c["num_hidden_layers"] * (attn + mlp + 2 * h) + h
+
+
+h, ph = cfg["hidden_size"], pred["hidden_size"]
+proj = h * ph + ph if ph != h else 0  # small_to_mtp_projection when the widths differ
+from_config = 4 * (decoder_params(cfg, h) + h * cfg["vocab_size"]
+                   + 15 * (decoder_params(pred, h) + proj + ph * pred["vocab_size"]))
+from_files = perf.weight_bytes_per_frame(paths.ncnn_dir(ckpt))
+print(f"weights read per frame: {from_files / 1e9:.3f} GB from the .bin files, "
+      f"{from_config / 1e9:.3f} GB from config.json")
+check.at_most("weight bytes per frame: .bin files vs config.json", "rel",
+              abs(from_files - from_config) / from_config, 0.01)
+floors = {t: from_files / (machine["read_bandwidth_gbs"][str(t)] * 1e9) * 1e3 for t in thread_counts}
+pd.DataFrame({"read bandwidth GB/s": machine["read_bandwidth_gbs"], "floor ms/frame": {str(t): round(f, 1) for t, f
+                                                                                        in floors.items()}})
+
+# %% [markdown]
+# The codec is the other half of the time and a different kind of work: a stack of convolutions over 1920 samples
+# per frame, compute-bound. Its yardstick is PyTorch's codec on the same codes and threads.
+#
+# ## 3. Run the harness
+# `perf.benchmark` runs every (runtime, threads) pair in a fresh Python (its own load and peak memory, no thread
+# pool left over from the other runtime), repeat 1 of all pairs, then repeat 2, ... and reports medians per frame:
+# talker (decoder step, head, sampling), predictor (15 steps), codec (decoding the frames made), plus prefill, model
+# load, real-time factor (RTF: seconds of compute per second of audio; below 1 is faster than real time) and peak
+# resident memory. `make bench` runs the same function on `full-base` and writes `data/bench/<machine>.json`.
+
+# %%
+result = perf.benchmark(model_dir, paths.voice_wav(), perf.DEFAULT_TEXT, FRAMES, thread_counts, REPEATS)
+perf.check_schema(result)
+out = paths.outputs_dir(ckpt) / "09_bench.json"
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps(result, indent=1))
+check.equal("harness result has the data/bench schema", "rows", len(result["rows"]), 2 * len(thread_counts))
+check.equal("both runtimes made the same number of frames", "frames",
+            len({r["frames"] for r in result["raw"]}), 1)
+
+
+def table(res: dict) -> pd.DataFrame:
+    rows = [{"runtime": r["runtime"], "device": r["device"], "precision": r["precision"], "threads": r["threads"],
+             **{f"{k} ms": v for k, v in r["ms_per_frame"].items()}, "prefill ms": r["prefill_ms"], "RTF": r["rtf"],
+             "floor ms": r["floor_ms_per_frame"], "loop / floor": r["floor_ratio"], "peak GB": r["peak_rss_gb"]}
+            for r in res["rows"]]
+    return pd.DataFrame(rows).sort_values(["threads", "runtime"]).reset_index(drop=True)
+
+
+print(f"{result['checkpoint']}: {result['frames']} frames, {REPEATS} repeat(s); load average before/after "
+      f"{machine['load_average']} / {result['machine']['load_average_after']}")
+table(result)
+
+
+# %%
+def component_bars(res: dict, title: str):
+    rows = sorted(res["rows"], key=lambda r: (r["threads"], r["device"], r["runtime"]))
+    labels = [f"{r['runtime']}\n{r['device']} {r['threads']}t" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 3.6))
+    bottom = np.zeros(len(rows))
+    for part, color in (("talker", "tab:blue"), ("predictor", "tab:orange"), ("codec", "tab:green")):
+        vals = np.array([r["ms_per_frame"][part] for r in rows])
+        ax.bar(labels, vals, bottom=bottom, label=part, color=color)
+        bottom += vals
+    for i, r in enumerate(rows):
+        ax.plot([i - 0.4, i + 0.4], [r["floor_ms_per_frame"]] * 2, color="black", lw=2,
+                label="generation floor" if i == 0 else None)
+    ax.axhline(80, color="crimson", ls="--", lw=1, label="real time (80 ms of audio per frame)")
+    ax.set_ylabel("ms per frame")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+component_bars(result, f"live run on {ckpt} ({machine['cpu']}) — tiny checkpoints measure overhead, not speed");
+
+# %% [markdown]
+# ## 4. Read the committed full-size results
+# Full-size runs take tens of minutes and a quiet machine, so they are committed as data: one JSON file per named
+# machine and run in `data/bench/`, in the schema `perf.check_schema` enforces.
+
+# %%
+bench_files = sorted((paths.DATA / "bench").glob("*.json"))
+committed = {}
+for f in bench_files:
+    res = json.loads(f.read_text())
+    perf.check_schema(res)
+    committed[f.stem] = res
+    print(f"{f.name}: {res['checkpoint']}, {res['frames']} frames, {res['machine'].get('cpu', '?')}")
+if not committed:
+    print("no committed results in data/bench/ yet: run `make bench` on a quiet machine")
+check.equal("every committed result follows the schema", "files checked", len(committed), len(bench_files))
+
+# %%
+for name, res in committed.items():
+    display(table(res).style.set_caption(name))
+    component_bars(res, f"{name}: {res['checkpoint']}, {res['frames']} frames")
+
+# %% [markdown]
+# How each runtime scales with threads, in the committed results: the generation loop against its floor (it cannot
+# go below it; it gets closer as more threads pull from memory), and the codec, which is compute-bound.
+
+# %%
+for name, res in committed.items():
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for runtime, marker in (("pytorch", "o"), ("ncnn", "s")):
+        rows = sorted((r for r in res["rows"] if r["runtime"] == runtime and r["device"] == "cpu"),
+                      key=lambda r: r["threads"])
+        if not rows:
+            continue
+        t = [r["threads"] for r in rows]
+        axes[0].plot(t, [r["ms_per_frame"]["talker"] + r["ms_per_frame"]["predictor"] for r in rows],
+                     marker=marker, label=runtime)
+        axes[1].plot(t, [r["ms_per_frame"]["codec"] for r in rows], marker=marker, label=runtime)
+    floor_rows = sorted({(r["threads"], r["floor_ms_per_frame"]) for r in res["rows"]})
+    axes[0].plot(*zip(*floor_rows), color="black", ls="--", label="floor (bytes / bandwidth)")
+    axes[0].set_title(f"{name}: generation loop", fontsize=9)
+    axes[1].set_title(f"{name}: codec", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("threads")
+        ax.set_ylabel("ms per frame")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+
+# %% [markdown]
+# ## Summary
+# - Speed is reported as medians of interleaved repeats, every run in its own process, the machine described and
+#   its read bandwidth measured in the same run; ratios only between rows of one run.
+# - The generation loop reads every weight of the talker once and of the code predictor 15 times per frame: those
+#   bytes over the measured bandwidth are its floor, and each row says how far it is from it.
+# - The codec is compute-bound; its yardstick is PyTorch's codec on the same codes and threads.
+# - `make bench` writes the same measurement on `full-base` to `data/bench/`; this chapter plots what is there.
+#
+# **Artifacts left:** `data/outputs/<ckpt>/09_bench.json`, the chapter report.
+#
+# **If your numbers differ**
+# - *ncnn much slower at 2 threads than at 1* → another process is using the CPU: ncnn's OpenMP threads spin while
+#   they wait (FACTS); look at the load average printed with the table and rerun on a quiet machine.
+# - *Loop far above its floor at full size* → check that the fp16/bf16 paths are off and the right threads are set
+#   (`runtime.net.make_net`); a Gemm at one row runs one thread.
+# - *Bandwidth much lower than your hardware's datasheet* → a VM or a busy neighbour; the floor is what this
+#   machine delivers now, which is the honest yardstick.
+
+# %%
+check.table()
