@@ -16,7 +16,7 @@
 # > Before porting anything, make the original model run on this machine and keep what it says.
 #
 # **You will:** pick a checkpoint, load it with `qwen-tts`'s own loader with the network off, clone the
-# reference voice once (x-vector mode), listen to it and keep the result as a baseline.
+# voice clip once (x-vector mode), listen to it and keep the result as a baseline.
 #
 # **You will learn:** what a Qwen3-TTS checkpoint directory holds; why this tutorial runs on random-init
 # checkpoints of the real architecture; how to import the 12 Hz path of `qwen-tts` without its 25 Hz extras.
@@ -136,7 +136,7 @@ print(f"parameters: model {n_params / 1e6:.1f} M, speech tokenizer {n_codec / 1e
 check.equal("talker layers loaded = config", "layers", len(tts.model.talker.model.layers), talker["num_hidden_layers"])
 
 # %% [markdown]
-# ## 5. The reference voice
+# ## 5. The voice clip
 # `data/inputs/voice.wav` is espeak-ng speech resampled by sox to **24 kHz mono** (`python -m qtts_lib.inputs`
 # remakes it). The reference model asserts 24 kHz, and a resampler is one more thing a port would have to
 # reproduce bit for bit, so we keep inputs native. A wav at another rate or with two channels is converted
@@ -162,7 +162,7 @@ display(Audio(voice_wav, rate=24000))
 
 # %% [markdown]
 # ## 6. Run the original once
-# Clone the reference voice in x-vector mode (speaker embedding only), greedy on CPU fp32. (A CustomVoice
+# Clone the voice clip in x-vector mode (speaker embedding only), greedy on CPU fp32. (A CustomVoice
 # checkpoint has no speaker encoder; it speaks with its first built-in speaker instead.)
 # `max_new_tokens=N` yields N-1 frames: the last sampled codebook-0 token never gets its other 15 codes.
 
@@ -181,7 +181,7 @@ check.equal("1920 samples per frame", "samples/frame", len(wav) // run["codes"].
 
 # %%
 display(Audio(wav, rate=24000))
-plots.waveform({"reference voice": voice_wav, f"original model ({ckpt})": wav});
+plots.waveform({"voice clip": voice_wav, f"original model ({ckpt})": wav});
 
 # %% [markdown]
 # ## 7. Keep the baseline

@@ -48,7 +48,7 @@ cfg = checkpoint.load_config(ckpt)
 # %% [markdown]
 # ## 1. Hook every block and run once
 # One forward hook per block records the shapes of the first call and counts the calls. We run a short
-# x-vector clone (prefill + a few frames, then the codec decoder) and encode the reference wav with the Mimi
+# x-vector clone (prefill + a few frames, then the codec decoder) and encode the voice clip with the Mimi
 # encoder (the ICL path), so every component shows up.
 
 # %%
@@ -101,7 +101,7 @@ with torch.inference_mode():
                                torch.ones(1, len(voice_wav), dtype=torch.long)).audio_codes[0]
 for h in handles:
     h.remove()
-print(f"{len(seen)} blocks called; generated codes {run['codes'].shape}, reference codes {tuple(voice_codes.shape)}")
+print(f"{len(seen)} blocks called; generated codes {run['codes'].shape}, voice codes {tuple(voice_codes.shape)}")
 
 # %%
 def show(rows, keep=lambda n: True):

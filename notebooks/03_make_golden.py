@@ -102,7 +102,7 @@ check.tokens_equal("early stop: codes = prefix of the main golden", early["codes
 # %% [markdown]
 # ## 2. Save them with a manifest
 # Each `.npz` gets an entry in `manifest.json`: producer chapter, inputs (text, language, sha256 of the
-# reference wav, `max_new_tokens`, eos id), sha256 of the file, library versions, threads and the checkpoint
+# voice clip, `max_new_tokens`, eos id), sha256 of the file, library versions, threads and the checkpoint
 # fingerprint. `artifacts.load_npz` refuses a file whose entry does not match and names this chapter.
 
 # %%
@@ -131,8 +131,8 @@ save(f"{mode}_greedy", main, EOS)
 save(f"{mode}_eos", early, early_eos)
 
 # %% [markdown]
-# For base checkpoints also an **ICL** golden (the reference text plus the reference codes from the Mimi encoder
-# go into the prompt); chapter 07 matches it. Its decoded audio includes the reference part, which the
+# For base checkpoints also an **ICL** golden (the voice transcript plus the voice codes from the Mimi encoder
+# go into the prompt); chapter 07 matches it. Its decoded audio includes the voice clip's part, which the
 # original cuts off by frame ratio.
 
 # %%
@@ -231,7 +231,7 @@ ax.set_title("how close each greedy decision was");
 # - Golden files: codes `(T, 16)`, EOS step, waveform, prompt embeddings, x-vector and talker logits, greedy on
 #   CPU fp32 at a fixed thread count, each `.npz` with a manifest entry that consumers verify.
 # - An early-stop golden (an EOS id the greedy path emits at step ≥ 2) exercises the stop branch; an ICL golden
-#   carries the reference codes.
+#   carries the voice codes.
 # - Same domain ⇒ bitwise repeatable; another thread count or attention kernel moves the low bits, and a near-tie
 #   argmax can flip. Compare only within one numeric domain.
 #

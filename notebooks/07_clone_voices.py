@@ -16,11 +16,11 @@
 # > The voice enters the prompt in one of three ways; each is ported and checked token for token.
 #
 # **You will:** compute the speaker x-vector from a wav with a numpy mel frontend and the exported ECAPA encoder;
-# encode reference codes with the exported Mimi encoder and a numpy split RVQ; build the ICL prompt; and speak with
+# encode voice codes with the exported Mimi encoder and a numpy split RVQ; build the ICL prompt; and speak with
 # every built-in speaker of a CustomVoice checkpoint — each compared with the PyTorch reference.
 #
 # **You will learn:** the exact mel recipe (where one wrong constant costs you the cosine); how the split RVQ works;
-# how the ICL prompt lines up reference text and reference codes; how built-in voices and dialects enter the prompt.
+# how the ICL prompt lines up voice transcript and voice codes; how built-in voices and dialects enter the prompt.
 #
 # **You need:** chapter 03's goldens on `<ckpt>` (a Base checkpoint: `xvec_greedy.npz`, `icl_greedy.npz`); the ncnn
 # graphs are exported here if missing, and `tiny-customvoice` (or `full-customvoice`) is synthesized and exported here.
@@ -53,7 +53,7 @@ if base:
     synth = Synthesizer(model_dir, threads=THREADS)
 voice_wav = load_wav(paths.voice_wav())
 voice_text = (paths.INPUTS / "voice.txt").read_text().strip()
-print(f"{ckpt} ({tts.model.tts_model_type}); reference voice {len(voice_wav) / 24000:.2f} s: {voice_text!r}")
+print(f"{ckpt} ({tts.model.tts_model_type}); voice clip {len(voice_wav) / 24000:.2f} s: {voice_text!r}")
 
 # %% [markdown]
 # ## 1. The mel frontend, in numpy
@@ -123,7 +123,7 @@ else:
     print("skipped the cloning sections because a CustomVoice checkpoint has no speaker encoder; section 4 covers it")
 
 # %% [markdown]
-# ## 3. Clone in context (ICL): reference codes from the Mimi encoder
+# ## 3. Clone in context (ICL): voice codes from the Mimi encoder
 # ICL puts the reference *speech* into the prompt as codes. Mimi's quantizer is **split**: a semantic chain (1 level)
 # and an acoustic residual chain, both starting from the same latent, each through its own 1×1 input projection;
 # the model keeps 16 codes per frame (1 + 15). The argmin search is a few small matrix products,
@@ -141,7 +141,7 @@ def torch_codes(w: np.ndarray) -> np.ndarray:
 if base:
     for frames in (len(voice_wav) // 1920, 40):
         w = voice_wav[: frames * 1920]
-        check.tokens_equal(f"reference codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.encode_voice(w),
+        check.tokens_equal(f"voice codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.encode_voice(w),
                            torch_codes(w))
 
 # %% [markdown]
@@ -160,7 +160,7 @@ if base:
 
 # %% [markdown]
 # The ICL prompt appends to the shared prefix (role, tags, x-vector, `codec_pad`) two tracks summed position by
-# position: text = reference text ++ target text ++ `tts_eos`; codec = `codec_bos` ++ one row per reference frame (the
+# position: text = voice transcript ++ target text ++ `tts_eos`; codec = `codec_bos` ++ one row per frame of the clip (the
 # talker table at codebook 0 plus the predictor tables at 1..15). Whatever text does not fit beside the codes becomes
 # trailing text; here the codes are longer, so trailing text is just `tts_pad`.
 
@@ -168,7 +168,7 @@ if base:
 if base:
     icl_golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / "icl_greedy.npz", ckpt)
     voice_codes = synth.encode_voice(voice_wav)
-    check.tokens_equal("ICL reference codes = golden's", voice_codes, icl_golden["voice_codes"])
+    check.tokens_equal("ICL voice codes = golden's", voice_codes, icl_golden["voice_codes"])
     icl_voice = synth.voice(wav=voice_wav, text=voice_text)  # x-vector + the clip's codes + its transcript
     check.tokens_equal("ICL voice: its codes = the codes above", icl_voice.codes, voice_codes)
     prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, icl_voice)
@@ -177,7 +177,7 @@ if base:
     icl = synth.generate(prompt, inputs.GOLDEN_MAX_NEW_TOKENS)
     check.tokens_equal("ICL clone: all codes = golden", icl.codes, icl_golden["codes"])
     icl_wav = synth.codec.decode_with_voice(icl.codes, voice_codes)
-    check.snr("ICL waveform (reference part cut by frame ratio) vs golden", icl_wav, icl_golden["wav"], 60.0)
+    check.snr("ICL waveform (voice clip's part cut by frame ratio) vs golden", icl_wav, icl_golden["wav"], 60.0)
     save_wav(paths.outputs_dir(ckpt) / "07_icl.wav", icl_wav)
     display(Audio(icl_wav, rate=24000))
 
@@ -241,8 +241,8 @@ for label, args in runs.items():
 # ## Summary
 # - The numpy mel frontend reproduces the reference's (cos ≥ 0.9999999); with the ncnn speaker encoder the x-vector
 #   matches torch and the x-vector clone reproduces the golden codes.
-# - The Mimi graph + numpy split RVQ give the reference codes exactly on whole frames (only the last frame of an
-#   unpadded wav can differ); the ICL prompt and generation match the golden, and the reference part of the audio is
+# - The Mimi graph + numpy split RVQ give the voice codes exactly on whole frames (only the last frame of an
+#   unpadded wav can differ); the ICL prompt and generation match the golden, and the voice clip's part of the audio is
 #   cut by frame ratio as the reference does.
 # - Built-in speakers are codec-embedding rows in a non-streaming prompt; every speaker of the config matches torch.
 #
@@ -251,7 +251,7 @@ for label, args in runs.items():
 # **If your numbers differ**
 # - *x-vector cosine ~0.99* → a mel constant (padding, window periodicity, magnitude epsilon, Slaney vs HTK).
 # - *Reference codes differ only in the last frame* → the wav is not a multiple of 1920 samples (section 3).
-# - *ICL codes diverge at once* → reference text tokenized without stripping its role/`<|im_end|>` tokens, or codec rows
+# - *ICL codes diverge at once* → voice transcript tokenized without stripping its role/`<|im_end|>` tokens, or codec rows
 #   summed without codebook 0.
 # - *A dialect speaker diverges* → the language tag was not switched to the dialect id.
 

@@ -1,4 +1,4 @@
-"""Split residual vector quantization in numpy: Mimi latents -> the 16 reference codes. Introduced in 02.
+"""Split residual vector quantization in numpy: Mimi latents -> the 16 codes the model uses. Introduced in 02.
 
 Mimi's quantizer is split: a semantic chain (1 level) and an acoustic chain (residual levels),
 both starting from the same latent, each through its own 1x1 input projection. The model keeps
