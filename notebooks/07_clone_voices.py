@@ -160,9 +160,9 @@ if base:
 
 # %% [markdown]
 # The ICL prompt appends to the shared prefix (role, tags, x-vector, `codec_pad`) two tracks summed position by
-# position: text = voice transcript ++ target text ++ `tts_eos`; codec = `codec_bos` ++ one row per frame of the clip (the
-# talker table at codebook 0 plus the predictor tables at 1..15). Whatever text does not fit beside the codes becomes
-# trailing text; here the codes are longer, so trailing text is just `tts_pad`.
+# position: text = voice transcript ++ target text ++ `tts_eos`; codec = `codec_bos` ++ one row per frame of the
+# clip (the talker table at codebook 0 plus the predictor tables at 1..15). Whatever text does not fit beside the codes
+# becomes trailing text; here the codes are longer, so trailing text is just `tts_pad`.
 
 # %%
 if base:
@@ -250,9 +250,9 @@ for label, args in runs.items():
 #
 # **If your numbers differ**
 # - *x-vector cosine ~0.99* → a mel constant (padding, window periodicity, magnitude epsilon, Slaney vs HTK).
-# - *Reference codes differ only in the last frame* → the wav is not a multiple of 1920 samples (section 3).
-# - *ICL codes diverge at once* → voice transcript tokenized without stripping its role/`<|im_end|>` tokens, or codec rows
-#   summed without codebook 0.
+# - *Voice codes differ only in the last frame* → the wav is not a multiple of 1920 samples (section 3).
+# - *ICL codes diverge at once* → voice transcript tokenized without stripping its role/`<|im_end|>` tokens, or codec
+#   rows summed without codebook 0.
 # - *A dialect speaker diverges* → the language tag was not switched to the dialect id.
 
 # %%
