@@ -1,0 +1,41 @@
+"""The performance harness's pure parts: rows from runs, the schema check, the weight count. No timing asserted."""
+import pytest
+
+from qtts_lib import paths, perf
+
+
+def fake_runs(frames=10, talker=0.1, predictor=0.2, codec=0.3):
+    return [{"frames": frames, "load_s": 1.0, "prefill_s": 0.05, "talker_s": talker, "predictor_s": predictor,
+             "codec_s": codec, "peak_rss_gb": 1.5}]
+
+
+def test_row_is_per_frame_medians_with_the_floor():
+    r = perf.row("ncnn", 2, fake_runs() * 3, floor_ms=20.0)
+    assert r["ms_per_frame"] == {"talker": 10.0, "predictor": 20.0, "codec": 30.0, "total": 60.0}
+    assert r["floor_ratio"] == 1.5  # (talker + predictor) / floor
+    assert r["rtf"] == pytest.approx(0.6 / (10 / 12.5), abs=1e-3)
+    assert r["repeats"] == 3
+    perf.check_schema({"machine": {}, "checkpoint": "x", "frames": 10, "rows": [r]})
+
+
+def test_schema_check_refuses_what_tools_cannot_read():
+    r = perf.row("ncnn", 1, fake_runs(), 10.0)
+    with pytest.raises(ValueError, match="no 'rows'"):
+        perf.check_schema({"machine": {}, "checkpoint": "x", "frames": 1})
+    with pytest.raises(ValueError, match="lacks"):
+        perf.check_schema({"machine": {}, "checkpoint": "x", "frames": 1, "rows": [{k: v for k, v in r.items()
+                                                                                    if k != "rtf"}]})
+
+
+def test_weight_bytes_per_frame_counts_15_predictor_steps(tts):
+    from qtts_lib import export
+
+    export.ensure(tts, "tiny-base")
+    d = paths.ncnn_dir("tiny-base")
+    size = lambda n: (d / f"{n}.bin").stat().st_size  # noqa: E731
+    want = size("talker_decoder") + size("talker_codec_head") + 15 * size("predictor_decoder") + size("predictor_heads")
+    assert perf.weight_bytes_per_frame(d) == pytest.approx(want, abs=16)
+
+
+def test_read_bandwidth_is_positive():
+    assert perf.read_bandwidth_gbs(1, gib=0.05, repeats=2) > 0.1
