@@ -340,6 +340,16 @@ class Synthesizer:
         result.seconds["codec"] = time.perf_counter() - t0
         return result
 
+    def stream(self, text: str, language: str, voice: Voice, max_new_tokens: int = 2048, chunk_frames: int = 4,
+               context_frames: int | None = None, **kwargs):
+        """`synthesize`, streamed: yields 24 kHz float32 pieces of `chunk_frames` frames as they are generated;
+        concatenated they are `synthesize(...)`'s wav (`stream.StreamDecoder` says how exactly). Returns
+        the `Result` (wav None) when exhausted; kwargs as `synthesize`'s. Introduced in 11."""
+        from .stream import stream_synthesis
+
+        return stream_synthesis(self, text, language, voice, chunk_frames=chunk_frames,
+                                context_frames=context_frames, max_new_tokens=max_new_tokens, **kwargs)
+
 
 def missing_graphs(ncnn_dir: Path, raise_error: bool = False) -> list[str]:
     """The exported graphs the synthesizer needs that `ncnn_dir` lacks (with the chapter to run)."""
