@@ -36,7 +36,7 @@ import torch
 from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, paths, plots, reference, settings
-from qtts_lib.runtime.audio import AudioError, load_wav, save_wav
+from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, AudioError, load_wav, save_wav
 
 ckpt = settings.checkpoint()  # QTTS_CHECKPOINT, default tiny-base
 torch.set_num_threads(settings.threads())
@@ -148,7 +148,7 @@ import tempfile
 import soundfile as sf
 
 voice_wav = load_wav(paths.voice_wav())
-print(f"voice.wav: {len(voice_wav)} samples = {len(voice_wav) / 24000:.2f} s at 24 kHz")
+print(f"voice.wav: {len(voice_wav)} samples = {len(voice_wav) / SAMPLE_RATE:.2f} s at 24 kHz")
 with tempfile.TemporaryDirectory() as tmp:
     odd = f"{tmp}/stereo_22k.wav"
     sf.write(odd, np.stack([voice_wav[::2], voice_wav[::2]], axis=1)[:22050], 22050)
@@ -158,7 +158,7 @@ with tempfile.TemporaryDirectory() as tmp:
     except AudioError as e:
         print("strict:", e)
 check.equal("22.05 kHz stereo converted to 24 kHz mono", "samples", len(converted), 24000)
-display(Audio(voice_wav, rate=24000))
+display(Audio(voice_wav, rate=SAMPLE_RATE))
 
 # %% [markdown]
 # ## 6. Run the original once
@@ -174,13 +174,14 @@ voice = reference.default_voice(tts, voice_wav)
 run = reference.capture_generation(tts, TEXT, "english", max_new_tokens=MAX_NEW_TOKENS, **voice)
 seconds = time.perf_counter() - t0
 wav = run["wav"]
-print(f"{run['codes'].shape[0]} frames -> {len(wav)} samples ({len(wav) / 24000:.2f} s of audio) in {seconds:.1f} s")
+print(f"{run['codes'].shape[0]} frames -> {len(wav)} samples ({len(wav) / SAMPLE_RATE:.2f} s of audio) "
+      f"in {seconds:.1f} s")
 check.equal("frames = max_new_tokens - 1", "frames", int(run["codes"].shape[0]), MAX_NEW_TOKENS - 1)
 check.at_least("baseline is not silent", "rms", float(np.sqrt(np.mean(wav**2))), 1e-3)
-check.equal("1920 samples per frame", "samples/frame", len(wav) // run["codes"].shape[0], 1920)
+check.equal("1920 samples per frame", "samples/frame", len(wav) // run["codes"].shape[0], SAMPLES_PER_FRAME)
 
 # %%
-display(Audio(wav, rate=24000))
+display(Audio(wav, rate=SAMPLE_RATE))
 plots.waveform({"voice clip": voice_wav, f"original model ({ckpt})": wav});
 
 # %% [markdown]

@@ -36,7 +36,7 @@ import torch
 from IPython.display import HTML, display
 
 from qtts_lib import check, checkpoint, paths, reference, settings
-from qtts_lib.runtime.audio import load_wav
+from qtts_lib.runtime.audio import SAMPLES_PER_FRAME, load_wav
 
 ckpt = settings.checkpoint()
 torch.set_num_threads(settings.threads())
@@ -142,7 +142,7 @@ show(seen, keep=lambda n: not n.startswith("talker") and first_of_list(n))
 
 # %%
 upsample = int(np.prod(codec.config.decoder_config.upsample_rates + codec.config.decoder_config.upsampling_ratios))
-check.equal("codec upsampling = samples per frame", "samples/frame", upsample, 1920)
+check.equal("codec upsampling = samples per frame", "samples/frame", upsample, SAMPLES_PER_FRAME)
 groups = {
     "text embedding + projection": ["talker.model.text_embedding", "talker.text_projection"],
     "talker decoder": ["talker.model.layers", "talker.model.norm", "talker.model.codec_embedding", "talker.codec_head"],

@@ -36,7 +36,7 @@ import torch
 from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, inputs, paths, plots, reference, settings
-from qtts_lib.runtime.audio import load_wav
+from qtts_lib.runtime.audio import SAMPLE_RATE, load_wav
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
@@ -152,7 +152,7 @@ for name in sorted(p.name for p in golden.glob("*.npz")):
                 entry["sha256"] == artifacts.sha256(golden / name), True)
 
 # %%
-display(Audio(main["wav"], rate=24000))
+display(Audio(main["wav"], rate=SAMPLE_RATE))
 plots.waveform({f"main golden ({codes.shape[0]} frames)": main["wav"]})
 fig, ax = plt.subplots(figsize=(11, 2.8))
 ax.imshow(codes.T, aspect="auto", interpolation="nearest", cmap="viridis")

@@ -39,7 +39,7 @@ from IPython.display import Audio, display
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
 from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime import bpe, sampler
-from qtts_lib.runtime.audio import save_wav
+from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, save_wav
 from qtts_lib.runtime.synthesizer import Synthesizer
 
 ckpt = settings.checkpoint()
@@ -169,7 +169,7 @@ check.tokens_equal("early stop: codes = golden", early_result.codes, early["code
 wav = synth.codec.decode(codes)
 check.snr("waveform vs golden", wav, golden["wav"], 60.0)
 out = save_wav(paths.outputs_dir(ckpt) / "06_ncnn.wav", wav)
-display(Audio(wav, rate=24000))
+display(Audio(wav, rate=SAMPLE_RATE))
 plots.waveform({"PyTorch golden": golden["wav"], "ncnn runtime": wav});
 
 # %% [markdown]
@@ -188,7 +188,7 @@ with torch.inference_mode():
     ref_long = tts.model.speech_tokenizer.decode([{"audio_codes": torch.from_numpy(long_codes)}])[0][0]
 ours_long = synth.codec.decode(long_codes)
 one_shot = synth.codec.decode_once(long_codes)
-tail = slice(300 * 1920, None)
+tail = slice(300 * SAMPLES_PER_FRAME, None)
 print(f"frames 300..{T}: chunked vs reference {check.snr_db(ours_long[tail], ref_long[tail]):.1f} dB, "
       f"one-shot vs reference {check.snr_db(one_shot[tail], ref_long[tail]):.1f} dB")
 check.snr(f"chunked decode of {T} frames vs reference", ours_long, ref_long, 60.0)

@@ -37,8 +37,9 @@ from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, reference, settings
 from qtts_lib.isolation import qtts_without_torch
+from qtts_lib.modules.speaker import MEL_ARGS
 from qtts_lib.runtime import mel, rvq
-from qtts_lib.runtime.audio import load_wav, save_wav
+from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
 from qtts_lib.runtime.synthesizer import InputError, Synthesizer
 
 ckpt = settings.checkpoint()
@@ -53,7 +54,7 @@ if base:
     synth = Synthesizer(model_dir, threads=THREADS)
 voice_wav = load_wav(paths.voice_wav())
 voice_text = (paths.INPUTS / "voice.txt").read_text().strip()
-print(f"{ckpt} ({tts.model.tts_model_type}); voice clip {len(voice_wav) / 24000:.2f} s: {voice_text!r}")
+print(f"{ckpt} ({tts.model.tts_model_type}); voice clip {len(voice_wav) / SAMPLE_RATE:.2f} s: {voice_text!r}")
 
 # %% [markdown]
 # ## 1. The mel frontend, in numpy
@@ -74,12 +75,12 @@ from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram as torch_mel
 
 def reference_mel(w: np.ndarray) -> np.ndarray:
     with torch.inference_mode():
-        return torch_mel(torch.from_numpy(w)[None], n_fft=1024, num_mels=128, sampling_rate=24000, hop_size=256,
-                         win_size=1024, fmin=0, fmax=12000)[0].T.numpy()
+        # the arguments extract_speaker_embedding passes (modules.speaker.MEL_ARGS, built from runtime.mel's constants)
+        return torch_mel(torch.from_numpy(w)[None], **MEL_ARGS)[0].T.numpy()
 
 
 rng = np.random.default_rng(7)
-chirp_t = np.arange(50_001) / 24000
+chirp_t = np.arange(50_001) / SAMPLE_RATE
 wavs = {
     "voice.wav": voice_wav,
     "noise, 37123 samples": (0.1 * rng.standard_normal(37_123)).astype(np.float32),
@@ -96,7 +97,7 @@ fig, axes = plt.subplots(1, 2, figsize=(11, 2.8))
 m = mel.mel_spectrogram(voice_wav)
 axes[0].imshow(m.T, origin="lower", aspect="auto", cmap="magma")
 axes[0].set_title(f"log-mel of voice.wav (numpy), {m.shape[0]} frames x 128")
-axes[1].plot(mel.mel_filterbank(24000, 1024, 128, 0.0, 12000.0)[::8].T, lw=0.8)
+axes[1].plot(mel.mel_filterbank()[::8].T, lw=0.8)  # the runtime's defaults: 24 kHz, n_fft 1024, 128 mels
 axes[1].set_title("every 8th Slaney filter")
 axes[1].set_xlabel("FFT bin");
 
@@ -110,7 +111,7 @@ axes[1].set_xlabel("FFT bin");
 if base:
     xvector = synth.xvector(voice_wav)
     with torch.inference_mode():
-        xvector_torch = tts.model.extract_speaker_embedding(voice_wav, 24000).numpy()
+        xvector_torch = tts.model.extract_speaker_embedding(voice_wav, SAMPLE_RATE).numpy()
     check.cos("x-vector: ncnn (numpy mel) vs torch", xvector, xvector_torch, 0.99999)
     golden, entry = artifacts.load_npz(paths.golden_dir(ckpt) / "xvec_greedy.npz", ckpt)
     if entry["inputs"]["voice"] != f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}":
@@ -135,12 +136,12 @@ print(inspect.getsource(rvq.residual_chain))
 # %%
 def torch_codes(w: np.ndarray) -> np.ndarray:
     with torch.inference_mode():
-        return tts.model.speech_tokenizer.encode(w, sr=24000).audio_codes[0].numpy()
+        return tts.model.speech_tokenizer.encode(w, sr=SAMPLE_RATE).audio_codes[0].numpy()
 
 
 if base:
-    for frames in (len(voice_wav) // 1920, 40):
-        w = voice_wav[: frames * 1920]
+    for frames in (len(voice_wav) // SAMPLES_PER_FRAME, 40):
+        w = voice_wav[: frames * SAMPLES_PER_FRAME]
         check.tokens_equal(f"voice codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.encode_voice(w),
                            torch_codes(w))
 
@@ -150,7 +151,7 @@ if base:
 
 # %%
 if base:
-    odd = voice_wav[: 40 * 1920 - 700]
+    odd = voice_wav[: 40 * SAMPLES_PER_FRAME - 700]
     ours_c, ref_c = synth.encode_voice(odd), torch_codes(odd)
     per_frame = (ours_c != ref_c).sum(1)
     print(f"{len(odd)} samples -> {len(ref_c)} frames; differing codes per frame: last frame {per_frame[-1]}/16, "
@@ -179,7 +180,7 @@ if base:
     icl_wav = synth.codec.decode_with_voice(icl.codes, voice_codes)
     check.snr("ICL waveform (voice clip's part cut by frame ratio) vs golden", icl_wav, icl_golden["wav"], 60.0)
     save_wav(paths.outputs_dir(ckpt) / "07_icl.wav", icl_wav)
-    display(Audio(icl_wav, rate=24000))
+    display(Audio(icl_wav, rate=SAMPLE_RATE))
 
 # %% [markdown]
 # ## 4. Built-in voices (CustomVoice)

@@ -33,6 +33,7 @@ import numpy as np
 
 from .runtime.audio import FRAME_RATE, SAMPLE_RATE
 
+DEFAULT_TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
 SCHEMA_KEYS = ("runtime", "device", "precision", "threads", "ms_per_frame", "prefill_ms", "rtf", "peak_rss_gb",
                "floor_ms_per_frame", "floor_ratio", "repeats")
 
@@ -229,8 +230,9 @@ def benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_c
     for (runtime, threads), done in runs.items():
         floor_ms = weights / (machine["read_bandwidth_gbs"][str(threads)] * 1e9) * 1000
         rows.append(row(runtime, threads, done, floor_ms))
+    raw = [{"runtime": r, "threads": t, **run} for (r, t), done in runs.items() for run in done]
     return {"machine": machine, "checkpoint": Path(model_dir).name, "frames": frames,
-            "weight_bytes_per_frame": weights, "text": text, "rows": rows}
+            "weight_bytes_per_frame": weights, "text": text, "rows": rows, "raw": raw}
 
 
 def check_schema(result: dict) -> None:
@@ -256,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts; 'all' = every core")
     p.add_argument("--frames", type=int, default=40)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--text", default="Hello from ncnn. Every token of this sentence is checked against PyTorch.")
+    p.add_argument("--text", default=DEFAULT_TEXT)
     p.add_argument("--voice", default=str(paths.voice_wav()))
     p.add_argument("-o", "--output", type=Path)
     p.add_argument("--child", choices=["ncnn", "pytorch"], help=argparse.SUPPRESS)

@@ -80,6 +80,8 @@ def capture_generation(tts, text: str, language: str, voice_wav=None, voice_text
     import numpy as np
     import torch
 
+    from ..runtime.audio import SAMPLE_RATE
+
     model = tts.model
     got: dict = {}
     talker_generate = model.talker.generate
@@ -118,7 +120,7 @@ def capture_generation(tts, text: str, language: str, voice_wav=None, voice_text
                     text=text, language=language, speaker=speaker, max_new_tokens=max_new_tokens, **kwargs)
             else:
                 wavs, sr = tts.generate_voice_clone(
-                    text=text, language=language, ref_audio=(np.asarray(voice_wav, np.float32), 24000),
+                    text=text, language=language, ref_audio=(np.asarray(voice_wav, np.float32), SAMPLE_RATE),
                     ref_text=voice_text, x_vector_only_mode=voice_text is None,
                     max_new_tokens=max_new_tokens, **kwargs,
                 )
