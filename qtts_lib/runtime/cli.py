@@ -71,7 +71,11 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--voice-text", "--ref-text", dest="voice_text",
                      help="transcript of --voice: clone in ICL mode (x-vector only without it)")
     say.add_argument("--resample", action="store_true", help="accept a wav at another rate/channels and convert it")
-    say.add_argument("-o", "--output", type=Path, required=True)
+    say.add_argument("-o", "--output", type=Path, required=True,
+                     help="wav file; - writes to stdout as it is generated (16-bit PCM, WAV header of unknown length)")
+    say.add_argument("--stream", action="store_true",
+                     help="write the wav piece by piece as frames are generated (a complete wav after each piece)")
+    say.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece (80 ms each)")
     say.add_argument("--seed", type=int, default=0, help="sampling seed (ignored with --greedy)")
     say.add_argument("--greedy", action="store_true", help="argmax instead of sampling (what the parity tests use)")
     say.add_argument("--max-frames", type=positive_int, default=600, help="cap on generated frames (12.5 per second)")
@@ -99,17 +103,27 @@ def say(args: argparse.Namespace) -> int:
                          "--voice-text 'what the clip says' for ICL cloning")
     voice = synth.voice(wav=clip, text=args.voice_text, speaker=args.speaker)
 
+    streamed = args.stream or str(args.output) == "-"
     with tqdm(total=args.max_frames, unit="frame", desc="generating", file=sys.stderr) as bar:
-        result = synth.synthesize(args.text, args.language, voice, max_new_tokens=args.max_frames + 1,
-                                  greedy=args.greedy, seed=args.seed, on_frame=lambda n: bar.update(1),
-                                  on_warning=lambda m: bar.write(f"qtts: warning: {m} (raise --max-frames)",
-                                                                 file=sys.stderr))
+        run = synth.stream if streamed else synth.synthesize
+        extra = {"chunk_frames": args.chunk_frames} if streamed else {}
+        result = run(args.text, args.language, voice, max_new_tokens=args.max_frames + 1,
+                     greedy=args.greedy, seed=args.seed, on_frame=lambda n: bar.update(1),
+                     on_warning=lambda m: bar.write(f"qtts: warning: {m} (raise --max-frames)", file=sys.stderr),
+                     **extra)
+        if streamed:
+            from .stream import write_stream
+
+            result, samples = write_stream(args.output, result)
+        else:
+            save_wav(args.output, result.wav)
+            samples = len(result.wav)
     seconds = time.perf_counter() - t0
-    save_wav(args.output, result.wav)
-    audio_s = len(result.wav) / SAMPLE_RATE
+    audio_s = samples / SAMPLE_RATE
     stop = "EOS" if result.eos_step >= 0 else f"the {args.max_frames}-frame cap"
     print(f"{args.output}: {len(result.codes)} frames, {audio_s:.2f} s of audio, stopped at {stop}; "
-          f"{seconds:.2f} s wall, RTF {seconds / max(audio_s, 1e-9):.2f}")
+          f"{seconds:.2f} s wall, RTF {seconds / max(audio_s, 1e-9):.2f}",
+          file=sys.stderr if str(args.output) == "-" else sys.stdout)
     return 0
 
 

@@ -226,6 +226,60 @@ def pcm16(wav: np.ndarray) -> bytes:
     return (np.clip(np.asarray(wav, np.float32), -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
 
 
+class WavFile:
+    """A float32 wav (the format `save_wav` writes) written piece by piece: the sizes in the header are
+    rewritten after every piece, so the file is a complete wav whenever a player opens it."""
+
+    def __init__(self, path, sample_rate: int = SAMPLE_RATE):
+        self.file, self.sample_rate, self.samples = open(path, "wb"), sample_rate, 0
+        self._header()
+
+    def _header(self) -> None:
+        data = self.samples * 4
+        self.file.seek(0)
+        self.file.write(b"RIFF" + struct.pack("<I", 50 + data) + b"WAVEfmt "
+                        + struct.pack("<IHHIIHHH", 18, 3, 1, self.sample_rate, self.sample_rate * 4, 4, 32, 0)
+                        + b"fact" + struct.pack("<II", 4, self.samples) + b"data" + struct.pack("<I", data))
+        self.file.seek(0, 2)
+
+    def write(self, wav: np.ndarray) -> None:
+        self.file.write(np.asarray(wav, "<f4").tobytes())
+        self.samples += len(wav)
+        self._header()
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def write_stream(output, pieces: Iterator[np.ndarray]):
+    """Write pieces as they come: to a `WavFile`, or with output "-" to stdout as 16-bit PCM behind a
+    WAV header of unknown length (for piping into a player). Returns (the `Result`, samples written)."""
+    import sys
+
+    samples = 0
+    if str(output) == "-":
+        out = sys.stdout.buffer
+        out.write(wav_header())
+
+        def sink(piece):
+            out.write(pcm16(piece))
+            out.flush()
+    else:
+        out = WavFile(output)
+        sink = out.write
+    try:
+        def counted(piece):
+            nonlocal samples
+            sink(piece)
+            samples += len(piece)
+        result = drain(pieces, counted)
+    finally:
+        if str(output) != "-":
+            out.close()
+    return result, samples
+
+
 # ------------------------------------------------------------ time to first audio
 def ttfa_ms(synth, text: str, language: str, voice, chunk_frames: int = 4, repeats: int = 3,
             **kwargs) -> dict:
