@@ -96,6 +96,7 @@ def _depth_axis(ax, result, threshold: float | None, label: str | None = None, m
     top = max([errs.max() if len(errs) else 1e-12] + ([threshold] if threshold is not None else []))
     ax.set_ylim(top=top * 300)  # room above the data for the legend and the note on the worst tap
     ax.set_ylabel("relative L2 error")
+    ax.set_xlabel("paired layers in forward order", fontsize=8)
     ax.legend(fontsize=7, loc="upper left", ncol=2)
 
 
@@ -118,6 +119,8 @@ def layer_errors(results, threshold: float | dict | None = None, title: str = ""
         t = _threshold_for(threshold, first.name)
         if t is not None:
             ax.axhline(t, color="crimson", ls="--", lw=1, label=f"threshold {t:g}")
+        shown = np.concatenate([_floor(r.errors) for r in results.values()] + ([[t]] if t is not None else []))
+        ax.set_ylim(shown.min() / 2, shown.max() * 300)
         ax.legend(fontsize=7, loc="upper left", ncol=4)
         ax.set_title(f"{first.name}: {first.b} vs ncnn", fontsize=9)
         axes = [ax]
