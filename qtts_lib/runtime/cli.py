@@ -81,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--max-frames", type=positive_int, default=600, help="cap on generated frames (12.5 per second)")
     say.add_argument("--threads", type=positive_int, default=2, help="CPU threads (at least 1)")
     say.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
+    from .server import add_arguments
+
+    add_arguments(sub.add_parser("serve", help="a local HTTP speech server (OpenAI's /v1/audio/speech), streamed",
+                                 description="Needs the serve extra: pip install 'qtts[serve]'."), positive_int)
     return p
 
 
@@ -130,6 +134,10 @@ def say(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if args.command == "serve":
+            from .server import serve
+
+            return serve(args)
         return say(args)
     except (InputError, AudioError, DeviceError) as e:
         print(f"qtts: error: {e}", file=sys.stderr)
