@@ -126,7 +126,7 @@ def load_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
 
 
 def input_axes(param_dir: str | Path, name: str) -> list[int]:
-    """The batch axis pnnx chose for each graph input (from the export manifest)."""
+    """The batch axis pnnx chose for each graph input (from the export manifest). Introduced in 04."""
     entry = json.loads((Path(param_dir) / "manifest.json").read_text()).get(f"{name}.param")
     if entry is None:
         raise KeyError(f"{name}.param is not in {param_dir}/manifest.json; run notebooks/04_export_align.py")
@@ -134,7 +134,7 @@ def input_axes(param_dir: str | Path, name: str) -> list[int]:
 
 
 def computed_layers(info: ParamInfo) -> list[ParamLayer]:
-    """The layers that compute something (not Input/Split/MemoryData), in .param order."""
+    """The layers that compute something (not Input/Split/MemoryData), in .param order. Introduced in 04."""
     return [layer for layer in info.layers if layer.type not in _NOT_COMPUTED]
 
 
@@ -218,7 +218,7 @@ def activation(layer: ParamLayer, x: np.ndarray) -> np.ndarray:
     """Apply the activation ncnn fused into a (de)convolution layer (`9=` type, `10=` params) to `x`.
 
     pnnx folds a ReLU, sigmoid or clamp that follows a conv into the conv; the torch hook sees the output
-    before it."""
+    before it. Introduced in 04."""
     if layer.type not in _CONV_TYPES:
         return x
     p = dict(kv.split("=", 1) for kv in layer.params if "=" in kv)
@@ -241,7 +241,7 @@ def activation(layer: ParamLayer, x: np.ndarray) -> np.ndarray:
 def pair(taps: list[tuple[str, str, tuple]], info: ParamInfo) -> list[tuple[str, ParamLayer]]:
     """(torch label, ncnn layer) pairs in .param order: per op kind, the i-th torch tap with the i-th ncnn layer.
 
-    `taps` are (module path, module class name, output shape) in torch call order."""
+    `taps` are (module path, module class name, output shape) in torch call order. Introduced in 04."""
     pairs = []
     for kind, types in PAIRS.items():
         ours = [t for t in taps if t[1] == kind]
@@ -254,7 +254,7 @@ def pair(taps: list[tuple[str, str, tuple]], info: ParamInfo) -> list[tuple[str,
 
 
 def output_layers(info: ParamInfo) -> list[ParamLayer]:
-    """The layers producing out0, out1, ... in output order."""
+    """The layers producing out0, out1, ... in output order. Introduced in 04."""
     producer = {b: layer for layer in info.layers for b in layer.outputs}
     outs = sorted((b for b in producer if b.startswith("out") and b[3:].isdigit()), key=lambda b: int(b[3:]))
     return [ParamLayer(producer[b].type, producer[b].name, producer[b].inputs, [b], producer[b].params)
@@ -266,7 +266,7 @@ def torch_taps(wrapper, inputs: Sequence) -> tuple[list[tuple[str, str, tuple]],
     """Run `wrapper(*inputs)` with a forward hook on every module of a paired kind.
 
     Returns (taps, values, outputs): taps (module path, class name, shape) in call order, their outputs as numpy,
-    and the wrapper's outputs as a list of numpy arrays."""
+    and the wrapper's outputs as a list of numpy arrays. Introduced in 04."""
     import torch
 
     taps, values, handles = [], [], []
