@@ -1,0 +1,139 @@
+"""Speak a text of any length: one generation per segment, one voice, joined by short pauses. Introduced in 12.
+
+One generation over a whole article drifts: the talker's context grows by 12.5 frames a second,
+and users of every Qwen3-TTS port report runaway or degraded speech after a few minutes. So
+`synthesize_long` cuts the text with `segment.segments` (bounded in BPE tokens, what the model
+reads), speaks each segment with `Synthesizer.synthesize` and the *same* `Voice` (the x-vector and
+an ICL clip's codes are computed once, by the caller), and joins the pieces:
+
+- **Frame cap per segment**, scaled by its text: `frame_cap(tokens) = FRAMES_PER_TOKEN * tokens +
+  MARGIN_FRAMES`. Speech takes about 2.5-5 frames per token in the checkpoint's languages (English
+  read at 150 words a minute is ~3.3 tokens/s, i.e. ~3.8 frames/token; Chinese at ~4 characters/s
+  is ~4.3; Japanese and Russian, with shorter tokens, less); 8 frames per token is twice a slow
+  narrator's rate, and the margin (2 s) covers the leading and trailing silence and one-token
+  segments. A segment that reaches its cap has run away, and it stops there: it costs at most
+  about twice its natural length instead of the rest of the `max_frames` budget.
+- **Pause** of PAUSE_SECONDS of silence between segments: read speech pauses 0.3-0.7 s between
+  sentences; each segment already ends in the model's own short silence, so 0.3 s more sounds
+  like the next sentence, not like the next clip.
+- **Fades** of FADE_SECONDS (10 ms, a raised cosine) at both ends of each segment: a segment cut
+  at its cap can end mid-waveform, and a step into silence clicks; 10 ms is shorter than any
+  phoneme, so nothing spoken is lost. Fades do not change lengths: the joined wav has exactly
+  `sum(segment samples) + (segments - 1) * pause samples`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .audio import SAMPLE_RATE
+from .segment import segments
+
+MAX_SEGMENT_TOKENS = 60     # ~15-20 s of speech: a paragraph's worth, well inside the range the model speaks well
+FRAMES_PER_TOKEN = 8        # the per-segment cap's slope (see the module docstring)
+MARGIN_FRAMES = 25          # ... and its intercept, 2 s
+PAUSE_SECONDS = 0.3
+FADE_SECONDS = 0.01
+
+
+@dataclass
+class Segment:
+    """One spoken segment: its text, token count, frame cap, what it produced and where it sits."""
+    text: str
+    tokens: int
+    cap: int                 # the most frames it could generate
+    frames: int = 0
+    stopped: str = ""        # "eos" or "cap"
+    start: int = 0           # first sample in the joined wav
+    samples: int = 0
+    seconds: float = 0.0     # wall time
+    warnings: list[str] = field(default_factory=list)
+    codes: np.ndarray | None = None   # (frames, 16)
+
+
+@dataclass
+class LongResult:
+    wav: np.ndarray
+    segments: list[Segment]
+    pause_samples: int
+
+
+def frame_cap(tokens: int, max_frames: int | None = None, frames_per_token: float = FRAMES_PER_TOKEN,
+              margin: int = MARGIN_FRAMES) -> int:
+    """Frames a segment of `tokens` text tokens may generate: scaled by its length, never above
+    `max_frames`."""
+    cap = int(np.ceil(frames_per_token * tokens)) + margin
+    return max(1, min(cap, max_frames) if max_frames else cap)
+
+
+def plan(synth, text: str, max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
+         frames_per_token: float = FRAMES_PER_TOKEN, margin: int = MARGIN_FRAMES) -> list[Segment]:
+    """The segments `synthesize_long` will speak, with their token counts and frame caps (nothing run yet)."""
+    count = lambda s: len(synth.tokenizer.encode(s))  # noqa: E731
+    return [Segment(s, n, frame_cap(n, max_frames, frames_per_token, margin))
+            for s in segments(text, max_tokens, count) for n in [count(s)]]
+
+
+def fade(wav: np.ndarray, samples: int) -> np.ndarray:
+    """Raised-cosine fade-in and fade-out of `samples` each (a copy; same length)."""
+    wav = np.array(wav, np.float32)
+    n = min(samples, len(wav) // 2)
+    if n > 0:
+        ramp = (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)
+        wav[:n] *= ramp
+        wav[len(wav) - n:] *= ramp[::-1]
+    return wav
+
+
+def join(wavs: list[np.ndarray], pause_samples: int, fade_samples: int) -> tuple[np.ndarray, list[int]]:
+    """Faded segments with `pause_samples` of silence between them, and each one's first sample."""
+    out, starts, at = [], [], 0
+    for i, w in enumerate(wavs):
+        if i:
+            out.append(np.zeros(pause_samples, np.float32))
+            at += pause_samples
+        starts.append(at)
+        out.append(fade(w, fade_samples))
+        at += len(w)
+    return (np.concatenate(out) if out else np.zeros(0, np.float32)), starts
+
+
+def synthesize_long(synth, text: str | list[Segment], language: str, voice, max_tokens: int = MAX_SEGMENT_TOKENS,
+                    max_frames: int | None = None, frames_per_token: float = FRAMES_PER_TOKEN,
+                    margin: int = MARGIN_FRAMES, greedy: bool = True, seed: int = 0,
+                    pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS,
+                    on_segment: Callable[[int, int, Segment, np.ndarray], None] | None = None,
+                    on_frame: Callable[[int], None] | None = None,
+                    on_warning: Callable[[str], None] | None = None) -> LongResult:
+    """Speak `text` segment by segment with one `voice` (see the module docstring). `text` may also
+    be a `plan` already made (then max_tokens, max_frames, frames_per_token and margin are its own).
+
+    Segment i samples with seed `seed + i`. `on_segment(i, n, segment, wav)` runs as each segment is
+    done, with its faded wav (progress bars; streaming); `on_frame(n)` after each frame of the current
+    segment; `on_warning` gets the synthesizer's warnings prefixed with "segment i/n"."""
+    import time
+
+    todo = plan(synth, text, max_tokens, max_frames, frames_per_token, margin) if isinstance(text, str) else text
+    pause_samples, fade_samples = int(round(pause * SAMPLE_RATE)), int(round(fade_seconds * SAMPLE_RATE))
+    wavs = []
+    for i, seg in enumerate(todo):
+        where = f"segment {i + 1}/{len(todo)}"
+        t0 = time.perf_counter()
+        result = synth.synthesize(seg.text, language, voice, max_new_tokens=seg.cap + 1, greedy=greedy,
+                                  seed=seed + i, on_frame=on_frame,
+                                  on_warning=(lambda m, w=where: on_warning(f"{w}: {m}")) if on_warning else None)
+        seg.seconds = time.perf_counter() - t0
+        seg.frames, seg.samples = len(result.codes), len(result.wav)
+        seg.stopped = "eos" if result.eos_step >= 0 else "cap"
+        seg.warnings = result.warnings
+        seg.codes = result.codes
+        wavs.append(result.wav)
+        if on_segment:
+            on_segment(i, len(todo), seg, fade(result.wav, fade_samples))
+    wav, starts = join(wavs, pause_samples, fade_samples)
+    for seg, start in zip(todo, starts):
+        seg.start = start
+    assert len(wav) == sum(s.samples for s in todo) + max(len(todo) - 1, 0) * pause_samples
+    return LongResult(wav, todo, pause_samples)
