@@ -1,0 +1,207 @@
+"""`qtts serve` as a user meets it: a real server process (torch blocked) on localhost, a real HTTP client."""
+import json
+import random
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from qtts_lib import paths
+from qtts_lib.isolation import PRELUDE
+
+CKPT = "tiny-base"
+MAX_FRAMES = 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kb(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def request(url: str, path: str, body=None, method: str | None = None, read: int = -1, timeout: float = 60):
+    """(status, headers, body bytes); `read` > 0 reads that many bytes and hangs up."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read(read) if read > 0 else r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def start_server(tmp_path, *extra):
+    voices = tmp_path / "voices"
+    voices.mkdir(exist_ok=True)
+    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    shutil.copy(paths.voice_wav(), voices / "bob.wav")
+    shutil.copy(paths.INPUTS / "voice.txt", voices / "bob.txt")   # bob clones in ICL mode
+    port = free_port()
+    log = open(tmp_path / "server.log", "w")  # a file, not a pipe nobody reads (a full pipe blocks the server)
+    code = "from qtts_lib.runtime.cli import main\nsys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code, "serve", "--checkpoint", str(paths.model_dir(CKPT)),
+                             "--port", str(port), "--voices", str(voices), "--threads", "2", *extra],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}: {(tmp_path / 'server.log').read_text()}")
+        try:
+            if request(url, "/health", timeout=2)[0] == 200:
+                return proc, url
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server did not come up")
+
+
+def stop_server(proc):
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tts, tmp_path_factory):
+    from qtts_lib import export
+
+    export.ensure(tts, CKPT)
+    proc, url = start_server(tmp_path_factory.mktemp("serve"), "--max-frames", str(MAX_FRAMES), "--queue", "8")
+    yield proc, url
+    stop_server(proc)
+
+
+def check_wav(body: bytes) -> np.ndarray:
+    """A 16-bit mono 24 kHz wav (streamed: sizes unknown), its samples."""
+    riff, size, wave, fmt, n, tag, ch, sr, _, _, bits, data, _ = struct.unpack("<4sI4s4sIHHIIHH4sI", body[:44])
+    assert (riff, wave, fmt, data, tag, ch, sr, bits) == (b"RIFF", b"WAVE", b"fmt ", b"data", 1, 1, 24000, 16)
+    pcm = np.frombuffer(body[44:], "<i2")
+    assert len(body[44:]) % 2 == 0 and 0 < len(pcm) <= MAX_FRAMES * 1920 and len(pcm) % 1920 == 0
+    assert np.abs(pcm).max() > 0
+    return pcm
+
+
+def test_models_and_health(server):
+    _, url = server
+    status, _, body = request(url, "/v1/models")
+    assert status == 200 and json.loads(body)["data"][0]["id"] == CKPT
+    status, _, body = request(url, "/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+@pytest.mark.parametrize("voice", ["alice", "bob"])
+def test_speech_wav_and_pcm(server, voice):
+    _, url = server
+    status, headers, wav = request(url, "/v1/audio/speech", {"input": "Hello there.", "voice": voice})
+    assert status == 200 and headers["content-type"] == "audio/wav"
+    pcm = check_wav(wav)
+    status, headers, raw = request(url, "/v1/audio/speech",
+                                   {"input": "Hello there.", "voice": voice, "response_format": "pcm"})
+    assert status == 200 and headers["content-type"] == "audio/pcm"
+    assert np.array_equal(np.frombuffer(raw, "<i2"), pcm)  # same request, same audio (greedy)
+
+
+BAD = [  # (body or None for GET, path, expected status, what the error names)
+    (b"not json", "/v1/audio/speech", 400, "JSON"),
+    ({"input": "", "voice": "alice"}, "/v1/audio/speech", 400, "input"),
+    ({"input": "hi", "voice": "carol"}, "/v1/audio/speech", 400, "voice"),
+    ({"input": "hi", "voice": "../alice"}, "/v1/audio/speech", 400, "voice"),
+    ({"input": "hi", "voice": "alice", "response_format": "mp3"}, "/v1/audio/speech", 400, "response_format"),
+    ({"input": "hi", "voice": "alice", "language": "klingon"}, "/v1/audio/speech", 400, "language"),
+    ({"input": "hi", "voice": "alice", "speed": 2}, "/v1/audio/speech", 400, "speed"),
+    ({"input": "x" * 5000, "voice": "alice"}, "/v1/audio/speech", 400, "input"),
+    (b"[" * 70000, "/v1/audio/speech", 413, "body"),
+    ([1, 2], "/v1/audio/speech", 400, "object"),
+    (None, "/v1/audio/speech", 405, "Method"),
+    (None, "/v1/nothing", 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize("body,path,status,names", BAD)
+def test_bad_requests_get_a_json_4xx(server, body, path, status, names):
+    _, url = server
+    got, _, answer = request(url, path, body, method="GET" if body is None else "POST")
+    assert got == status and names in json.loads(answer)["error"]["message"]
+
+
+def test_soak_four_clients_good_bad_and_abandoned(server):
+    """>= 200 requests from 4 concurrent clients; resident memory flat; healthy after."""
+    proc, url = server
+    texts = ["Hello there.", "A second sentence, a little longer.", "Numbers: 1, 2, 3.", "Short."]
+    for text in texts:  # warm-up: voices built, allocator at its working size
+        for voice in ("alice", "bob"):
+            assert request(url, "/v1/audio/speech", {"input": text, "voice": voice})[0] == 200
+    rss_before = rss_kb(proc.pid)
+
+    def client(seed: int) -> list[tuple[str, int, bool]]:
+        rng = random.Random(seed)
+        results = []
+        for _ in range(52):
+            kind = rng.choice(["good", "good", "pcm", "bad", "abandon"])
+            if kind == "bad":
+                body, path, status, _ = rng.choice(BAD)
+                got, _, answer = request(url, path, body, method="GET" if body is None else "POST")
+                ok = got == status and 400 <= got < 500 and "error" in json.loads(answer)
+            elif kind == "abandon":  # reads the header and hangs up mid-stream
+                got, _, head = request(url, "/v1/audio/speech", {"input": rng.choice(texts), "voice": "alice"},
+                                       read=44)
+                ok = got == 200 and head[:4] == b"RIFF"
+            else:
+                fmt = "pcm" if kind == "pcm" else "wav"
+                got, _, body = request(url, "/v1/audio/speech", {"input": rng.choice(texts),
+                                       "voice": rng.choice(["alice", "bob"]), "response_format": fmt})
+                ok = got == 200 and (len(body) % 3840 == 0 if fmt == "pcm" else check_wav(body) is not None)
+            results.append((kind, got, ok))
+        return results
+
+    t0 = time.time()
+    with ThreadPoolExecutor(4) as pool:
+        results = [r for rs in pool.map(client, range(4)) for r in rs]
+    seconds = time.time() - t0
+    rss_after = rss_kb(proc.pid)
+    failed = [r for r in results if not r[2]]
+    kinds = {k: sum(r[0] == k for r in results) for k in ("good", "pcm", "bad", "abandon")}
+    growth_mb = (rss_after - rss_before) / 1024
+    print(f"soak: {len(results)} requests {kinds} in {seconds:.1f} s; failed {len(failed)}; "
+          f"RSS {rss_before / 1024:.1f} -> {rss_after / 1024:.1f} MB ({growth_mb:+.1f} MB)")
+    assert len(results) >= 200 and not failed, failed[:5]
+    assert growth_mb < 20
+    status, _, body = request(url, "/health")
+    health = json.loads(body)
+    assert status == 200 and health["waiting"] == 0 and not health["busy"]
+    assert request(url, "/v1/audio/speech", {"input": "Still here.", "voice": "alice"})[0] == 200
+
+
+def test_a_full_queue_answers_503(tts, tmp_path):
+    """--queue 0: one request runs, none may wait; the others are told at once, and the server carries on."""
+    proc, url = start_server(tmp_path, "--max-frames", "40", "--queue", "0")
+    try:
+        body = {"input": "A request that takes a while to speak.", "voice": "alice"}
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: request(url, "/v1/audio/speech", body), range(4)))
+        statuses = sorted(a[0] for a in answers)
+        assert statuses[0] == 200 and 503 in statuses, statuses
+        busy = next(a for a in answers if a[0] == 503)
+        assert json.loads(busy[2])["error"]["type"] == "server_busy"
+        assert request(url, "/v1/audio/speech", body)[0] == 200
+    finally:
+        stop_server(proc)
