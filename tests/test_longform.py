@@ -1,0 +1,116 @@
+"""Long text (qtts_lib.runtime.longform and `qtts say --text-file`): per-segment caps, one voice, exact lengths."""
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from qtts_lib import paths
+from qtts_lib.runtime import longform
+from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav
+from qtts_lib.runtime.cli import main
+
+CKPT = "tiny-base"
+PAUSE = int(round(longform.PAUSE_SECONDS * SAMPLE_RATE))
+PARAGRAPH = ("The tutorial ports a speech model to a small runtime. Each chapter checks one claim against the "
+             "reference, and every number lands in a report. Long texts are cut into sentences, packed into "
+             "segments, and spoken one segment at a time with the same voice. ")
+
+
+@pytest.fixture(scope="module")
+def synth(tts):
+    from qtts_lib import export
+    from qtts_lib.runtime.synthesizer import Synthesizer
+
+    export.ensure(tts, CKPT)
+    return Synthesizer(paths.model_dir(CKPT), threads=2)
+
+
+def test_frame_cap_scales_with_tokens_and_respects_max_frames():
+    assert longform.frame_cap(10) == 10 * longform.FRAMES_PER_TOKEN + longform.MARGIN_FRAMES
+    assert longform.frame_cap(20) - longform.frame_cap(10) == 10 * longform.FRAMES_PER_TOKEN
+    assert longform.frame_cap(60, max_frames=100) == 100
+    assert longform.frame_cap(3, frames_per_token=1.5, margin=0) == 5
+
+
+def test_join_lengths_starts_and_fades():
+    wavs = [np.ones(1000, np.float32), np.ones(500, np.float32), np.ones(1920, np.float32)]
+    wav, starts = longform.join(wavs, 300, 240)
+    assert len(wav) == 3420 + 2 * 300 and starts == [0, 1300, 2100]
+    assert wav[0] < 0.01 and wav[999] < 0.01 and wav[500] == 1.0          # faded ends, untouched middle
+    assert not wav[1000:1300].any()                                         # the pause is silence
+    assert np.abs(np.diff(wav)).max() < 0.02                                # no step anywhere: no click
+
+
+def test_plan_bounds_tokens_and_caps(synth):
+    todo = longform.plan(synth, PARAGRAPH * 4, max_tokens=40, max_frames=100)
+    assert len(todo) > 3 and all(s.tokens <= 40 for s in todo)
+    assert all(s.tokens == len(synth.tokenizer.encode(s.text)) for s in todo)
+    assert all(s.cap == min(100, longform.frame_cap(s.tokens)) for s in todo)
+
+
+def test_one_voice_for_every_segment_and_exact_lengths(synth, monkeypatch):
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    for name in ("voice", "xvector", "encode_voice"):  # the voice is the caller's, computed once
+        monkeypatch.setattr(synth, name, lambda *a, **k: pytest.fail("recomputed the voice"))
+    seen = []
+    result = longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, frames_per_token=0.1,
+                                      margin=2, on_segment=lambda i, n, seg, wav: seen.append((i, n, len(wav))))
+    segs = result.segments
+    assert len(segs) >= 3 and [s[:2] for s in seen] == [(i, len(segs)) for i in range(len(segs))]
+    assert all(s.frames <= s.cap and s.samples == s.frames * SAMPLES_PER_FRAME for s in segs)
+    assert len(result.wav) == sum(s.samples for s in segs) + (len(segs) - 1) * PAUSE
+    assert [s.start for s in segs] == list(np.cumsum([0] + [s.samples + PAUSE for s in segs[:-1]]))
+    assert [n for _, _, n in seen] == [s.samples for s in segs]
+
+
+def test_icl_voice_is_reused_and_its_clip_never_spoken(synth):
+    voice = synth.voice(wav=load_wav(paths.voice_wav()), text=(paths.INPUTS / "voice.txt").read_text().strip())
+    result = longform.synthesize_long(synth, "First sentence here. Second sentence here.", "english", voice,
+                                      max_tokens=4, max_frames=3)
+    assert len(result.segments) == 2
+    assert all(s.samples == s.frames * SAMPLES_PER_FRAME and s.frames <= 3 for s in result.segments)
+
+
+def say(*args):
+    return main(["say", "--checkpoint", str(paths.model_dir(CKPT)), "--voice", str(paths.voice_wav()),
+                 "--language", "english", "--greedy", "--threads", "2", *args])
+
+
+def test_cli_text_file_ten_segments_long(synth, tmp_path, capsys):
+    """`qtts say --text-file` on a text more than ten segments long: the wav is its segments plus the pauses."""
+    text = PARAGRAPH * 13
+    (tmp_path / "long.txt").write_text(text, encoding="utf-8")
+    todo = longform.plan(synth, text, max_frames=4)
+    assert len(todo) >= 10 and len(synth.tokenizer.encode(text)) >= 10 * longform.MAX_SEGMENT_TOKENS
+    assert say("--text-file", str(tmp_path / "long.txt"), "--max-frames", "4", "-o", str(tmp_path / "o.wav")) == 0
+    wav, sr = sf.read(tmp_path / "o.wav")
+    out = capsys.readouterr().out
+    assert f"{len(todo)} segments" in out
+    frames = int(out.split(" segments, ")[1].split(" frames")[0])
+    assert frames <= sum(s.cap for s in todo)
+    assert sr == SAMPLE_RATE and len(wav) == frames * SAMPLES_PER_FRAME + (len(todo) - 1) * PAUSE
+
+
+def test_cli_stdin_equals_the_library(synth, tmp_path, monkeypatch, capsys):
+    text = PARAGRAPH * 2
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert say("--text-file", "-", "--max-frames", "3", "-o", str(tmp_path / "o.wav")) == 0
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    ours = longform.synthesize_long(synth, text, "english", voice, max_frames=3)
+    assert len(ours.segments) > 1 and f"{len(ours.segments)} segments" in capsys.readouterr().out
+    np.testing.assert_allclose(sf.read(tmp_path / "o.wav", dtype="float32")[0], ours.wav, atol=1e-6)
+
+
+def test_cli_text_options(tmp_path, capsys):
+    assert say("--text-file", str(tmp_path / "nope.txt"), "-o", str(tmp_path / "o.wav")) == 2
+    assert "text file not found" in capsys.readouterr().err
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    assert say("--text-file", str(tmp_path / "latin1.txt"), "-o", str(tmp_path / "o.wav")) == 2
+    assert "UTF-8" in capsys.readouterr().err
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    assert say("--text-file", str(tmp_path / "blank.txt"), "-o", str(tmp_path / "o.wav")) == 2
+    assert "text is empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        say("--text", "hi", "--text-file", str(tmp_path / "blank.txt"), "-o", str(tmp_path / "o.wav"))
+    assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
