@@ -81,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--stream", action="store_true",
                      help="write the wav piece by piece as frames are generated (a complete wav after each piece)")
     say.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece (80 ms each)")
+    say.add_argument("--context-frames", type=positive_int,
+                     help="left context per streamed piece (default: the decoder's receptive field, exact; less is "
+                          "faster and approximate, chapter 11)")
     say.add_argument("--seed", type=int, default=0, help="sampling seed (ignored with --greedy)")
     say.add_argument("--greedy", action="store_true", help="argmax instead of sampling (what the parity tests use)")
     say.add_argument("--max-frames", type=positive_int, default=600,
@@ -127,7 +130,7 @@ def say(args: argparse.Namespace) -> int:
     streamed = args.stream or str(args.output) == "-"
     with tqdm(total=cap, unit="frame", desc="generating", file=sys.stderr) as bar:
         run = synth.stream if streamed else synth.synthesize
-        extra = {"chunk_frames": args.chunk_frames} if streamed else {}
+        extra = {"chunk_frames": args.chunk_frames, "context_frames": args.context_frames} if streamed else {}
         result = run(text, args.language, voice, max_new_tokens=cap + 1,
                      greedy=args.greedy, seed=args.seed, on_frame=lambda n: bar.update(1),
                      on_warning=lambda m: bar.write(f"qtts: warning: {m} (raise --max-frames)", file=sys.stderr),

@@ -46,9 +46,11 @@ def error_body(message: str, param: str | None = None, kind: str = "invalid_requ
 class Speaker:
     """The synthesizer behind one lock, the voices it has built, and the queue in front of it."""
 
-    def __init__(self, synth, voices_dir: Path | None, max_frames: int, queue: int, chunk_frames: int):
+    def __init__(self, synth, voices_dir: Path | None, max_frames: int, queue: int, chunk_frames: int,
+                 context_frames: int | None = None):
         self.synth, self.voices_dir = synth, voices_dir
         self.max_frames, self.queue, self.chunk_frames = max_frames, queue, chunk_frames
+        self.context_frames = context_frames
         self.lock = asyncio.Lock()
         self.waiting = 0   # requests holding or waiting for the lock
         self.served = 0
@@ -160,7 +162,7 @@ def build_app(speaker: Speaker, model_id: str):
         def start():
             voice = speaker.voice(req["voice"])
             stream = synth.stream(req["text"], req["language"], voice, max_new_tokens=speaker.max_frames + 1,
-                                  chunk_frames=speaker.chunk_frames)
+                                  chunk_frames=speaker.chunk_frames, context_frames=speaker.context_frames)
             return stream, next(stream, None)  # errors in the prompt surface here, before any audio
 
         try:
@@ -216,7 +218,7 @@ def serve(args) -> int:
     if args.voices is not None and not args.voices.is_dir():
         raise InputError(f"--voices {args.voices} is not a directory")
     synth = Synthesizer(directory, threads=args.threads, device=args.device)
-    speaker = Speaker(synth, args.voices, args.max_frames, args.queue, args.chunk_frames)
+    speaker = Speaker(synth, args.voices, args.max_frames, args.queue, args.chunk_frames, args.context_frames)
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
           f"{', '.join(speaker.voice_names()) or 'none'})", file=sys.stderr, flush=True)
     uvicorn.run(build_app(speaker, directory.name), host=args.host, port=args.port, log_level=args.log_level)
@@ -232,6 +234,8 @@ def add_arguments(p, positive_int) -> None:
     p.add_argument("--max-frames", type=positive_int, default=600, help="cap on frames per request")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait; past that, 503")
     p.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece")
+    p.add_argument("--context-frames", type=positive_int,
+                   help="left context per piece (default: the decoder's receptive field, exact; chapter 11)")
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
