@@ -114,3 +114,12 @@ def test_cli_text_options(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         say("--text", "hi", "--text-file", str(tmp_path / "blank.txt"), "-o", str(tmp_path / "o.wav"))
     assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+def test_cli_stream_writes_each_segment_as_it_is_spoken(synth, tmp_path, capsys):
+    (tmp_path / "t.txt").write_text(PARAGRAPH * 2, encoding="utf-8")
+    args = ["--text-file", str(tmp_path / "t.txt"), "--max-frames", "3"]
+    assert say(*args, "-o", str(tmp_path / "whole.wav")) == 0
+    assert say(*args, "--stream", "-o", str(tmp_path / "streamed.wav")) == 0
+    whole, streamed = (sf.read(tmp_path / f, dtype="float32")[0] for f in ("whole.wav", "streamed.wav"))
+    assert len(whole) > 2 * 3 * SAMPLES_PER_FRAME and np.array_equal(whole, streamed)
