@@ -50,23 +50,22 @@ _SPACES = re.compile(r"\s+")
 # Words before a period that never end a sentence (lowercase, final period dropped). Dotted
 # single-letter runs (e.g, i.e, u.s, z.b, т.е) and single cased letters are caught by rule, not listed.
 ABBREVIATIONS = frozenset("""
-mr mrs ms dr prof sr jr st mt vs approx dept est fig no nos vol eq ca cf al inc ltd co corp jan feb mar apr
-jun jul aug sep sept oct nov dec ph.d
-hr hrn fr frau nr bzw bspw evtl ggf inkl vgl sog str abs allg
-mme mlle mm me st-e av env p.ex
-sra sres srta dra dña ud uds pág núm av avda aprox
-sig sigg dott dott.ssa ing avv geom pag
-exmo exma prof.ª dra.ª
-г гг ул им др проф стр рис тыс млн млрд руб
+mr mrs ms dr prof sr jr st mt vs approx dept eq ca cf al inc ltd co corp jan feb apr jun jul aug sep sept oct
+nov dec ph.d
+hr hrn fr frau bzw bspw evtl ggf inkl vgl sog str abs allg
+mme mlle mm ste env p.ex
+sra sres srta dra dña ud uds av avda aprox
+sig sigg dott dott.ssa ing avv geom
+exmo exma
+гг ул им проф стр рис
 """.split())
-# ... but these often do end a sentence: the next word's case decides (rule 1's last test).
-
+# ... but these often do end a sentence: the next word's case decides (rule 1's last test), as for any word.
 FINAL_ABBREVIATIONS = frozenset("etc usw ecc a.m p.m т.д т.п".split())
+# ... and these abbreviate only before a number ("No. 5", "S. 12", "Nr. 7").
 _NUMBER_ABBREVIATIONS = frozenset("no nos nr vol fig pág núm pag art s p pp".split())
 # German ordinals are written "3." : before these words a small number's period is not an end.
 ORDINAL_NOUNS = frozenset("""Januar Jänner Februar März April Mai Juni Juli August September Oktober November
-Dezember Kapitel Jahrhundert Jahrtausend Klasse Stock Mal Platz Liga Weltkrieg Auflage Mai Satz Akt""".split())
-
+Dezember Kapitel Jahrhundert Jahrtausend Klasse Stock Mal Platz Liga Weltkrieg Auflage Satz Akt""".split())
 
 def _protected_mask(text: str) -> list[bool]:
     mask = [False] * len(text)
