@@ -147,15 +147,11 @@ def test_soak_four_clients_good_bad_and_abandoned(server):
     """>= 200 requests from 4 concurrent clients; resident memory flat; healthy after."""
     proc, url = server
     texts = ["Hello there.", "A second sentence, a little longer.", "Numbers: 1, 2, 3.", "Short."]
-    for text in texts:  # warm-up: voices built, allocator at its working size
-        for voice in ("alice", "bob"):
-            assert request(url, "/v1/audio/speech", {"input": text, "voice": voice})[0] == 200
-    rss_before = rss_kb(proc.pid)
 
-    def client(seed: int) -> list[tuple[str, int, bool]]:
+    def client(seed: int, n: int = 52) -> list[tuple[str, int, bool]]:
         rng = random.Random(seed)
         results = []
-        for _ in range(52):
+        for _ in range(n):
             kind = rng.choice(["good", "good", "pcm", "bad", "abandon"])
             if kind == "bad":
                 body, path, status, _ = rng.choice(BAD)
@@ -173,6 +169,9 @@ def test_soak_four_clients_good_bad_and_abandoned(server):
             results.append((kind, got, ok))
         return results
 
+    with ThreadPoolExecutor(4) as pool:  # warm-up: voices built, allocator and thread pools at working size
+        assert all(r[2] for rs in pool.map(client, range(100, 104), [10] * 4) for r in rs)
+    rss_before = rss_kb(proc.pid)
     t0 = time.time()
     with ThreadPoolExecutor(4) as pool:
         results = [r for rs in pool.map(client, range(4)) for r in rs]
@@ -184,7 +183,7 @@ def test_soak_four_clients_good_bad_and_abandoned(server):
     print(f"soak: {len(results)} requests {kinds} in {seconds:.1f} s; failed {len(failed)}; "
           f"RSS {rss_before / 1024:.1f} -> {rss_after / 1024:.1f} MB ({growth_mb:+.1f} MB)")
     assert len(results) >= 200 and not failed, failed[:5]
-    assert growth_mb < 20
+    assert growth_mb < 16  # measured: +4.6 MB here; +0.3 MB over 600 more requests (the allocator settles)
     status, _, body = request(url, "/health")
     health = json.loads(body)
     assert status == 200 and health["waiting"] == 0 and not health["busy"]
