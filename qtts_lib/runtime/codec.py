@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import rope
+from . import rope, speed
 from .audio import SAMPLES_PER_FRAME
-from .net import Net
+from .net import Net, parse_device
 
 CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 300, 25  # the reference's chunked_decode defaults
 
@@ -33,9 +33,12 @@ def pack_codes(codes: np.ndarray, codebook_size: int) -> tuple[np.ndarray, np.nd
 class Codec:
     """`decode(codes)` as the reference does it; `decode_once` for one graph call."""
 
-    def __init__(self, ncnn_dir, config: dict, threads: int = 2, device: str = "cpu"):
+    def __init__(self, ncnn_dir, config: dict, threads: int = 2, device: str = "cpu", fast: bool | None = None):
         self.config = config  # speech_tokenizer/config.json's decoder_config
-        self.net = Net(ncnn_dir, "codec_decoder", threads, device)
+        # On the CPU the graph is loaded in its faster equivalent form (`speed.codec_fast`: 1-D convolutions
+        # as 2-D ones with h = 1, which reach ncnn's packed kernels); the .bin is the exported one.
+        fast = parse_device(device) is None if fast is None else fast
+        self.net = Net(ncnn_dir, "codec_decoder", threads, device, speed.codec_fast if fast else None)
 
     def decode_once(self, codes: np.ndarray) -> np.ndarray:
         """codes (T, 16) -> wav (1920·T,) in one graph call (no chunking)."""

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import rope
-from .net import MissingArtifact, from_mat, make_net, to_mat
+from . import rope, speed
+from .net import MissingArtifact, from_mat, make_net, parse_device, to_mat
 
 
 class KvCacheNet:
     """A decoder with a KV cache. `prefill(embeds)` then `step(embed)`; `reset()` starts over."""
 
     def __init__(self, directory: str | Path, name: str, head_dim: int, theta: float, threads: int = 2,
-                 device: str = "cpu"):
+                 device: str = "cpu", fast: bool | None = None):
         directory = Path(directory)
         param = directory / f"{name}_kv.param"
         if not param.is_file():
@@ -34,6 +34,11 @@ class KvCacheNet:
         manifest = json.loads((directory / "manifest.json").read_text())
         self.layers = manifest[f"{name}_kv.param"]["cached_layers"]
         self.net = make_net(param, directory / f"{name}.bin", threads, device)
+        # One-position steps on the CPU run a decode-only form of the same graph over the same .bin
+        # (Gemm -> InnerProduct on a 1-D input, `speed.decode_step`); prefill keeps the original.
+        # The two nets hold their own copy of the weights: that is the memory this speed costs.
+        fast = parse_device(device) is None if fast is None else fast
+        self.step_net = make_net(param, directory / f"{name}.bin", threads, device, speed.decode_step) if fast else None
         self.name, self.head_dim, self.theta = name, head_dim, theta
         self.reset()
 
@@ -46,7 +51,8 @@ class KvCacheNet:
 
         length = embeds.shape[1]
         cos, sin = rope.tables(self.head_dim, self.theta, self.past, length)
-        ex = self.net.create_extractor()
+        stepping = self.step_net is not None and length == 1 and self.caches is not None
+        ex = (self.step_net if stepping else self.net).create_extractor()
         held = [to_mat(embeds, 0), to_mat(mask), to_mat(cos), to_mat(sin)]
         for i, m in enumerate(held):
             ex.input(f"in{i}", m)

@@ -13,6 +13,7 @@ export manifest records it per input/output and `Net` applies it both ways.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -88,8 +89,12 @@ def from_mat(mat, batch_axis: int = NO_BATCH) -> np.ndarray:
     return a[None] if batch_axis == 0 else a
 
 
-def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu"):
-    """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin."""
+def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu",
+             rewrite: Callable[[str], str] | None = None):
+    """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin.
+
+    `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.speed`);
+    the weights are read from `bin` unchanged."""
     import ncnn
 
     gpu = parse_device(device)
@@ -108,15 +113,17 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
     opt.use_vulkan_compute = gpu is not None
     if gpu is not None:
         net.set_vulkan_device(gpu)
-    if net.load_param(str(param)) != 0 or net.load_model(str(bin)) != 0:
-        raise RuntimeError(f"ncnn could not load {param}")
+    loaded = net.load_param(str(param)) if rewrite is None else net.load_param_mem(rewrite(Path(param).read_text()))
+    if loaded != 0 or net.load_model(str(bin)) != 0:
+        raise RuntimeError(f"ncnn could not load {param}" + (" (rewritten)" if rewrite else ""))
     return net
 
 
 class Net:
     """A pnnx-exported graph: call it with numpy arrays in input order, get numpy outputs."""
 
-    def __init__(self, directory: str | Path, name: str, threads: int = 2, device: str = "cpu"):
+    def __init__(self, directory: str | Path, name: str, threads: int = 2, device: str = "cpu",
+                 rewrite: Callable[[str], str] | None = None):
         directory = Path(directory)
         manifest = directory / "manifest.json"
         if not manifest.is_file():
@@ -127,7 +134,7 @@ class Net:
         self.name = name
         self.in_axes = entry["input_batch_axes"]
         self.out_axes = entry["output_batch_axes"]
-        self.net = make_net(directory / f"{name}.param", directory / f"{name}.bin", threads, device)
+        self.net = make_net(directory / f"{name}.param", directory / f"{name}.bin", threads, device, rewrite)
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """All outputs, in order."""

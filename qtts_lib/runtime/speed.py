@@ -1,0 +1,495 @@
+"""Speed rewrites of exported ncnn graphs: pure functions of the .param text (and the .bin bytes). Introduced in 09.
+
+The runtime applies them when it loads a graph on the CPU (`codec_fast`, `decode_step`); the
+exported files stay what pnnx wrote, so chapter 04 aligns those and chapters 06-07 prove the
+rewritten forms give the same tokens and waveforms. Each rewrite keeps the computation and
+only changes which ncnn kernels run it; each was checked on the full-size random checkpoint
+(see RESEARCH.md for the numbers, scripts/bench_codec.py and scripts/bench_decode.py for how).
+
+Rewrites
+- `conv1d_as_conv2d`: Convolution1D / ConvolutionDepthWise1D -> the 2-D layer with kernel_h = 1
+  between two Reshapes (same weight bytes), with a preceding zero left-Padding folded into the
+  layer's own pad_left. ncnn's 2-D x86 convolution has packed sgemm / winograd paths that the
+  1-D layer lacks.
+- `deconv1d_as_deconv2d`: Deconvolution1D -> Deconvolution with kernel_h = 1 (same weight bytes).
+- `deconv_polyphase`: a strided transposed conv (kernel K = m*stride) whose right trim is
+  K - stride becomes a stride-1 convolution with m taps and stride*out channels, followed by a
+  Reshape/Permute/Reshape that interleaves the phases. Needs the .bin rewritten (new weights).
+- `gemm_decode_as_innerproduct`: for a one-position decode graph, every constant-B Gemm becomes
+  Reshape(1-D) -> InnerProduct -> Reshape(1 x N): same .bin, InnerProduct's 1-D path uses all
+  threads at S = 1. Prefill must keep the original graph (2-D input of many rows).
+
+`split_bin` / `join_bin` walk the .bin in layer order for the layer types pnnx writes here;
+a rewrite that changes weights swaps the segments of the layers it touches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .param import ParamLayer, format_param, parse_param
+
+FP32_TAG = b"\x00\x00\x00\x00"
+FP16_TAG = (0x01306B47).to_bytes(4, "little")
+
+# layer types that read nothing from the .bin
+WEIGHTLESS = {
+    "Input", "Split", "BinaryOp", "UnaryOp", "Reshape", "Permute", "Padding", "Crop", "Concat", "Slice",
+    "SDPA", "RotaryEmbed", "Swish", "GELU", "Sigmoid", "TanH", "ReLU", "Clip", "Softmax", "MatMul",
+    "Flatten", "Eltwise", "Noop", "Reduction", "ExpandDims", "Squeeze", "Tile", "Exp", "Log", "Power",
+    "Pooling", "Pooling1D", "Interp", "Dropout", "CopyTo", "Cast", "Mish", "HardSwish", "HardSigmoid",
+}
+
+
+# ---------------------------------------------------------------- params
+def params_dict(layer: ParamLayer) -> dict[str, str]:
+    """`k=v` tokens of a layer as an ordered dict of strings (array params keep their raw text)."""
+    out = {}
+    for p in layer.params:
+        k, v = p.split("=", 1)
+        out[k] = v
+    return out
+
+
+def set_params(layer: ParamLayer, d: dict[str, str]) -> None:
+    layer.params = [f"{k}={v}" for k, v in d.items()]
+
+
+def _int(d: dict, key: str, default: int) -> int:
+    return int(d[key]) if key in d else default
+
+
+# ---------------------------------------------------------------- .bin walking
+@dataclass
+class Segment:
+    """One `ModelBin::load` of a layer: `tagged` segments start with a 4-byte storage tag."""
+    count: int          # elements
+    tagged: bool
+    data: bytes = b""
+
+    def array(self) -> np.ndarray:
+        """fp32 values (only fp32 storage is supported)."""
+        body = self.data[4:] if self.tagged else self.data
+        if self.tagged and self.data[:4] != FP32_TAG:
+            raise ValueError("only fp32 weights (tag 0) are supported")
+        return np.frombuffer(body, np.float32, count=self.count)
+
+    @staticmethod
+    def of(array: np.ndarray, tagged: bool) -> Segment:
+        a = np.ascontiguousarray(array, np.float32).reshape(-1)
+        return Segment(a.size, tagged, (FP32_TAG if tagged else b"") + a.tobytes())
+
+
+def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
+    """(elements, tagged) of every load a layer makes from the .bin, in order."""
+    t, d = layer.type, params_dict(layer)
+    if t in WEIGHTLESS:
+        return []
+    if t in ("Convolution", "Convolution1D", "ConvolutionDepthWise", "ConvolutionDepthWise1D",
+             "Deconvolution", "Deconvolution1D", "DeconvolutionDepthWise", "DeconvolutionDepthWise1D"):
+        if _int(d, "8", 0) or _int(d, "19", 0):
+            raise ValueError(f"{layer.name}: int8 or dynamic-weight convolutions are not supported")
+        loads = [(_int(d, "6", 0), True)]
+        if _int(d, "5", 0):
+            loads.append((_int(d, "0", 0), False))
+        return loads
+    if t == "InnerProduct":
+        if _int(d, "8", 0):
+            raise ValueError(f"{layer.name}: int8 InnerProduct is not supported")
+        loads = [(_int(d, "2", 0), True)]
+        if _int(d, "1", 0):
+            loads.append((_int(d, "0", 0), False))
+        return loads
+    if t == "Gemm":
+        if _int(d, "18", 0):
+            raise ValueError(f"{layer.name}: quantized Gemm is not supported")
+        M, N, K = _int(d, "7", 0), _int(d, "8", 0), _int(d, "9", 0)
+        loads = []
+        if _int(d, "4", 0):
+            loads.append((M * K, True))
+        if _int(d, "5", 0):
+            loads.append((N * K, True))
+        bt = _int(d, "10", -1)
+        if _int(d, "6", 0) and bt != -1:
+            loads.append(({0: 1, 1: M, 2: M, 3: M * N, 4: N}[bt], True))  # Gemm's C is tagged
+        return loads
+    if t == "Embed":
+        if _int(d, "18", 0):
+            raise ValueError(f"{layer.name}: int8 Embed is not supported")
+        loads = [(_int(d, "3", 0), True)]
+        if _int(d, "2", 0):
+            loads.append((_int(d, "0", 0), False))
+        return loads
+    if t == "MemoryData":
+        dims = [_int(d, k, 0) for k in ("0", "1", "11", "2")]
+        n = int(np.prod([x for x in dims if x])) if any(dims) else 1
+        return [(n, False)]
+    if t == "LayerNorm":
+        return [(_int(d, "0", 0), False)] * 2 if _int(d, "2", 1) else []
+    if t == "RMSNorm":
+        return [(_int(d, "0", 0), False)] if _int(d, "2", 1) else []
+    raise ValueError(f"{layer.name}: layer type {t} is not known to split_bin")
+
+
+def split_bin(text: str, data: bytes) -> dict[str, list[Segment]]:
+    """The .bin cut into each layer's loads (layer name -> segments); checks it is consumed exactly."""
+    pos, out = 0, {}
+    for layer in parse_param(text).layers:
+        segs = []
+        for count, tagged in layer_loads(layer):
+            n = 4 * count
+            if tagged:
+                tag = data[pos : pos + 4]
+                if tag == FP16_TAG:
+                    n = 4 + ((2 * count + 3) // 4) * 4
+                elif tag == FP32_TAG:
+                    n += 4
+                else:
+                    raise ValueError(f"{layer.name}: unsupported weight storage tag {tag.hex()}")
+            segs.append(Segment(count, tagged, data[pos : pos + n]))
+            pos += n
+        if segs:
+            out[layer.name] = segs
+    if pos != len(data):
+        raise ValueError(f".bin has {len(data)} bytes, the .param reads {pos}")
+    return out
+
+
+def join_bin(text: str, segments: dict[str, list[Segment]]) -> bytes:
+    """The .bin for `text`: every layer's segments in layer order (the inverse of split_bin)."""
+    parts = []
+    for layer in parse_param(text).layers:
+        want = layer_loads(layer)
+        have = segments.get(layer.name, [])
+        if [(s.count, s.tagged) for s in have] != want:
+            raise ValueError(f"{layer.name}: segments {[(s.count, s.tagged) for s in have]} do not match {want}")
+        parts += [s.data for s in have]
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------- graph helpers
+class Graph:
+    """Layers plus producer/consumer lookups and fresh names."""
+
+    def __init__(self, text: str):
+        info = parse_param(text)
+        self.magic, self.layers = info.magic, info.layers
+        self._n = 0
+
+    def consumers(self, blob: str) -> list[ParamLayer]:
+        return [lyr for lyr in self.layers if blob in lyr.inputs]
+
+    def producer(self, blob: str) -> ParamLayer | None:
+        return next((lyr for lyr in self.layers if blob in lyr.outputs), None)
+
+    def fresh(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}_sp{self._n}"
+
+    def text(self) -> str:
+        return format_param(self.magic, self.layers)
+
+
+def _fold_left_padding(g: Graph, layer: ParamLayer) -> int:
+    """If `layer`'s input comes from a zero left-only Padding used by nobody else, bypass that
+    Padding and return its left pad; else 0."""
+    pad = g.producer(layer.inputs[0])
+    if pad is None or pad.type != "Padding" or len(g.consumers(pad.outputs[0])) != 1:
+        return 0
+    d = params_dict(pad)
+    others = [_int(d, k, 0) for k in ("0", "1", "3", "4", "6", "7", "8")]
+    if any(others) or float(d.get("5", "0")) != 0.0:
+        return 0
+    layer.inputs[0] = pad.inputs[0]
+    g.layers.remove(pad)
+    return _int(d, "2", 0)
+
+
+def _wrap_3d(g: Graph, layer: ParamLayer, in_channels: int, out_channels: int, new_type: str, params: dict) -> None:
+    """Replace `layer` (2-D blob (w=T, h=C) in and out) by Reshape -> new_type (h=1) -> Reshape."""
+    i = g.layers.index(layer)
+    a, b = g.fresh(layer.name + "_in3d"), g.fresh(layer.name + "_out3d")
+    pre = ParamLayer("Reshape", g.fresh(layer.name + "_r0"), [layer.inputs[0]], [a],
+                     ["0=-1", "1=1", f"2={in_channels}"])
+    new = ParamLayer(new_type, layer.name, [a], [b], [])
+    set_params(new, params)
+    post = ParamLayer("Reshape", g.fresh(layer.name + "_r1"), [b], list(layer.outputs), ["0=-1", f"1={out_channels}"])
+    g.layers[i : i + 1] = [pre, new, post]
+
+
+_CONV_KEYS_1D = ("0", "1", "2", "3", "4", "15", "18", "5", "6", "7", "9", "10")
+
+
+def conv1d_as_conv2d(text: str, fold_padding: bool = True, depthwise: bool = True, to_2d: bool = True) -> str:
+    """Convolution1D (and ConvolutionDepthWise1D) -> the 2-D layer with kernel_h = 1.
+
+    The blob (w=T, h=C) is reshaped to (w=T, h=1, c=C) and back; the weights are the same bytes
+    ((out, in, k) for both). A zero left-only Padding feeding the conv is folded into pad_left.
+    `to_2d=False` only folds the padding (the 1-D layer stays). Unsupported variants (dilation
+    in the 1-D layer is kept as dilation_w) are carried over key by key.
+    """
+    g = Graph(text)
+    types = {"Convolution1D": "Convolution"}
+    if depthwise:
+        types["ConvolutionDepthWise1D"] = "ConvolutionDepthWise"
+    for layer in [lyr for lyr in g.layers if lyr.type in types]:
+        d = params_dict(layer)
+        if any(k.startswith("-") and k not in ("-23310",) for k in d):
+            raise ValueError(f"{layer.name}: unexpected array param in {d}")
+        left = _int(d, "4", 0)
+        right = _int(d, "15", left)
+        if left < 0:
+            continue  # 'same' padding modes: leave alone
+        if fold_padding:
+            left += _fold_left_padding(g, layer)
+        out_c, k = _int(d, "0", 0), _int(d, "1", 0)
+        group = _int(d, "7", 1)
+        in_c = group if layer.type == "ConvolutionDepthWise1D" else _int(d, "6", 0) // (out_c * k)
+        if not to_2d:
+            d["4"], d["15"] = str(left), str(right)
+            set_params(layer, d)
+            continue
+        p = {"0": str(out_c), "1": str(k), "11": "1", "2": d.get("2", "1"), "12": "1", "3": d.get("3", "1"),
+             "13": "1", "4": str(left), "15": str(right), "14": "0", "16": "0"}
+        if "18" in d:
+            p["18"] = d["18"]
+        p["5"], p["6"] = d.get("5", "0"), d.get("6", "0")
+        if "7" in d:
+            p["7"] = d["7"]
+        for key in ("9", "10", "-23310"):
+            if key in d:
+                p[key] = d[key]
+        _wrap_3d(g, layer, in_c, out_c, types[layer.type], p)
+    return g.text()
+
+
+def deconv1d_as_deconv2d(text: str) -> str:
+    """Deconvolution1D -> Deconvolution with kernel_h = 1 between Reshapes (same weight bytes)."""
+    g = Graph(text)
+    for layer in [lyr for lyr in g.layers if lyr.type == "Deconvolution1D"]:
+        d = params_dict(layer)
+        out_c, k = _int(d, "0", 0), _int(d, "1", 0)
+        in_c = _int(d, "6", 0) // (out_c * k)
+        left = _int(d, "4", 0)
+        p = {"0": str(out_c), "1": str(k), "11": "1", "2": d.get("2", "1"), "12": "1", "3": d.get("3", "1"),
+             "13": "1", "4": str(left), "15": d.get("15", str(left)), "14": "0", "16": "0",
+             "18": d.get("18", "0"), "19": "0", "5": d.get("5", "0"), "6": d.get("6", "0")}
+        if "20" in d:
+            raise ValueError(f"{layer.name}: output_w is not supported")
+        for key in ("9", "10", "-23310"):
+            if key in d:
+                p[key] = d[key]
+        _wrap_3d(g, layer, in_c, out_c, "Deconvolution", p)
+    return g.text()
+
+
+def _crop_right(layer: ParamLayer) -> int | None:
+    """Samples a pnnx Crop removes from the right end of the last axis (None if it is not that)."""
+    d = params_dict(layer)
+    starts, ends, axes = d.get("-23309"), d.get("-23310"), d.get("-23311")
+    if starts is None or ends is None or axes is None:
+        return None
+    s, e, a = ([float(x) for x in v.split(",")[1:]] for v in (starts, ends, axes))
+    if len(s) != 1 or s[0] != 0 or a[0] not in (-1,) or e[0] >= 0:
+        return None
+    return int(-e[0])
+
+
+def polyphase_weights(w: np.ndarray, bias: np.ndarray | None, stride: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """ncnn deconv weights (out, in, K) -> stride-1 conv weights (out*stride, in, m), m = ceil(K/stride).
+
+    Output phase r of channel o (conv channel o*stride + r) at frame q is
+        sum_j W[o, :, r + j*stride] . x[q - j],  j = 0..m-1
+    so conv tap m-1-j (the conv sees x[q-m+1 .. q] after a left pad of m-1) holds W[o, :, r + j*stride].
+    """
+    out_c, in_c, K = w.shape
+    m = -(-K // stride)
+    wp = np.zeros((out_c, in_c, m * stride), np.float32)
+    wp[:, :, :K] = w
+    taps = wp.reshape(out_c, in_c, m, stride)             # [o, i, j, r] = W[o, i, r + j*stride]
+    conv = taps[:, :, ::-1, :].transpose(0, 3, 1, 2)      # [o, r, i, m-1-j]
+    conv = np.ascontiguousarray(conv.reshape(out_c * stride, in_c, m))
+    b = None if bias is None else np.repeat(bias, stride).astype(np.float32)
+    return conv, b
+
+
+def deconv_polyphase(text: str, data: bytes, conv2d: bool = True) -> tuple[str, bytes]:
+    """Every Deconvolution1D (dilation 1, no padding) whose output is trimmed on the right by
+    K - stride (a Crop, or nothing when K == stride) -> stride-1 conv + phase interleave.
+
+    The conv has m = ceil(K/stride) taps, left pad m-1 and stride*out channels (channel o*stride + r
+    is phase r of channel o); its (w=T, h=stride*out) output is viewed as (w=T, h=stride, c=out),
+    Permute(order 1) swaps w and h, and a Reshape flattens to (w=T*stride, h=out). Returns the new
+    .param text and .bin bytes.
+    """
+    g = Graph(text)
+    segs = split_bin(text, data)
+    for layer in [lyr for lyr in g.layers if lyr.type == "Deconvolution1D"]:
+        d = params_dict(layer)
+        out_c, K, stride = _int(d, "0", 0), _int(d, "1", 0), _int(d, "3", 1)
+        if (_int(d, "2", 1) != 1 or _int(d, "4", 0) != 0 or _int(d, "15", 0) != 0 or _int(d, "18", 0) != 0
+                or "20" in d or "9" in d):
+            continue
+        cons = g.consumers(layer.outputs[0])
+        trim = K - stride
+        crop = None
+        if trim > 0:
+            if len(cons) != 1 or cons[0].type != "Crop" or _crop_right(cons[0]) != trim:
+                continue
+            crop = cons[0]
+        elif trim < 0 or K % stride:
+            continue
+        in_c = _int(d, "6", 0) // (out_c * K)
+        s = segs[layer.name]
+        w = s[0].array().reshape(out_c, in_c, K)
+        bias = s[1].array() if len(s) > 1 else None
+        wc, bc = polyphase_weights(w, bias, stride)
+        m = wc.shape[2]
+        final = crop.outputs[0] if crop is not None else layer.outputs[0]
+        if crop is not None:
+            g.layers.remove(crop)
+        i = g.layers.index(layer)
+        x, conv_out, v, perm = (g.fresh(layer.name + t) for t in ("_x3", "_y", "_v", "_p"))
+        cp = {"0": str(out_c * stride), "1": str(m), "2": "1", "3": "1", "4": str(m - 1), "15": "0",
+              "5": "1" if bc is not None else "0", "6": str(wc.size)}
+        if conv2d:
+            cp.update({"11": "1", "12": "1", "13": "1", "14": "0", "16": "0"})
+            new = [ParamLayer("Reshape", g.fresh(layer.name + "_r0"), [layer.inputs[0]], [x],
+                              ["0=-1", "1=1", f"2={in_c}"]),
+                   ParamLayer("Convolution", layer.name, [x], [conv_out], [])]
+        else:
+            new = [ParamLayer("Convolution1D", layer.name, [layer.inputs[0]], [conv_out], [])]
+        set_params(new[-1], cp)
+        new += [ParamLayer("Reshape", g.fresh(layer.name + "_r1"), [conv_out], [v],
+                           ["0=-1", f"1={stride}", f"2={out_c}"]),
+                ParamLayer("Permute", g.fresh(layer.name + "_perm"), [v], [perm], ["0=1"]),
+                ParamLayer("Reshape", g.fresh(layer.name + "_r2"), [perm], [final], ["0=-1", f"1={out_c}"])]
+        g.layers[i : i + 1] = new
+        segs[layer.name] = [Segment.of(wc, True)] + ([Segment.of(bc, False)] if bc is not None else [])
+    out = g.text()
+    return out, join_bin(out, segs)
+
+
+# ---------------------------------------------------------------- decode-step graphs
+def gemm_decode_as_innerproduct(text: str) -> str:
+    """Constant-B Gemm (transB = 1, no transA, no constant A) -> Reshape(1-D) -> InnerProduct ->
+    Reshape(w=N, h=1), for a graph that only ever sees one position (a decode step).
+
+    Gemm's B (N, K) is stored exactly as InnerProduct's weight, so the .bin is shared; a Gemm with a
+    constant C is left alone (Gemm stores C with a 4-byte storage tag, InnerProduct its bias raw; the
+    talker and predictor projections have no bias). With a 2-D input InnerProduct runs its per-row path on one
+    thread at S = 1;
+    the 1-D input takes the threaded GEMV path.
+    """
+    g = Graph(text)
+    for layer in [lyr for lyr in g.layers if lyr.type == "Gemm"]:
+        d = params_dict(layer)
+        if (_int(d, "4", 0) or not _int(d, "5", 0) or not _int(d, "3", 0) or _int(d, "2", 0)
+                or _int(d, "14", 0) or _int(d, "18", 0) or len(layer.inputs) != 1
+                or float(d.get("0", "1")) != 1.0 or float(d.get("1", "1")) != 1.0):
+            continue
+        bt = _int(d, "10", -1) if _int(d, "6", 0) else -1
+        if bt != -1:
+            continue  # Gemm stores C with a storage tag, InnerProduct its bias without: .bin differs
+        N, K = _int(d, "8", 0), _int(d, "9", 0)
+        i = g.layers.index(layer)
+        a, b = g.fresh(layer.name + "_flat"), g.fresh(layer.name + "_ip")
+        new = [ParamLayer("Reshape", g.fresh(layer.name + "_r0"), [layer.inputs[0]], [a], [f"0={K}"]),
+               ParamLayer("InnerProduct", layer.name, [a], [b], [f"0={N}", "1=0", f"2={N * K}"]),
+               ParamLayer("Reshape", g.fresh(layer.name + "_r1"), [b], list(layer.outputs), [f"0={N}", "1=1"])]
+        g.layers[i : i + 1] = new
+    return g.text()
+
+
+# ---------------------------------------------------------------- fewer Reshapes
+def _is_reshape(layer: ParamLayer, *params: str) -> bool:
+    return layer.type == "Reshape" and layer.params == list(params)
+
+
+def keep_3d(text: str) -> str:
+    """Drop the Reshape pairs that `conv1d_as_conv2d` / `deconv_polyphase` put between consecutive
+    (h = 1) convolutions: blobs stay (w=T, h=1, c=C) through the shape-agnostic layers between them
+    (Split, UnaryOp, same-shape BinaryOp, a right Crop of the last axis, a left/right Padding), and a
+    Reshape back to (w=T, h=C) is put only in front of any other consumer.
+
+    A post-Reshape `0=-1 1=C` whose producer is a 2-D conv (or the polyphase Permute chain's last
+    Reshape) is removed by having the producer write its output blob in 3-D; a pre-Reshape
+    `0=-1 1=1 2=C` of a 3-D blob is removed by feeding its consumers the 3-D blob.
+    """
+    g = Graph(text)
+    chan: dict[str, int] = {}          # 3-D blobs -> channels
+    producer = {b: lyr for lyr in g.layers for b in lyr.outputs}
+    conv2d = ("Convolution", "ConvolutionDepthWise", "Deconvolution")
+    # 1. producers write 3-D
+    for layer in list(g.layers):
+        if (layer.type != "Reshape" or len(layer.params) != 2 or layer.params[0] != "0=-1"
+                or not layer.params[1].startswith("1=")):
+            continue
+        src = producer.get(layer.inputs[0])
+        c = int(layer.params[1][2:])
+        if src is not None and src.type in conv2d and len(g.consumers(layer.inputs[0])) == 1:
+            src.outputs = list(layer.outputs)
+            g.layers.remove(layer)
+            chan[layer.outputs[0]] = c
+        elif src is not None and src.type == "Permute" and len(g.consumers(layer.inputs[0])) == 1:
+            layer.params = ["0=-1", "1=1", f"2={c}"]    # polyphase interleave ends in 3-D
+            chan[layer.outputs[0]] = c
+    # 2. propagate in layer order
+    agnostic = {"Split", "UnaryOp"}
+    i = 0
+    while i < len(g.layers):
+        layer = g.layers[i]
+        ins3 = [b for b in layer.inputs if b in chan]
+        if not ins3:
+            i += 1
+            continue
+        c = chan[ins3[0]]
+        d = params_dict(layer)
+        ok = False
+        if layer.type == "Reshape" and layer.params == ["0=-1", "1=1", f"2={c}"]:
+            src, dst = layer.inputs[0], layer.outputs[0]
+            for lyr in g.layers:
+                lyr.inputs = [src if b == dst else b for b in lyr.inputs]
+            g.layers.remove(layer)
+            continue
+        if layer.type in agnostic:
+            ok = True
+        elif layer.type == "BinaryOp":
+            ok = (len(layer.inputs) == 2 and len(ins3) == 2 and chan[ins3[1]] == c) or (
+                len(layer.inputs) == 1 and _int(d, "1", 0) == 1)
+        elif layer.type == "Crop":
+            ok = _crop_right(layer) is not None
+        elif layer.type == "Padding":
+            ok = not any(_int(d, k, 0) for k in ("0", "1", "6", "7", "8"))
+        elif layer.type in conv2d:
+            # a 2-D conv fed directly (its pre-Reshape already removed) consumes 3-D natively
+            ok = True
+        if ok:
+            if layer.type not in conv2d:
+                for b in layer.outputs:
+                    chan[b] = c
+            i += 1
+            continue
+        # any other consumer: back to (w=T, h=C) in front of it
+        new = []
+        for j, b in enumerate(layer.inputs):
+            if b in chan:
+                flat = g.fresh(b + "_2d")
+                new.append(ParamLayer("Reshape", g.fresh(layer.name + "_to2d"), [b], [flat], ["0=-1", f"1={chan[b]}"]))
+                layer.inputs[j] = flat
+        g.layers[i:i] = new
+        i += len(new) + 1
+    return g.text()
+
+
+# ---------------------------------------------------------------- what the runtime loads
+def codec_fast(text: str) -> str:
+    """The codec decoder as the runtime runs it on the CPU: 1-D (de)convolutions as 2-D ones with h = 1,
+    blobs kept 3-D between them. Same .bin. Measured on full-base (see chapter 09)."""
+    return keep_3d(deconv1d_as_deconv2d(conv1d_as_conv2d(text)))
+
+
+def decode_step(text: str) -> str:
+    """A cached decoder's `_kv.param` for one-position steps: Gemm -> InnerProduct on a 1-D input. Same .bin."""
+    return gemm_decode_as_innerproduct(text)

@@ -1,0 +1,262 @@
+"""Speed rewrites (qtts_lib.runtime.speed): text shape of each rewrite, numeric equality against numpy
+on hand-written one-layer graphs, and equality against the original graph on tiny-base exports."""
+import json
+
+import numpy as np
+import pytest
+
+from qtts_lib import export
+from qtts_lib.runtime import speed
+from qtts_lib.runtime.net import from_mat, make_net, to_mat
+
+RNG = np.random.default_rng(0)
+
+
+def _run(tmp_path, text, data, x, out="out", threads=1, tag="g"):
+    (tmp_path / f"{tag}.param").write_text(text)
+    (tmp_path / f"{tag}.bin").write_bytes(data)
+    net = make_net(tmp_path / f"{tag}.param", tmp_path / f"{tag}.bin", threads)
+    ex = net.create_extractor()
+    m = to_mat(x)
+    ex.input("in", m)
+    ret, y = ex.extract(out)
+    assert ret == 0
+    return from_mat(y)
+
+
+def _conv1d_numpy(x, w, b, left, dilation=1):
+    """x (Ci, T), w (Co, Ci, K): causal conv with `left` zeros in front."""
+    co, ci, k = w.shape
+    xp = np.pad(x, ((0, 0), (left, 0)))
+    t_out = xp.shape[1] - dilation * (k - 1)
+    y = np.zeros((co, t_out), np.float64)
+    for j in range(k):
+        y += w[:, :, j].astype(np.float64) @ xp[:, j * dilation : j * dilation + t_out]
+    return y + b[:, None]
+
+
+def _deconv_numpy(x, w, b, stride):
+    """x (Ci, T), w in ncnn's (Co, Ci, K) layout: ConvTranspose1d, no padding."""
+    co, ci, k = w.shape
+    t = x.shape[1]
+    y = np.zeros((co, (t - 1) * stride + k), np.float64)
+    for q in range(t):
+        for j in range(k):
+            y[:, q * stride + j] += w[:, :, j].astype(np.float64) @ x[:, q]
+    return y + b[:, None]
+
+
+def _tagged(*arrays):
+    return b"".join(speed.FP32_TAG + a.astype(np.float32).tobytes() for a in arrays)
+
+
+# ---------------------------------------------------------------- text rewrites
+CONV = """7767517
+3 3
+Input                    in                       0 1 in
+Padding                  pad_0                    1 1 in 1 0=0 1=0 2=12 3=0 4=0 5=0.0 6=0
+Convolution1D            conv_0                   1 1 1 out 0=5 1=7 2=2 3=1 4=0 5=1 6=140
+"""
+
+
+def test_conv1d_as_conv2d_text():
+    text = speed.conv1d_as_conv2d(CONV)
+    layers = export.parse_param(text).layers
+    assert [lyr.type for lyr in layers] == ["Input", "Reshape", "Convolution", "Reshape"]
+    conv = speed.params_dict(layers[2])
+    assert conv["11"] == "1" and conv["12"] == "1" and conv["13"] == "1"     # kernel/dilation/stride h = 1
+    assert conv["4"] == "12" and conv["15"] == "0" and conv["14"] == "0" and conv["16"] == "0"  # pad folded
+    assert conv["2"] == "2" and conv["6"] == "140"
+    assert layers[1].params == ["0=-1", "1=1", "2=4"] and layers[3].params == ["0=-1", "1=5"]
+    assert layers[3].outputs == ["out"]
+    only_pad = export.parse_param(speed.conv1d_as_conv2d(CONV, to_2d=False)).layers
+    assert [lyr.type for lyr in only_pad] == ["Input", "Convolution1D"]
+    assert speed.params_dict(only_pad[1])["4"] == "12"
+
+
+def test_conv1d_as_conv2d_keeps_a_shared_padding():
+    shared = CONV.replace("3 3\n", "4 4\n") + "UnaryOp                  u                        1 1 1 other 0=9\n"
+    # the Padding output feeds two layers (format drops the Split pnnx would write; fine for text tests)
+    layers = export.parse_param(speed.conv1d_as_conv2d(shared)).layers
+    assert "Padding" in [lyr.type for lyr in layers]
+
+
+@pytest.mark.parametrize("to_2d", [False, True])
+def test_conv1d_rewrite_numeric(tmp_path, to_2d):
+    w = RNG.standard_normal((5, 4, 7)).astype(np.float32)
+    b = RNG.standard_normal(5).astype(np.float32)
+    x = RNG.standard_normal((4, 50)).astype(np.float32)
+    data = _tagged(w) + b.tobytes()
+    ref = _conv1d_numpy(x, w, b, 12, dilation=2)
+    orig = _run(tmp_path, CONV, data, x, tag="a")
+    new = _run(tmp_path, speed.conv1d_as_conv2d(CONV, to_2d=to_2d), data, x, tag="b")
+    assert orig.shape == new.shape == ref.shape
+    np.testing.assert_allclose(orig, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(new, ref, rtol=1e-4, atol=1e-4)
+
+
+DWCONV = """7767517
+3 3
+Input                    in                       0 1 in
+Padding                  pad_0                    1 1 in 1 0=0 1=0 2=6 3=0 4=0 5=0.0 6=0
+ConvolutionDepthWise1D   dw_0                     1 1 1 out 0=16 1=7 2=1 3=1 4=0 5=1 6=112 7=16
+"""
+
+
+def test_depthwise_rewrite_numeric(tmp_path):
+    w = RNG.standard_normal((16, 1, 7)).astype(np.float32)
+    b = RNG.standard_normal(16).astype(np.float32)
+    x = RNG.standard_normal((16, 40)).astype(np.float32)
+    data = _tagged(w) + b.tobytes()
+    text = speed.conv1d_as_conv2d(DWCONV)
+    assert [lyr.type for lyr in export.parse_param(text).layers][2] == "ConvolutionDepthWise"
+    xp = np.pad(x, ((0, 0), (6, 0)))
+    ref = np.stack([np.convolve(xp[c], w[c, 0, ::-1], "valid") for c in range(16)]) + b[:, None]
+    np.testing.assert_allclose(_run(tmp_path, text, data, x), ref, rtol=1e-4, atol=1e-4)
+
+
+def _deconv_text(co, k, s, trim):
+    crop = (f"Crop                     crop_0                   1 1 1 out -23310=1,-{trim} -23311=1,-1 -23309=1,0\n"
+            if trim else "")
+    top = "1" if trim else "out"
+    n = 3 if trim else 2
+    return (f"7767517\n{n} {n}\nInput                    in                       0 1 in\n"
+            f"Deconvolution1D          deconv_0                 1 1 in {top} 0={co} 1={k} 18=0 2=1 3={s} 4=0 5=1 "
+            f"6={co * 6 * k}\n" + crop)
+
+
+@pytest.mark.parametrize("k,s", [(16, 8), (10, 5), (6, 3), (2, 2), (7, 3)])
+def test_deconv_rewrites_numeric(tmp_path, k, s):
+    co, ci, t = 5, 6, 9
+    trim = k - s
+    text = _deconv_text(co, k, s, trim)
+    w = RNG.standard_normal((co, ci, k)).astype(np.float32)
+    b = RNG.standard_normal(co).astype(np.float32)
+    x = RNG.standard_normal((ci, t)).astype(np.float32)
+    data = _tagged(w) + b.tobytes()
+    ref = _deconv_numpy(x, w, b, s)[:, : t * s]
+    np.testing.assert_allclose(_run(tmp_path, text, data, x, tag="o"), ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(tmp_path, speed.deconv1d_as_deconv2d(text), data, x, tag="d"), ref,
+                               rtol=1e-4, atol=1e-4)
+    for conv2d in (False, True):
+        ptext, pdata = speed.deconv_polyphase(text, data, conv2d=conv2d)
+        types = [lyr.type for lyr in export.parse_param(ptext).layers]
+        assert "Deconvolution1D" not in types and "Crop" not in types and "Permute" in types
+        y = _run(tmp_path, ptext, pdata, x, tag=f"p{int(conv2d)}")
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_polyphase_leaves_other_trims_alone():
+    text = _deconv_text(5, 16, 8, 8).replace("-23310=1,-8", "-23310=1,-3")
+    data = _tagged(np.zeros((5, 6, 16))) + np.zeros(5, np.float32).tobytes()
+    ptext, pdata = speed.deconv_polyphase(text, data)
+    assert ptext == export.format_param(7767517, export.parse_param(text).layers) and pdata == data
+
+
+def test_polyphase_weights_against_deconv():
+    w = RNG.standard_normal((3, 2, 12))
+    b = RNG.standard_normal(3)
+    x = RNG.standard_normal((2, 10))
+    wc, bc = speed.polyphase_weights(w, b, 4)
+    assert wc.shape == (12, 2, 3)
+    phases = _conv1d_numpy(x, wc, bc, 2)                       # (12, T), channel o*4 + r
+    y = phases.reshape(3, 4, -1).transpose(0, 2, 1).reshape(3, -1)
+    np.testing.assert_allclose(y, _deconv_numpy(x, w, b, 4)[:, :40], rtol=1e-5, atol=1e-5)
+
+
+GEMM = """7767517
+3 3
+Input                    in                       0 1 in
+Gemm                     gemm_0                   1 1 in 1 10=-1 2=0 3=1 4=0 5=1 6=1 7=0 8=24 9=16
+Gemm                     gemm_1                   1 1 1 out 10=4 2=0 3=1 4=0 5=1 6=1 7=0 8=8 9=24
+"""
+
+
+def test_gemm_decode_as_innerproduct(tmp_path):
+    text = speed.gemm_decode_as_innerproduct(GEMM)
+    types = [lyr.type for lyr in export.parse_param(text).layers]
+    assert types == ["Input", "Reshape", "InnerProduct", "Reshape", "Gemm"]  # the biased Gemm stays
+    w0 = RNG.standard_normal((24, 16)).astype(np.float32)
+    w1 = RNG.standard_normal((8, 24)).astype(np.float32)
+    c1 = RNG.standard_normal(8).astype(np.float32)
+    data = _tagged(w0, w1, c1)                                  # Gemm's C carries a storage tag
+    assert speed.join_bin(text, speed.split_bin(GEMM, data)) == data
+    x = RNG.standard_normal((1, 16)).astype(np.float32)
+    ref = (x @ w0.T) @ w1.T + c1
+    for t, tag in ((GEMM, "g"), (text, "i")):
+        y = _run(tmp_path, t, data, x, tag=tag)
+        np.testing.assert_allclose(y.reshape(1, 8), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_split_bin_rejects_wrong_size():
+    data = _tagged(np.zeros((24, 16)), np.zeros((8, 24)), np.zeros(8))
+    with pytest.raises(ValueError):
+        speed.split_bin(GEMM, data + b"\0\0\0\0")
+
+
+# ---------------------------------------------------------------- tiny real graphs
+@pytest.fixture(scope="module")
+def tiny_ncnn(tts):
+    from qtts_lib import export as ex
+    from qtts_lib import paths
+
+    ex.ensure(tts, "tiny-base")
+    return paths.ncnn_dir("tiny-base")
+
+
+def _codec_inputs(model_dir, T):
+    from qtts_lib.runtime import rope
+
+    cfg = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+    codes = np.random.default_rng(3).integers(0, cfg["codebook_size"], (T, 16))
+    semantic = codes[:, 0].astype(np.int32)
+    acoustic = (codes[:, 1:].T + np.arange(15)[:, None] * cfg["codebook_size"]).reshape(-1).astype(np.int32)
+    cos, sin = rope.tables(cfg["head_dim"], cfg["rope_theta"], 0, T)
+    return [semantic[None], acoustic, rope.causal_mask(T, window=cfg["sliding_window"]), cos, sin]
+
+
+def _codec(path_param, path_bin, ins):
+    net = make_net(path_param, path_bin, 2)
+    mats = [to_mat(ins[0], 0)] + [to_mat(a) for a in ins[1:]]
+    ex = net.create_extractor()
+    for i, m in enumerate(mats):
+        ex.input(f"in{i}", m)
+    ret, y = ex.extract("out0")
+    assert ret == 0
+    return from_mat(y).reshape(-1).astype(np.float64)
+
+
+def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
+    text = (tiny_ncnn / "codec_decoder.param").read_text()
+    data = (tiny_ncnn / "codec_decoder.bin").read_bytes()
+    assert speed.join_bin(text, speed.split_bin(text, data)) == data
+    ins = _codec_inputs(tiny_ncnn.parent, 30)
+    ref = _codec(tiny_ncnn / "codec_decoder.param", tiny_ncnn / "codec_decoder.bin", ins)
+    ptext, pdata = speed.deconv_polyphase(speed.conv1d_as_conv2d(text), data)
+    variants = {"conv2d": (speed.conv1d_as_conv2d(text), data),
+                "conv2d+deconv2d": (speed.deconv1d_as_deconv2d(speed.conv1d_as_conv2d(text)), data),
+                "conv2d+poly": (ptext, pdata), "codec_fast (what the runtime loads)": (speed.codec_fast(text), data)}
+    for name, (t, b) in variants.items():
+        (tmp_path / f"{name}.param").write_text(t)
+        (tmp_path / f"{name}.bin").write_bytes(b)
+        y = _codec(tmp_path / f"{name}.param", tmp_path / f"{name}.bin", ins)
+        assert y.shape == ref.shape
+        snr = 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - y) ** 2))
+        assert snr >= 100, (name, snr)
+
+
+def test_tiny_decode_step_graph_matches(tiny_ncnn, tmp_path):
+    from qtts_lib.runtime.kvcache import KvCacheNet
+
+    cfg = json.loads((tiny_ncnn.parent / "config.json").read_text())["talker_config"]
+    assert "InnerProduct" in speed.decode_step((tiny_ncnn / "talker_decoder_kv.param").read_text())
+    a = KvCacheNet(tiny_ncnn, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, fast=False)
+    b = KvCacheNet(tiny_ncnn, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, fast=True)
+    assert a.step_net is None and b.step_net is not None
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((1, 12, cfg["hidden_size"])).astype(np.float32)
+    np.testing.assert_array_equal(a.prefill(x0), b.prefill(x0))  # prefill runs the same graph
+    for _ in range(20):
+        x = rng.standard_normal((1, 1, cfg["hidden_size"])).astype(np.float32)
+        ya, yb = a.step(x), b.step(x)
+        assert np.abs(ya - yb).max() <= 1e-5 * np.abs(ya).max()
