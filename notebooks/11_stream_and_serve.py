@@ -134,11 +134,12 @@ check.at_most(f"reference chunking, frames 300..{T}: != one-shot ({LEFT_CONTEXT_
 check.snr(f"stream (chunks of 36) = Codec.decode, all {T} frames", streamed, chunked, 100.0)
 
 # %% [markdown]
-# **What equality holds.** With `context_frames ≥ R` (the default) every piece is the same computation as the
-# reference's decode of its chunk, cut at the piece's end; causality makes the cut exact, so the stream equals
-# `Codec.decode` to float rounding (≥ 100 dB above) at any length and any chunk size. With a smaller context c the
-# equality is approximate, within the SNR that section 2 measured for c. Codes past 300 frames are exactly where the
-# reference itself departs from a one-shot decode; the stream follows the reference there.
+# **What equality holds.** With `context_frames ≥ R` (the default) every piece is either the reference's decode of
+# its chunk cut at the piece's end (causality makes the cut exact) or leaves out only frames beyond every sample's
+# reach; so the stream equals `Codec.decode` to float rounding (≥ 100 dB above) at any length and chunk size.
+# With a smaller context c the equality is approximate, within the SNR that section 2 measured for c. Codes past
+# 300 frames are exactly where the reference itself departs from a one-shot decode; the stream follows the
+# reference there.
 
 # %% [markdown]
 # ## 4. Stream the synthesizer

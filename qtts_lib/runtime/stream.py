@@ -14,9 +14,10 @@ approximation whose error falls as c grows (`context_snr` measures it; chapter 1
   boundaries: its left context never reaches back past the start of the reference chunk's context, so it
   reproduces the reference's long decode too, not a one-shot decode that the reference never makes.
 Within one reference chunk, each emitted piece [a, b) is decoded from max(a - context_frames, chunk's context
-start). When that is the chunk's context start (always, with the default context_frames = R) the piece
-*is* the reference's computation cut at b (causality), equal to float rounding (~110 dB); otherwise it is
-within the SNR that `context_snr` measures for that context.
+start). When that is the chunk's context start, the piece *is* the reference's computation cut at b
+(causality); when context_frames >= R (the default), the frames it leaves out are beyond every sample's
+reach. Either way it equals the reference's samples to float rounding (~120 dB measured). With less context
+it is within the SNR that `context_snr` measures for that context.
 
 The wire formats (stdout, HTTP): 16-bit little-endian PCM at 24 kHz mono, raw (`pcm`, as OpenAI's
 speech API) or behind a WAV header whose sizes say "unknown length" (0xFFFFFFFF, `wav`), which players
