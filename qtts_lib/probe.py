@@ -405,10 +405,16 @@ class _TapNet:
 
 
 def _run(kv_net, embeds: np.ndarray, call: int, blobs: Sequence[str] = (), sink: dict | None = None) -> np.ndarray:
-    """One runtime call (prefill when call == 0, else step), with `blobs` tapped into `sink`."""
-    real = kv_net.net
-    kv_net.net = _TapNet(real, list(blobs), sink if sink is not None else {})
+    """One runtime call (prefill when call == 0, else step), with `blobs` tapped into `sink`.
+
+    Both of KvCacheNet's nets are wrapped: the prefill net, and the decode-only step net (`runtime.speed`'s Gemm ->
+    InnerProduct form) that steps use on the CPU; that rewrite keeps every Gemm's output blob name."""
+    sink = sink if sink is not None else {}
+    real = {attr: getattr(kv_net, attr) for attr in ("net", "step_net") if getattr(kv_net, attr, None) is not None}
+    for attr, net in real.items():
+        setattr(kv_net, attr, _TapNet(net, list(blobs), sink))
     try:
         return kv_net.prefill(embeds) if call == 0 else kv_net.step(embeds)
     finally:
-        kv_net.net = real
+        for attr, net in real.items():
+            setattr(kv_net, attr, net)
