@@ -33,10 +33,11 @@ import time
 from importlib import metadata
 
 import numpy as np
+import pandas as pd
 import torch
 from IPython.display import HTML, display
 
-from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, reference, settings
+from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, probe, reference, settings
 from qtts_lib.runtime import rvq
 from qtts_lib.runtime.net import Net
 
@@ -154,6 +155,69 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
              ylabel="relative L2 error, ncnn vs torch", title=f"ncnn fp32 vs torch wrappers ({ckpt})");
 
 # %% [markdown]
+# ## 4. Find where the error grows: probe every layer
+# One number per graph says *whether* ncnn agrees with torch, not *where* they part. `qtts_lib.probe.probe` runs the
+# torch wrapper with a forward hook on every `Linear`, `Conv1d`, `ConvTranspose1d`, `LayerNorm` and `Embedding`,
+# runs the ncnn graph extracting the matching intermediate blobs from one Extractor, and pairs them. pnnx keeps no
+# module paths in a `.param` (layers are named by op, `gemm_3`; blobs are numbers; look at the listing in section
+# 2), so the pairing is **by op kind, then order, then shape**: the i-th `Linear` call is the i-th `Gemm` of the
+# `.param`. A count or a shape that disagrees raises `PairingError` instead of pairing the wrong layers, and an
+# activation that pnnx fused into a convolution (`conv1drelu_*`, the codec's final `conv1dclip_0`) is applied to
+# torch's side first. The rule, and what it gives per graph, from the module's docstring:
+
+# %%
+print(probe.__doc__.split("How torch and ncnn pair.")[1].split("The ncnn side")[0].strip())
+
+# %% [markdown]
+# Each of the five deep graphs runs at its shorter length on fresh inputs. The limit is **1e-5 relative error at
+# every layer**, the limit the decoders' final outputs already meet in section 3: fp32 with another summation order
+# rounds each layer at about 1e-7, and even the 40-odd convolutions of the codec stay around 1e-6; fp16 anywhere
+# would give about 1e-3, and a real bug (a rope or mask convention, one wrong weight) more. One limit fits all five
+# because all five run in fp32 end to end.
+
+# %%
+LAYER_TOL = 1e-5
+deep = ("talker_decoder", "predictor_decoder", "codec_decoder", "speaker_encoder", "mimi_encoder")
+probes = {}
+for name in (n for n in deep if n in entries):
+    spec = modules.get(name)
+    ins = spec.inputs(tts, min(spec.lengths), seed=2000)
+    probes[name] = probe.probe(spec, out_dir, name, ins, threads=THREADS, tts=tts)
+    worst = probes[name].worst
+    check.at_most(f"{name}: worst layer {worst['label']} ({worst['layer']})", "rel", worst["rel"], LAYER_TOL)
+pd.DataFrame([{"module": n, "taps": len(r.rows), "first tap": r.rows[0]["label"], "first rel": r.rows[0]["rel"],
+               "worst tap": r.worst["label"], "ncnn layer": r.worst["layer"], "worst rel": r.worst["rel"],
+               "output rel": r.rows[-1]["rel"]} for n, r in probes.items()]).set_index("module").style.format(
+    {"first rel": "{:.2g}", "worst rel": "{:.2g}", "output rel": "{:.2g}"})
+
+# %% [markdown]
+# Error along depth, one panel per graph, every tap in forward order (ticks mark the stages: decoder layers, the
+# codec's upsampling and decoder blocks, the speaker encoder's SE-Res2Net blocks, Mimi's SEANet convolutions and
+# transformer layers). Read it for a *shape*: the transformer decoders stay flat (each layer rounds afresh and the
+# residual stream does not amplify it), while the convolution stacks (codec decoder, Mimi's SEANet) climb steadily
+# with depth. A bug shows as a step: the curve jumps at one tap and stays up; `result.first_above(LAYER_TOL)`
+# names that tap.
+
+# %%
+title = (f"ncnn {metadata.version('ncnn')} fp32 vs torch {torch.__version__} wrappers, layer by layer "
+         f"({ckpt}, {THREADS} threads)")
+plots.layer_errors(probes, threshold=LAYER_TOL, title=title);
+
+# %% [markdown]
+# ### The same probe between two ncnn runs
+# `probe.probe_ncnn` compares one graph under two configurations blob by blob, the output of *every* computing
+# layer (nothing to pair: the blob names are the same). Chapter 08 uses it for Vulkan against CPU, the precision
+# tiers for fp16 or int8 against fp32. Here one thread against the chapter's thread count, on the talker decoder:
+
+# %%
+spec = modules.get("talker_decoder")
+ins = [t.numpy() for t in spec.inputs(tts, min(spec.lengths), seed=2000).values()]
+threads_probe = probe.probe_ncnn(out_dir, "talker_decoder", ins, {"threads": 1}, {"threads": THREADS})
+print(threads_probe.summary())
+check.at_most(f"talker_decoder: 1 vs {THREADS} threads, worst of {len(threads_probe.rows)} blobs", "rel",
+              threads_probe.worst["rel"], 1e-6)
+
+# %% [markdown]
 # ## Summary
 # - pnnx with two real input sets and `fp16=0` converts all ten wrappers with no leftover ops; the decoders get one
 #   SDPA per layer and RotaryEmbed for q and k once the in-graph widening of the rope tables is removed.
@@ -161,6 +225,9 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 #   axes pnnx chose.
 # - Every module matches its torch wrapper in ncnn at two lengths; Mimi's latent through the numpy split RVQ gives
 #   the same codes as torch's encoder.
+# - `qtts_lib.probe` pairs every Linear, convolution, LayerNorm and Embedding of a wrapper with its ncnn layer (by op
+#   kind, order and shape): every layer of the five deep graphs stays under 1e-5; the decoders' error is flat along
+#   depth, the convolution stacks' climbs slowly. `probe_ncnn` does the same between two ncnn configurations.
 #
 # **Artifacts left:** `models/<ckpt>/ncnn/*.param/.bin`, `manifest.json`, `mimi_rvq.npz`, the chapter report.
 #
@@ -171,6 +238,10 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 # - *Errors around 1e-3* → fp16 weights or arithmetic:
 #   export with `fp16=0` and turn `use_fp16_*` off (runtime.net does).
 # - *Random garbage that changes from run to run* → an `ncnn.Mat` made from a temporary numpy array (see 04c).
+# - *A module's worst layer is over 1e-5* → the first tap above the limit (`probes[name].first_above(LAYER_TOL)`)
+#   is where the port differs; everything before it is fine.
+# - *`PairingError`* → pnnx fused, split or dropped a layer of that kind, or a wrapper calls one module twice: the
+#   message names the kind and both counts (or the pair whose shapes differ).
 
 # %%
 check.table()

@@ -31,12 +31,11 @@
 # %%
 import inspect
 
-import matplotlib.pyplot as plt
 import ncnn
 import numpy as np
 import torch
 
-from qtts_lib import artifacts, check, checkpoint, export, modules, paths, reference, settings
+from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, probe, reference, settings
 from qtts_lib.export import kvcache
 from qtts_lib.modules import common
 from qtts_lib.runtime import rope
@@ -98,6 +97,11 @@ print(inspect.getsource(KvCacheNet._run))
 # positions with a causal mask and we compare its last row. If the cache is fed back wrong, positions drift apart
 # after the first step. The talker prefills the real prompt embeddings of chapter 03's golden run (when present),
 # the code predictor its real 2-position prefill length; then 24 steps of unit-Gaussian inputs.
+#
+# `probe.probe_decode` (chapter 04's probe, for a cached graph) drives the `KvCacheNet` exactly as the runtime does
+# and, inside each call's own Extractor, also extracts every Gemm's output blob: before `out0`, so no layer runs
+# twice and the caches go back into ncnn untouched. It pairs those blobs with the wrapper's hooked `Linear`
+# outputs at the new positions, so every call yields the output error *and* the error at every layer.
 
 # %%
 golden = paths.golden_dir(ckpt) / "xvec_greedy.npz"
@@ -108,7 +112,7 @@ except artifacts.StaleArtifact as e:
     prompt = None
     print(f"talker prefill: synthetic, because {e}")
 STEPS = 24
-per_step = {}
+per_step, probed = {}, {}
 for name, c in DECODERS.items():
     net = KvCacheNet(out_dir, name, c["head_dim"], c["rope_theta"], threads=THREADS)
     wrapper = modules.get(name).build(tts)
@@ -118,28 +122,35 @@ for name, c in DECODERS.items():
     x = np.concatenate([first, g.standard_normal((1, STEPS, c["hidden_size"]), dtype=np.float32)], axis=1)
     P = first.shape[1]
 
-    def torch_prefix(n, c=c, wrapper=wrapper, x=x):
+    def torch_inputs(n, c=c, x=x):
         cos, sin = common.rope_tables(c["head_dim"], c["rope_theta"], 0, n)
-        with torch.inference_mode():
-            return wrapper(torch.from_numpy(x[:, :n]), common.causal_mask(n), cos, sin).numpy()
+        return torch.from_numpy(x[:, :n]), common.causal_mask(n), cos, sin
 
-    errs = [check.rel_err(net.prefill(x[:, :P]), torch_prefix(P))]
-    for t in range(P, P + STEPS):
-        errs.append(check.rel_err(net.step(x[:, t : t + 1]), torch_prefix(t + 1)[:, -1:]))
+    probed[name] = probe.probe_decode(wrapper, net, out_dir, x, P, torch_inputs, steps=range(STEPS + 1))
+    errs = [r.rows[-1]["rel"] for r in probed[name].values()]  # the last tap is the graph output, out0
     per_step[name] = errs
     check.at_most(f"{name}: prefill ({P} positions)", "rel", errs[0], 1e-5)
     check.at_most(f"{name}: worst of {STEPS} cached steps", "rel", max(errs[1:]), 1e-5)
     check.equal(f"{name}: positions in the cache", "past", net.past, P + STEPS)
+    worst = max((r.worst for r in probed[name].values()), key=lambda row: row["rel"])
+    check.at_most(f"{name}: worst layer over all calls, {worst['label']}", "rel", worst["rel"], 1e-5)
 
 # %%
-fig, ax = plt.subplots(figsize=(8, 3))
-for name, errs in per_step.items():
-    ax.semilogy(range(len(errs)), errs, marker="o", ms=3, label=name)
-ax.axhline(1e-5, color="crimson", ls="--", lw=1, label="threshold 1e-5")
-ax.set_xlabel("call (0 = prefill, then one step each)")
-ax.set_ylabel("relative error vs torch")
-ax.set_title(f"cached ncnn decoders vs torch recomputing the prefix ({ckpt})")
-ax.legend(fontsize=8);
+versions = f"ncnn {ncnn.__version__} vs torch {torch.__version__}, {ckpt}, {THREADS} threads"
+curves = {f"{n}: output": e for n, e in per_step.items()}
+curves |= {f"{n}: worst layer": [r.worst["rel"] for r in probed[n].values()] for n in probed}
+plots.step_errors(curves, threshold=1e-5,
+                  title=f"cached ncnn decoders vs torch recomputing the prefix ({versions})");
+
+# %% [markdown]
+# The same probe, per layer, at a few calls of the talker: the prefill, the first step, and later ones. The curves
+# lie on top of each other; a cache fed back wrong would leave the prefill where it is and lift every later call,
+# starting at the first attention output (`o_proj`) of layer 0.
+
+# %%
+calls = sorted({0, 1, STEPS // 2, STEPS})
+plots.layer_errors({f"call {i}": probed["talker_decoder"][i] for i in calls}, threshold=1e-5,
+                   title=f"talker_decoder per layer at calls {calls} ({versions})");
 
 # %% [markdown]
 # ## 4. The cache is private to ncnn: keep it there
@@ -218,7 +229,8 @@ for mode, outs in ways.items():
 # - The cache interface is a text rewrite: SDPA 4-in/1-out → 6-in/3-out with `7=1`, one `Input` line for all cache
 #   blobs, counts recomputed; the weights are shared with the uncached graph.
 # - Prefill with empty caches and a causal mask; each step with the previous caches untouched, a zero mask
-#   `(1, past+1)` and rope rows at the absolute position. Every step matches torch to ~1e-7 relative.
+#   `(1, past+1)` and rope rows at the absolute position. Every step matches torch to ~1e-7 relative, at the
+#   output and at every layer the probe pairs.
 # - Extract caches in place with `type=1` and feed them back as they are; a clone or a numpy round trip silently
 #   breaks attention.
 #
