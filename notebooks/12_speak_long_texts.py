@@ -71,7 +71,8 @@ for language, group in corpus.groupby("language"):
 # ## 2. Pack sentences into segments bounded in tokens
 # The bound is in BPE tokens, what the model reads: 60 tokens is a paragraph, 15–20 s of speech. A sentence longer
 # than that is cut at clause punctuation (`, ; :` before a space, so 1,000 stays whole; `，；：、`), then at spaces,
-# then — Chinese or Japanese without punctuation — between characters. Each segment gets its own frame cap,
+# then — Chinese or Japanese without punctuation — between characters. Segments never span two paragraphs (a
+# heading without a period must not be read into the next sentence). Each segment gets its own frame cap,
 # `frame_cap(tokens) = 8·tokens + 25`: speech takes 2.5–5 frames per token in these languages, so 8 is twice a slow
 # narrator, and 25 frames (2 s) cover the silences. The text below reads in about two minutes:
 
@@ -216,11 +217,13 @@ check.at_most("it is cut where it is quiet (RMS around the cut / RMS of the clip
 # %% [markdown]
 # ## 5. From the command line
 # `qtts say --text-file F` (or `-` for stdin) takes a text of any length; `--max-frames` is now a ceiling on each
-# segment's own cap. With torch blocked, on the same text with 3-frame caps, and with one of the bad clips:
+# segment's own cap. With torch blocked, on the first three paragraphs with 3-frame caps, and with a bad clip:
 
 # %%
 text_file = paths.outputs_dir(ckpt) / "12_long.txt"
-text_file.write_text(TEXT, encoding="utf-8")
+cli_text = "\n\n".join(TEXT.split("\n\n")[:3])
+cli_segments = len(longform.plan(synth, cli_text))
+text_file.write_text(cli_text, encoding="utf-8")
 out = paths.outputs_dir(ckpt) / "12_cli_long.wav"
 voice_args = (["--speaker", synth.speakers[0]] if synth.kind == "custom_voice" else ["--voice", str(paths.voice_wav())])
 r = qtts_without_torch("say", "--checkpoint", str(model_dir), *voice_args, "--text-file", str(text_file),
@@ -230,7 +233,8 @@ print(r.stdout.strip() or r.stderr[-400:])
 check.equal("qtts say --text-file with torch blocked", "exit status", r.returncode, 0)
 frames = int(r.stdout.split(" segments, ")[1].split(" frames")[0])
 check.equal("CLI wav = its frames + pauses", "samples", len(load_wav(out, quiet=True)),
-            frames * SAMPLES_PER_FRAME + (len(todo) - 1) * long.pause_samples)
+            frames * SAMPLES_PER_FRAME + (cli_segments - 1) * long.pause_samples)
+check.equal("CLI segments = the plan's", "segments", int(r.stdout.split(": ")[1].split(" segments")[0]), cli_segments)
 if synth.kind != "custom_voice":
     save_wav(paths.outputs_dir(ckpt) / "12_short_clip.wav", good[:2400])
     r = qtts_without_torch("say", "--checkpoint", str(model_dir), "--voice", str(paths.outputs_dir(ckpt) /
@@ -242,13 +246,15 @@ if synth.kind != "custom_voice":
 # ## Summary
 # - The segmenter splits the corpus of all ten languages as expected: full-width ends without spaces, and no split
 #   inside numbers, abbreviations, URLs, emails, ellipses or German ordinals.
-# - A long text becomes segments of at most 60 tokens, each spoken with the same `Voice` (x-vector computed once)
-#   under its own frame cap of 8 frames per token + 25, and joined with 0.3 s pauses and 10 ms fades.
+# - A long text becomes segments of at most 60 tokens within a paragraph, each spoken with the same `Voice`
+#   (x-vector computed once) under its own frame cap of 8 frames per token + 25, joined with 0.3 s pauses and
+#   10 ms fades.
 # - The joined wav is exactly its segments plus the pauses, in the library and in `qtts say --text-file`.
 # - Voice clips with NaN/Inf, under 1 s, or silent are refused with a message (exit 2); clipped ones warned about;
 #   clips over 15 s cut at a quiet point (or refused when they come with a transcript).
 #
-# **Artifacts left:** `data/outputs/<ckpt>/12_long.wav`, `12_long.txt`, `12_cli_long.wav`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/12_long.wav`, `12_long.txt`, `12_cli_long.wav`, `12_short_clip.wav`, the
+# chapter report.
 #
 # **If your numbers differ**
 # - *A corpus case fails* → an abbreviation list or rule changed in `runtime.segment`; the case's note says which.

@@ -70,3 +70,9 @@ def test_a_token_bound():
 def test_bad_bound():
     with pytest.raises(ValueError, match="at least 1"):
         segment.segments("Hello.", 0)
+
+
+def test_segments_never_cross_a_paragraph():
+    text = "Chapter One\n\nIt was a bright cold day. The clocks were striking thirteen.\n \nPart two."
+    assert segment.segments(text, 200) == ["Chapter One", "It was a bright cold day. The clocks were striking "
+                                           "thirteen.", "Part two."]

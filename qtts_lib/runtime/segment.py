@@ -16,7 +16,8 @@ bound (characters by default; the runtime passes BPE tokens, what the model sees
    1,000 and 3,14 stay whole), after the full-width `，；：、`, after an ellipsis, and at dashes.
 3. A clause still too long is cut at **spaces** (never between two digit groups, "1 000"); a run
    without spaces (Chinese, Japanese, a giant URL) is cut between **characters** as a last resort.
-4. The pieces are **packed** greedily, in order, into segments no longer than the bound.
+4. The pieces are **packed** greedily, in order, into segments no longer than the bound, never
+   across a paragraph (a heading without a period is not read into the next sentence).
 
 When in doubt the rules do not split: a missed split costs only a longer segment (still bounded by
 step 2-4), a wrong split puts a pause in the middle of a phrase. Every piece is a span of the
@@ -46,6 +47,7 @@ _CLAUSE_WIDE = re.compile(r"[，；：、]|…+|——")
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
 _CJK_RE = re.compile(f"[{_CJK}]")
 _SPACES = re.compile(r"\s+")
+_PARAGRAPH = re.compile(r"\n[ \t]*\n")
 
 # Words before a period that never end a sentence (lowercase, final period dropped). Dotted
 # single-letter runs (e.g, i.e, u.s, z.b, т.е) and single cased letters are caught by rule, not listed.
@@ -106,7 +108,7 @@ def _is_abbreviation(word: str, next_word: str) -> bool:
 
 def _sentence_ends(text: str, mask: list[bool]) -> list[int]:
     """Indices just after each sentence end (rule 1)."""
-    ends = [m.start() for m in re.finditer(r"\n[ \t]*\n", text)]
+    ends = [m.start() for m in _PARAGRAPH.finditer(text)]
     for m in _ENDS.finditer(text):
         s, e = m.start(), m.end()
         if mask[s]:
@@ -220,8 +222,11 @@ def segments(text: str, max_len: int = MAX_SEGMENT_CHARS, length: Callable[[str]
                 out.append((a, b))
         return out
 
-    units = [p for a, b in _spans(text, _sentence_ends(text, mask), 0, len(text)) for p in fit(a, b, 0)]
-    return [normalize(text[a:b]) for a, b in pack(units)]
+    ends = _sentence_ends(text, mask)
+    out = []
+    for a, b in _spans(text, [m.start() for m in _PARAGRAPH.finditer(text)], 0, len(text)):
+        out += pack([p for x, y in _spans(text, ends, a, b) for p in fit(x, y, 0)])
+    return [normalize(text[a:b]) for a, b in out]
 
 
 def read_cases(path: str | Path) -> list[dict]:
