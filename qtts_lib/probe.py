@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .export import ParamInfo, ParamLayer, read_param
 from .runtime.net import NO_BATCH, from_mat, parse_device, to_mat
+from .runtime.param import ParamInfo, ParamLayer, parse_param, read_param
 
 # torch module class name -> the ncnn layer types pnnx writes for it
 PAIRS: dict[str, tuple[str, ...]] = {
@@ -107,9 +107,11 @@ class ProbeResult:
 
 
 # ---------------------------------------------------------------- the ncnn side (torch-free)
-def load_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu", opts: dict | None = None):
+def load_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu", opts: dict | None = None,
+             rewrite: Callable[[str], str] | None = None):
     """An ncnn.Net as `runtime.net.make_net` makes it (fp16/bf16 off), with `opts` (net.opt attributes, e.g.
-    {"use_fp16_storage": True}) applied on top before loading. Introduced in 04."""
+    {"use_fp16_storage": True}) applied on top before loading, and the .param text passed through `rewrite`
+    (a `runtime.speed` form, say) when given. Introduced in 04."""
     import ncnn
 
     gpu = parse_device(device)
@@ -120,7 +122,8 @@ def load_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
         setattr(net.opt, key, value)
     if gpu is not None:
         net.set_vulkan_device(gpu)
-    if net.load_param(str(param)) != 0 or net.load_model(str(bin)) != 0:
+    loaded = net.load_param(str(param)) if rewrite is None else net.load_param_mem(rewrite(Path(param).read_text()))
+    if loaded != 0 or net.load_model(str(bin)) != 0:
         raise RuntimeError(f"ncnn could not load {param}")
     return net
 
@@ -165,20 +168,26 @@ def probe_ncnn(param_dir: str | Path, name: str, inputs: Sequence[np.ndarray], a
     by ncnn layer name) of configuration `a` against `b`. Introduced in 04 (used in 08 and the precision tiers).
 
     Each opts dict may hold `threads`, `device` ("cpu", "vulkan", "vulkan:N"), `param` (another .param over the
-    same `<name>.bin`, e.g. a rewritten one; its blob names must match) and any `net.opt` attribute
-    (`use_fp16_storage`, ...); unset ones are runtime.net's defaults (fp32, 2 threads, CPU, `<name>.param`)."""
+    same `<name>.bin`), `rewrite` (a function of the .param text, e.g. `runtime.speed.decode_step`) and any
+    `net.opt` attribute (`use_fp16_storage`, ...); unset ones are runtime.net's defaults (fp32, 2 threads, CPU,
+    `<name>.param`). Blobs that only one side has (renamed or added by a rewrite) are skipped."""
     param_dir = Path(param_dir)
-    opts = [dict(a_opts or {}), dict(b_opts or {})]
-    info = read_param(param_dir / f"{opts[0].get('param', name)}.param")
-    chosen = [layer for layer in computed_layers(info) if layers is None or layer.name in layers]
-    blobs = [layer.outputs[0] for layer in chosen]
+    sides = []
+    for o in (dict(a_opts or {}), dict(b_opts or {})):
+        param = param_dir / f"{o.pop('param', name)}.param"
+        rewrite = o.pop("rewrite", None)
+        info = parse_param(param.read_text() if rewrite is None else rewrite(param.read_text()))
+        sides.append((o, param, rewrite, info))
+    order_b = {b: i for i, layer in enumerate(sides[1][3].layers) for b in layer.outputs}
+    chosen = [layer for layer in computed_layers(sides[0][3])
+              if (layers is None or layer.name in layers) and layer.outputs[0] in order_b]
     axes = input_axes(param_dir, name)
     got = []
-    for o in opts:
-        o = dict(o)
-        threads, device, param = o.pop("threads", 2), o.pop("device", "cpu"), o.pop("param", name)
-        net = load_net(param_dir / f"{param}.param", param_dir / f"{name}.bin", threads, device, o)
-        got.append(extract_blobs(net, inputs, blobs, axes))
+    for side, (o, param, rewrite, _) in enumerate(sides):
+        threads, device = o.pop("threads", 2), o.pop("device", "cpu")
+        net = load_net(param, param_dir / f"{name}.bin", threads, device, o, rewrite)
+        blobs = [layer.outputs[0] for layer in chosen]
+        got.append(extract_blobs(net, inputs, sorted(blobs, key=order_b.get) if side else blobs, axes))
         del net
     rows = [_row(layer.name, layer, got[0][layer.outputs[0]], got[1][layer.outputs[0]]) for layer in chosen]
     return ProbeResult(name, _describe(a_opts), _describe(b_opts), rows)
@@ -189,6 +198,8 @@ def _describe(opts: dict | None) -> str:
     words = [opts.pop("device", "cpu"), f"{opts.pop('threads', 2)} threads"]
     if "param" in opts:
         words.insert(0, f"{opts.pop('param')}.param")
+    if "rewrite" in opts:
+        words.insert(0, getattr(opts.pop("rewrite"), "__name__", "rewritten"))
     words += [k if v is True else f"{k}={v}" for k, v in opts.items()]
     return "ncnn " + ", ".join(words)
 

@@ -122,3 +122,18 @@ def test_ncnn_side_runs_without_torch(exported):
     r = run_without_torch(code, str(out))
     assert r.returncode == 0, r.stderr
     assert "max 0.0" in r.stdout
+
+
+def test_probe_ncnn_through_a_text_rewrite(exported):
+    out, _ = exported
+
+    def scale_third_gemm(text: str) -> str:
+        lines = text.splitlines()
+        third = [i for i, line in enumerate(lines) if line.startswith("Gemm")][2]
+        lines[third] += " 0=9.000000e-01"
+        return "\n".join(lines) + "\n"
+
+    r = probe.probe_ncnn(out, NAME, [_inputs(6, 5)["x"].numpy()], {}, {"rewrite": scale_third_gemm})
+    gemms = [row for row in r.rows if row["type"] == "Gemm"]
+    assert r.first_above(1e-4) is gemms[2]
+    assert r.b.startswith("ncnn scale_third_gemm")
