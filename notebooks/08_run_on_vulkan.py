@@ -20,8 +20,8 @@
 # live, measure fp16 instead of assuming it, and read the H200 timings of `qtts_lib.bench`.
 #
 # **You will learn:** which conventions the Vulkan kernels share with the CPU ones on this ncnn version; why fp16 is
-# off by default; where the time goes on a GPU through the Python binding (round trips, not arithmetic) and the
-# three `.param` rewrites that cut them.
+# off by default; where the time goes on a GPU through the Python binding (round trips first, then ncnn's Vulkan Gemm
+# on one row) and the `.param` rewrites that cut the round trips.
 #
 # **You need:** a Vulkan device ncnn can see (a GPU, or Mesa's lavapipe on any CPU: `apt-get install
 # mesa-vulkan-drivers libvulkan1`; without one this chapter records a skip, and fails under `CI`); chapter 03's
@@ -113,7 +113,8 @@ if gpu:
     cfg = checkpoint.load_config(ckpt)["talker_config"]
     for name, c in (("talker_decoder", cfg), ("predictor_decoder", cfg["code_predictor_config"])):
         x = np.random.default_rng(8).standard_normal((1, 9 + STEPS, c["hidden_size"])).astype(np.float32)
-        kinds = (("cpu", KvCacheNet, "cpu"), ("landed", KvCacheNet, DEVICE), ("packed", vulkan.PackedKvCacheNet, DEVICE))
+        kinds = (("cpu", KvCacheNet, "cpu"), ("landed", KvCacheNet, DEVICE),
+                 ("packed", vulkan.PackedKvCacheNet, DEVICE))
         nets = {kind: cls(out_dir, name, c["head_dim"], c["rope_theta"], THREADS, dev) for kind, cls, dev in kinds}
         outs = {k: [n.prefill(x[:, :9])] + [n.step(x[:, t : t + 1]) for t in range(9, 9 + STEPS)]
                 for k, n in nets.items()}
@@ -261,33 +262,55 @@ if gpu:
     for label, text in (("straight into Embed", direct), ("through Reshape", reshaped)):
         for fp16 in (False, True):
             err = check.max_abs_err(run(graph(text, DEVICE, weights, fp16), ids=ids), table[ids])
-            ok = err == 0 or (fp16 and label == "through Reshape")
-            check.current().record(f"int32 ids {label}, fp16 {'on' if fp16 else 'off'}, on {DEVICE}", "max_abs",
-                                   err, "0 (or > 0 where corrupted)", ok, "")
+            name = f"int32 ids {label}, fp16 {'on' if fp16 else 'off'}, on {DEVICE}"
+            if fp16 and label == "through Reshape":  # the corruption: ids rounded to fp16 read other rows
+                check.at_least(name + ": rows corrupted", "max_abs", err, 1e-3)
+            else:
+                check.equal(name + ": rows exact", "max_abs", err, 0.0)
 
 # %% [markdown]
 # Then the whole loop with fp16 turned on for every graph (the runtime turns it off in `make_net`; this cell forces
 # it back on at load time), against the fp32 golden: how many codes agree, and where the first one differs.
 
 # %%
+class Counted:
+    """An extractor that counts its `extract` calls (section 7)."""
+
+    def __init__(self, ex, counter: list):
+        self.ex, self.counter = ex, counter
+
+    def input(self, *args):
+        return self.ex.input(*args)
+
+    def extract(self, *args):
+        self.counter[0] += 1
+        return self.ex.extract(*args)
+
+
 @contextlib.contextmanager
-def fp16_everywhere():
+def patched_ncnn(fp16: bool = False, counter: list | None = None):
+    """Nets created inside: fp16 forced on at load time (the runtime turns it off), extracts counted."""
     real = ncnn.Net
 
-    class Fp16Net(real):
-        def _on(self):
-            o = self.opt
-            o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = True
+    class Patched(real):
+        def _opts(self):
+            if fp16:
+                o = self.opt
+                o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = True
 
         def load_param(self, path):
-            self._on()
+            self._opts()
             return super().load_param(path)
 
         def load_param_mem(self, text):
-            self._on()
+            self._opts()
             return super().load_param_mem(text)
 
-    ncnn.Net = Fp16Net
+        def create_extractor(self):
+            ex = super().create_extractor()
+            return ex if counter is None else Counted(ex, counter)
+
+    ncnn.Net = Patched
     try:
         yield
     finally:
@@ -295,7 +318,7 @@ def fp16_everywhere():
 
 
 if gpu:
-    with fp16_everywhere():
+    with patched_ncnn(fp16=True):
         synth16 = Synthesizer(model_dir, THREADS, DEVICE)
     r16 = synth16.generate(synth16.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE,
                                                 synth16.voice(xvector=xvec_golden["xvector"])),
@@ -304,12 +327,13 @@ if gpu:
     same = r16.codes[:n] == xvec_golden["codes"][:n]
     first = int(np.argmin(same.all(1))) if not same.all() else n
     print(f"fp16 on {DEVICE}: {same.mean():.1%} of codes equal; frames equal up to frame {first} of {n}")
-    check.at_least("fp16 on Vulkan: codes equal to the fp32 golden (measured)", "fraction", float(same.mean()), 0.0)
+    check.at_most("fp16 on Vulkan changes codes: fraction equal to the fp32 golden", "fraction", float(same.mean()),
+                  0.99)
 
 # %% [markdown]
-# The fraction is a measurement, not a pass mark: fp16 changes argmax decisions whose margin is below its rounding
-# (FACTS: 2–4% of decisions have margins under 1e-2), and one changed code changes every frame after it. That is why
-# fp32 is the default on Vulkan; fp16 is a speed option to be judged by listening, not by parity.
+# fp16 changes argmax decisions whose margin is below its rounding (2–4% of decisions have margins under 1e-2 with
+# these weights, as with real ones), and one changed code changes every frame after it. That is why fp32 is the
+# default on Vulkan; fp16 is a speed option to be judged by listening, not by parity.
 
 # %% [markdown]
 # ## 7. Count the round trips, and cut them
@@ -320,18 +344,30 @@ if gpu:
 # %%
 print(inspect.getsource(vulkan.packed_cache_params))
 
+# %% [markdown]
+# Counted live: every extract of both loops on this device, per generated frame (two runs of different lengths, so
+# prefill and prompt drop out of the difference), against `bench.submissions_per_frame`, which then gives the full
+# size's count (28 talker layers, 5 predictor layers).
+
 # %%
 if gpu:
-    c = checkpoint.load_config(ckpt)["talker_config"]
-    full = json.loads((paths.CONFIGS / "base" / "config.json").read_text())["talker_config"]
-    counts = pd.DataFrame({f"{label} ({t}+{p} layers)": {
-        "landed loop": bench.submissions_per_frame(t, p), "rewritten (runtime.vulkan)": bench.submissions_per_frame(
-            t, p, rewritten=True)} for label, t, p in (
-        (ckpt, c["num_hidden_layers"], c["code_predictor_config"]["num_hidden_layers"]),
-        ("full size", full["num_hidden_layers"], full["code_predictor_config"]["num_hidden_layers"]))})
-    check.at_most("rewritten loop: blocking submissions per frame (full size)", "count",
-                  bench.submissions_per_frame(28, 5, rewritten=True), 20)
-    display(counts)
+    tc = checkpoint.load_config(ckpt)["talker_config"]
+    layers = tc["num_hidden_layers"], tc["code_predictor_config"]["num_hidden_layers"]
+    for variant, rewritten in (("landed", False), ("rewritten", True)):
+        counter = [0]
+        with patched_ncnn(counter=counter):
+            synth = Synthesizer(model_dir, THREADS, DEVICE, gpu_rewrites=rewritten)
+        prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, synth.voice(xvector=xvec_golden["xvector"]))
+        counts = []
+        for frames in (6, 12):
+            counter[0] = 0
+            synth.generate(prompt, frames + 1)
+            counts.append(counter[0])
+        per_frame = (counts[1] - counts[0]) // 6
+        check.equal(f"{variant} loop: extracts per frame on {ckpt}", "count", per_frame,
+                    bench.submissions_per_frame(*layers, rewritten=rewritten))
+        full = bench.submissions_per_frame(28, 5, rewritten=rewritten)
+        print(f"{variant}: {per_frame} per frame here, {full} at full size")
 
 # %% [markdown]
 # ## 8. Read what a GPU buys (NVIDIA H200)
@@ -357,14 +393,49 @@ else:
     print(f"{bench_file} is not there: no H200 measurement committed yet (run python -m qtts_lib.bench there)")
 
 # %% [markdown]
+# Where a rewritten frame's time goes on the H200 (`bench.profile_vulkan`, ms per call, medians of 20): a one-layer
+# graph's round trip, one fused code-predictor call at 2, 9 and 17 positions, and a talker step at 100 cached positions
+# with and without downloading the packed caches. A second column has every Gemm rewritten as InnerProduct.
+
+# %%
+if bench_file.is_file():
+    prof = pd.DataFrame(doc["profile_ms_per_call"])
+    display(prof)
+    total = {(r["runtime"], r["device"], r["variant"][:9], r["threads"]): r["ms_per_frame"]["total"]
+             for r in doc["rows"]}
+    landed, rewritten = total["ncnn", "vulkan", "landed", 16], total["ncnn", "vulkan", "rewritten", 16]
+    cuda = next(v for k, v in total.items() if k[0] == "pytorch")
+    check.at_least("H200: rewritten loop vs landed loop on Vulkan", "speed-up", landed / rewritten, 2.0)
+    cpu16 = total["ncnn", "cpu", "landed", 16]
+    check.at_least("H200: ncnn on Vulkan vs all 16 CPU cores", "speed-up", cpu16 / rewritten, 1.2)
+    check.at_least("H200: PyTorch on CUDA vs ncnn on Vulkan (rewritten)", "speed-up", rewritten / cuda, 1.0)
+    kept = prof.iloc[:, 0]
+    check.at_least("H200: a predictor call at 2 positions vs at 17", "time ratio",
+                   kept["predictor fused call, 2 positions"] / kept["predictor fused call, 17 positions"], 0.8)
+
+# %% [markdown]
+# What the numbers say:
+# - The landed loop made ~254 blocking round trips per frame; the rewritten one makes 18 and runs the frame in less
+#   than half the time, now faster than all 16 CPU cores of that host (which stay bandwidth-bound).
+# - What is left is not round trips: a decoder layer costs ~1.5 ms on Vulkan whether it sees 2 rows or 17, the same for
+#   the talker's 28 layers (~44 ms per step). That is ~40 GB/s of fp32 weights on a 4.8 TB/s GPU: ncnn's Vulkan Gemm
+#   is tiled for matrices and leaves most of the GPU idle on one row (InnerProduct is slower still). The packed caches'
+#   download and upload add ~12 ms per talker step at 100 positions (22 MB each way through staging buffers).
+# - PyTorch on the same GPU (cuBLAS GEMV, caches resident on the device) is ~2× faster again; its codec decode is
+#   ~20× faster. Closing that gap needs device-resident caches (a VkMat API in the binding, or C++) and a GEMV-shaped
+#   kernel, not more `.param` rewrites.
+
+# %% [markdown]
 # ## Summary
 # - Every graph, the cached decoders and the whole generation loop give the CPU's answers on Vulkan in fp32: every
 #   code of the x-vector and ICL goldens, waveforms far above 60 dB.
 # - On ncnn 1.0.20261020 full-width rope tables and 3-D masks work on CPU and Vulkan alike; ncnn's tests define
 #   half-width tables and 2-D / 3-D masks, and the runtime keeps to the half-width, 2-D forms.
 # - fp16 on Vulkan corrupts int32 ids that pass through a GPU layer and changes codes: fp32 stays the default.
-# - Through the pip binding a GPU loses to per-call round trips; packing the caches into one blob and fusing the
-#   code predictor cuts them from 254 to 18 per frame at full size (section 8 shows what that buys).
+# - Through the pip binding the landed loop made 254 blocking round trips per frame at full size; packed caches and a
+#   fused code predictor (`runtime.vulkan`, the default on a GPU) make 18. On the H200 that is 2.2× faster (468 → 210
+#   ms per frame) and faster than all 16 CPU cores (296), but PyTorch on the same GPU takes 97: what remains is ncnn's
+#   Vulkan Gemm on one row (~1.5 ms per decoder layer) and the caches' trip through host memory.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/08_vulkan.wav`, the chapter report.
 #

@@ -30,7 +30,7 @@ from . import rope
 from .audio import FRAME_RATE, SAMPLES_PER_FRAME
 from .codec import Codec
 from .kvcache import KvCacheNet
-from .net import MissingArtifact, Net
+from .net import MissingArtifact, Net, parse_device
 
 GRAPHS = ["talker_text_embed", "talker_codec_embed", "talker_decoder", "talker_codec_head",
           "predictor_decoder", "predictor_embeds", "predictor_heads", "codec_decoder"]
@@ -87,7 +87,9 @@ class Result:
 class Synthesizer:
     """The deployable pipeline over a checkpoint directory and its `ncnn/` exports."""
 
-    def __init__(self, model_dir: str | Path, threads: int = 2, device: str = "cpu"):
+    def __init__(self, model_dir: str | Path, threads: int = 2, device: str = "cpu", gpu_rewrites: bool = True):
+        """`device` cpu, vulkan or vulkan:N. On a GPU, `gpu_rewrites` (default) runs the loop over the
+        rewritten graphs of `runtime.vulkan` (fewer round trips; chapter 08); False keeps the landed loop."""
         from .bpe import Tokenizer
         from .sampler import SamplerConfig
 
@@ -117,7 +119,18 @@ class Synthesizer:
         self.speaker_encoder = net("speaker_encoder")
         self.mimi = net("mimi_encoder") if (ncnn_dir / "mimi_rvq.npz").is_file() else None
         self.rvq_tables = dict(np.load(ncnn_dir / "mimi_rvq.npz")) if self.mimi is not None else None
-        self.talker = KvCacheNet(ncnn_dir, "talker_decoder", talker["head_dim"], talker["rope_theta"], threads, device)
+        self.fused = None
+        if gpu_rewrites and parse_device(device) is not None:
+            from . import vulkan
+
+            self.talker = vulkan.PackedKvCacheNet(ncnn_dir, "talker_decoder", talker["head_dim"], talker["rope_theta"],
+                                                  threads, device)
+            self.fused = vulkan.FusedPredictor(ncnn_dir, pred["head_dim"], pred["rope_theta"], threads, device)
+            self.tables = (vulkan.embed_table(ncnn_dir, "talker_codec_embed", talker["vocab_size"], threads),
+                           vulkan.embed_table(ncnn_dir, "predictor_embeds", (self.groups - 1) * self.codebook, threads))
+        else:
+            self.talker = KvCacheNet(ncnn_dir, "talker_decoder", talker["head_dim"], talker["rope_theta"], threads,
+                                     device)
         self.predictor = KvCacheNet(ncnn_dir, "predictor_decoder", pred["head_dim"], pred["rope_theta"], threads,
                                     device)
         self.codec = Codec(ncnn_dir, st_config["decoder_config"], threads, device)
@@ -302,6 +315,8 @@ class Synthesizer:
         c1..c15), each code looked up once: the loop feeds that sum to the talker next."""
         from .sampler import sample
 
+        if self.fused is not None:
+            return self._predict_frame_fused(hidden, c0, sc, rng)
         codes = [c0]
         embed = self.codec_embed([c0])[0]
         h = self.predictor.prefill(np.stack([hidden, embed])[None].astype(np.float32))[0, -1]
@@ -313,6 +328,20 @@ class Synthesizer:
             embed = embed + e
             if s < self.groups - 2:
                 h = self.predictor.step(e[None, None].astype(np.float32))[0, -1]
+        return np.array(codes, np.int64), embed
+
+    def _predict_frame_fused(self, hidden: np.ndarray, c0: int, sc, rng) -> tuple[np.ndarray, np.ndarray]:
+        """`_predict_frame` over `runtime.vulkan`'s graphs: table lookups in numpy and one fused graph call
+        (decoder over the whole sequence, no cache, then head s) per codebook."""
+        from .sampler import sample
+
+        codec_table, pred_table = self.tables
+        codes, embed, seq = [c0], codec_table[c0], [hidden, codec_table[c0]]
+        for s in range(self.groups - 1):
+            code = sample(self.fused.logits(np.stack(seq), s), codes[1:], s, sc, rng)
+            codes.append(code)
+            seq.append(pred_table[s * self.codebook + code])
+            embed = embed + seq[-1]
         return np.array(codes, np.int64), embed
 
     # ------------------------------------------------------------ all of it
