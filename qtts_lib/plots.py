@@ -80,9 +80,10 @@ def _depth_axis(ax, result, threshold: float | None, label: str | None = None, m
         names = [f"{stages[i]} {k}" if len(k) <= 16 else stages[i] for i, k in zip(starts, kinds)]
         ax.set_xticks(starts)
         ax.set_xticklabels(names, rotation=0 if len(starts) <= 8 else 90, fontsize=6)
-    else:
-        ax.set_xticks(x)
-        ax.set_xticklabels([r["label"] for r in result.rows], rotation=90, fontsize=5)
+    else:  # ncnn-vs-ncnn probes: a tick per layer, thinned to about 60 labels
+        every = max(1, -(-len(x) // 60))
+        ax.set_xticks(x[::every])
+        ax.set_xticklabels([r["label"] for r in result.rows][::every], rotation=90, fontsize=5)
     if threshold is not None:
         ax.axhline(threshold, color="crimson", ls="--", lw=1, label=f"threshold {threshold:g}")
     if mark_worst and len(errs):
