@@ -60,7 +60,7 @@ def test_stream_decoder_equals_codec_decode_across_the_300_frame_chunk(synth, co
     """Past 300 frames Codec.decode is the reference's chunked decode, not one-shot; the stream follows it."""
     codes = np.random.default_rng(1).integers(0, 2048, size=(316, 16))
     ref = synth.codec.decode(codes)
-    dec = StreamDecoder(synth.codec, chunk_frames=36, context_frames=context)
+    dec = StreamDecoder(synth.codec, chunk_frames=102, context_frames=context)  # a piece straddles frame 300
     pieces = [p for frame in codes for p in dec.push(frame)] + [dec.finish()]
     ours = np.concatenate(pieces)
     assert len(ours) == len(ref) == 316 * SAMPLES_PER_FRAME
