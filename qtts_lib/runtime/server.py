@@ -215,6 +215,8 @@ def serve(args) -> int:
     from .synthesizer import Synthesizer
 
     directory = model_dir(args.checkpoint)
+    if args.queue < 0:
+        raise InputError(f"--queue must be 0 or more, not {args.queue}")
     if args.voices is not None and not args.voices.is_dir():
         raise InputError(f"--voices {args.voices} is not a directory")
     synth = Synthesizer(directory, threads=args.threads, device=args.device)
