@@ -155,7 +155,7 @@ def ncnn_rows(model_dir: str | Path, configs: list[str], frames: int = 30, repea
         gpu = dev != "cpu"
         subs = submissions_per_frame(*layers, rewritten=how != "landed") if gpu else None
         rows.append({"runtime": "ncnn", "device": "vulkan" if gpu else "cpu", "precision": "fp32",
-                     "threads": threads, "variant": how if gpu else "landed", "submissions_per_frame": subs,
+                     "threads": threads, "variant": how if gpu else "cpu loop", "submissions_per_frame": subs,
                      **median_row(runs[c])})
     return rows
 
