@@ -378,7 +378,7 @@ if gpu:
 
 # %%
 bench_file = paths.ROOT / "data" / "bench" / "h200-vulkan.json"
-if bench_file.is_file():
+if gpu and bench_file.is_file():
     doc = json.loads(bench_file.read_text())
     table = pd.DataFrame([{"runtime": r["runtime"], "device": r["device"], "variant": r.get("variant", ""),
                            "threads": r["threads"], **r["ms_per_frame"], "rtf": r["rtf"]} for r in doc["rows"]])
@@ -389,7 +389,7 @@ if bench_file.is_file():
         stacked=True, figsize=(9, 3.5), title="full size on the H200 host: ms per frame")
     ax.axvline(80, color="crimson", ls="--", lw=1)
     ax.set_xlabel("ms per frame (80 = real time)")
-else:
+elif gpu:
     print(f"{bench_file} is not there: no H200 measurement committed yet (run python -m qtts_lib.bench there)")
 
 # %% [markdown]
@@ -398,7 +398,7 @@ else:
 # with and without downloading the packed caches. A second column has every Gemm rewritten as InnerProduct.
 
 # %%
-if bench_file.is_file():
+if gpu and bench_file.is_file():
     prof = pd.DataFrame(doc["profile_ms_per_call"])
     display(prof)
     total = {(r["runtime"], r["device"], r["variant"][:9], r["threads"]): r["ms_per_frame"]["total"]
