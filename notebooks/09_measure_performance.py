@@ -200,6 +200,64 @@ for name, res in committed.items():
     fig.tight_layout()
 
 # %% [markdown]
+# ## 5. Make ncnn's codec as fast as PyTorch's: 2-D kernels for 1-D convolutions
+# The landed codec spent most of its time in `Convolution1D` and `Deconvolution1D` (FACTS.md: 43% and 36%), which on
+# x86 have no packed GEMM path. The same weights run as a 2-D `Convolution`/`Deconvolution` with kernel height 1 reach
+# ncnn's packed kernels; `runtime.speed.codec_fast` rewrites the `.param` text that way when the runtime loads the
+# codec on the CPU (the `.bin` is the exported one, and blobs stay 3-D between consecutive convolutions). Same codes,
+# both forms, timed interleaved, and the waveforms compared:
+
+# %%
+import time  # noqa: E402
+
+from qtts_lib.runtime import codec as runtime_codec  # noqa: E402
+
+st_cfg = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+forms = {"as exported": runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, fast=False),
+         "codec_fast (runtime)": runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, fast=True)}
+T = 100 if full else 40
+codes = np.random.default_rng(9).integers(0, st_cfg["codebook_size"], (T, 16))
+wavs = {k: c.decode_once(codes) for k, c in forms.items()}
+check.snr("codec_fast vs the exported graph (same codes)", wavs["codec_fast (runtime)"], wavs["as exported"], 100.0)
+codec_ms = {k: [] for k in forms}
+for _ in range(3 if full else 5):
+    for k, c in forms.items():
+        t0 = time.perf_counter()
+        c.decode_once(codes)
+        codec_ms[k].append((time.perf_counter() - t0) / T * 1e3)
+pd.Series({k: round(float(np.median(v)), 2) for k, v in codec_ms.items()},
+          name="codec ms per frame (median)").to_frame()
+
+# %% [markdown]
+# ## 6. Step the decoders through the threaded GEMV: Gemm → InnerProduct
+# At one position a `Gemm` runs its matrix-vector product on one thread; an `InnerProduct` on a 1-D input splits the
+# output rows over all threads. `speed.decode_step` rewrites every constant-weight Gemm of a `_kv.param` that way, and
+# `KvCacheNet` runs that form for one-position steps (prefill keeps the original graph, whose many-row Gemms are
+# threaded anyway). The two nets hold separate copies of the weights: that is the memory this costs (the
+# `peak_rss_gb` column above). Same inputs through both forms:
+
+# %%
+from qtts_lib.runtime.kvcache import KvCacheNet  # noqa: E402
+
+c = cfg
+step_ms, outs = {}, {}
+for label, fast in (("Gemm (as exported)", False), ("InnerProduct steps (runtime)", True)):
+    kv = KvCacheNet(paths.ncnn_dir(ckpt), "talker_decoder", c["head_dim"], c["rope_theta"], THREADS, fast=fast)
+    rng = np.random.default_rng(4)
+    kv.prefill(rng.standard_normal((1, 12, c["hidden_size"])).astype(np.float32))
+    outs[label], times = [], []
+    for _ in range(16):
+        x = rng.standard_normal((1, 1, c["hidden_size"])).astype(np.float32)
+        t0 = time.perf_counter()
+        outs[label].append(kv.step(x))
+        times.append((time.perf_counter() - t0) * 1e3)
+    step_ms[label] = float(np.median(times[2:]))
+    del kv
+a, b = (np.concatenate(v) for v in outs.values())
+check.close("talker steps: InnerProduct form vs Gemm form (16 steps)", b, a, rel=1e-5)
+pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (median)").to_frame()
+
+# %% [markdown]
 # ## Summary
 # - Speed is reported as medians of interleaved repeats, every run in its own process, the machine described and
 #   its read bandwidth measured in the same run; ratios only between rows of one run.
@@ -207,6 +265,9 @@ for name, res in committed.items():
 #   bytes over the measured bandwidth are its floor, and each row says how far it is from it.
 # - The codec is compute-bound; its yardstick is PyTorch's codec on the same codes and threads.
 # - `make bench` writes the same measurement on `full-base` to `data/bench/`; this chapter plots what is there.
+# - The runtime loads two graphs in a faster equivalent form on the CPU (`runtime.speed`): the codec's 1-D
+#   (de)convolutions as 2-D ones, and decode steps through InnerProduct; both are checked equal here, and chapters
+#   06-07 (which run the runtime) hold token parity with them.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/09_bench.json`, the chapter report.
 #
