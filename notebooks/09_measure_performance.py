@@ -52,8 +52,8 @@ thread_counts = sorted({1, THREADS})
 # %% [markdown]
 # ## 1. Describe the machine
 # A number without its machine is not a result. `perf.describe_machine` reads the CPU model, cores, memory and the
-# load average, and **measures** the streaming-read bandwidth at each thread count: threads sum their slice of a
-# 1 GiB array (numpy releases the GIL inside the reduction), median of five passes.
+# load average, and **measures** the streaming-read bandwidth at each thread count: threads take the max of their
+# slice of a 1 GiB array (numpy releases the GIL inside the reduction), median of five passes.
 
 # %%
 machine = perf.describe_machine(thread_counts)
@@ -138,9 +138,9 @@ def component_bars(res: dict, title: str):
         vals = np.array([r["ms_per_frame"][part] for r in rows])
         ax.bar(labels, vals, bottom=bottom, label=part, color=color)
         bottom += vals
-    for i, r in enumerate(rows):
-        ax.plot([i - 0.4, i + 0.4], [r["floor_ms_per_frame"]] * 2, color="black", lw=2,
-                label="generation floor" if i == 0 else None)
+    floors = [(i, r["floor_ms_per_frame"]) for i, r in enumerate(rows) if r["floor_ms_per_frame"] is not None]
+    for n, (i, floor) in enumerate(floors):
+        ax.plot([i - 0.4, i + 0.4], [floor] * 2, color="black", lw=2, label="generation floor" if n == 0 else None)
     ax.axhline(80, color="crimson", ls="--", lw=1, label="real time (80 ms of audio per frame)")
     ax.set_ylabel("ms per frame")
     ax.set_title(title, fontsize=10)
@@ -189,8 +189,10 @@ for name, res in committed.items():
         axes[0].plot(t, [r["ms_per_frame"]["talker"] + r["ms_per_frame"]["predictor"] for r in rows],
                      marker=marker, label=runtime)
         axes[1].plot(t, [r["ms_per_frame"]["codec"] for r in rows], marker=marker, label=runtime)
-    floor_rows = sorted({(r["threads"], r["floor_ms_per_frame"]) for r in res["rows"]})
-    axes[0].plot(*zip(*floor_rows), color="black", ls="--", label="floor (bytes / bandwidth)")
+    floor_rows = sorted({(r["threads"], r["floor_ms_per_frame"]) for r in res["rows"]
+                         if r["device"] == "cpu" and r["floor_ms_per_frame"] is not None})
+    if floor_rows:
+        axes[0].plot(*zip(*floor_rows), color="black", ls="--", label="floor (bytes / bandwidth)")
     axes[0].set_title(f"{name}: generation loop", fontsize=9)
     axes[1].set_title(f"{name}: codec", fontsize=9)
     for ax in axes:
