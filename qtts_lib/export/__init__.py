@@ -13,8 +13,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
