@@ -29,11 +29,8 @@
 # **Leaves behind:** `data/outputs/<ckpt>/08_vulkan.wav`, `data/reports/<ckpt>/08_run_on_vulkan.json`.
 
 # %%
-import contextlib
 import inspect
 import json
-import tempfile
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import ncnn
@@ -184,57 +181,7 @@ if gpu:
 # numpy reference:
 
 # %%
-def graph(text: str, device: str, weights: bytes = b"", fp16: bool = False):
-    """An ncnn.Net from .param text (and .bin bytes) with fp16 on or off."""
-    net = ncnn.Net()
-    o = net.opt
-    o.num_threads = THREADS
-    o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = fp16
-    o.use_bf16_storage = False
-    o.use_vulkan_compute = device != "cpu"
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "g.param").write_text("7767517\n" + text)
-        (Path(tmp) / "g.bin").write_bytes(weights)
-        assert net.load_param(str(Path(tmp) / "g.param")) == 0 and net.load_model(str(Path(tmp) / "g.bin")) == 0
-    return net
-
-
-def run(net, **arrays) -> np.ndarray:
-    held = {k: np.ascontiguousarray(a) for k, a in arrays.items()}
-    mats = {k: ncnn.Mat(a).clone() for k, a in held.items()}
-    ex = net.create_extractor()
-    for k, m in mats.items():
-        ex.input(k, m)
-    ret, out = ex.extract("out")
-    return np.array(out.numpy(), copy=True)
-
-
-rng = np.random.default_rng(0)
-x = rng.standard_normal((4, 5, 8)).astype(np.float32)  # (heads, seq, head_dim): ncnn's c, h, w
-ang = np.arange(5, dtype=np.float32)[:, None] / 10000 ** (np.arange(0, 8, 2, dtype=np.float32) / 8)
-cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)  # (seq, head_dim/2)
-rope_ref = np.concatenate([x[..., :4] * cos - x[..., 4:] * sin, x[..., 4:] * cos + x[..., :4] * sin], -1)
-q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3, 8), (2, 6, 8), (2, 6, 8)))
-
-
-def sdpa_ref(mask: np.ndarray) -> np.ndarray:
-    s = q @ np.repeat(k, 2, 0).transpose(0, 2, 1) / np.sqrt(8) + mask
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return (p / p.sum(-1, keepdims=True)) @ np.repeat(v, 2, 0)
-
-
-masks = {"2-D (L, S)": rng.standard_normal((3, 6)), "3-D (1, L, S)": rng.standard_normal((1, 3, 6)),
-         "3-D (heads, L, S)": rng.standard_normal((4, 3, 6))}
-ROPE = "4 4\nInput x 0 1 x\nInput cos 0 1 cos\nInput sin 0 1 sin\nRotaryEmbed rope 3 1 x cos sin out 0=0\n"
-SDPA = "5 5\nInput q 0 1 q\nInput k 0 1 k\nInput v 0 1 v\nInput m 0 1 m\nSDPA sdpa 4 1 q k v m out 5=1\n"
-conventions = []
-for dev in (["cpu", DEVICE] if gpu else []):
-    for width, c, s in (("half", cos, sin), ("full", np.tile(cos, 2), np.tile(sin, 2))):
-        err = check.max_abs_err(run(graph(ROPE, dev), x=x, cos=c, sin=s), rope_ref)
-        conventions.append({"test": f"rope, {width}-width tables", "device": dev, "max_abs": err})
-    for label, m in masks.items():
-        err = check.max_abs_err(run(graph(SDPA, dev), q=q, k=k, v=v, m=m.astype(np.float32)), sdpa_ref(m))
-        conventions.append({"test": f"SDPA mask {label}", "device": dev, "max_abs": err})
+conventions = bench.convention_rows(["cpu", DEVICE] if gpu else [], THREADS)  # small hand-written graphs
 for row in conventions:
     check.at_most(f"{row['test']} on {row['device']} = numpy", "max_abs", row["max_abs"], 1e-5)
 pd.DataFrame(conventions).pivot(index="test", columns="device", values="max_abs") if gpu else None
@@ -252,7 +199,7 @@ pd.DataFrame(conventions).pivot(index="test", columns="device", values="max_abs"
 
 # %%
 V, E = 300, 4
-table = rng.standard_normal((V, E)).astype(np.float32)
+table = np.random.default_rng(0).standard_normal((V, E)).astype(np.float32)
 weights = np.uint32(0).tobytes() + table.tobytes()  # a 4-byte tag 0 (raw fp32), then the table
 EMBED = f"Embed emb 1 1 {{}} out 0={E} 1={V} 2=0 3={V * E}\n"
 direct = "2 2\nInput ids 0 1 ids\n" + EMBED.format("ids")
@@ -261,7 +208,8 @@ ids = np.array([1, 7, 255, 299, 42, 3], np.int32)
 if gpu:
     for label, text in (("straight into Embed", direct), ("through Reshape", reshaped)):
         for fp16 in (False, True):
-            err = check.max_abs_err(run(graph(text, DEVICE, weights, fp16), ids=ids), table[ids])
+            err = check.max_abs_err(bench.run_graph(bench.net_from_text(text, DEVICE, THREADS, weights, fp16), ids=ids),
+                                    table[ids])
             name = f"int32 ids {label}, fp16 {'on' if fp16 else 'off'}, on {DEVICE}"
             if fp16 and label == "through Reshape":  # the corruption: ids rounded to fp16 read other rows
                 check.at_least(name + ": rows corrupted", "max_abs", err, 1e-3)
@@ -273,52 +221,8 @@ if gpu:
 # it back on at load time), against the fp32 golden: how many codes agree, and where the first one differs.
 
 # %%
-class Counted:
-    """An extractor that counts its `extract` calls (section 7)."""
-
-    def __init__(self, ex, counter: list):
-        self.ex, self.counter = ex, counter
-
-    def input(self, *args):
-        return self.ex.input(*args)
-
-    def extract(self, *args):
-        self.counter[0] += 1
-        return self.ex.extract(*args)
-
-
-@contextlib.contextmanager
-def patched_ncnn(fp16: bool = False, counter: list | None = None):
-    """Nets created inside: fp16 forced on at load time (the runtime turns it off), extracts counted."""
-    real = ncnn.Net
-
-    class Patched(real):
-        def _opts(self):
-            if fp16:
-                o = self.opt
-                o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = True
-
-        def load_param(self, path):
-            self._opts()
-            return super().load_param(path)
-
-        def load_param_mem(self, text):
-            self._opts()
-            return super().load_param_mem(text)
-
-        def create_extractor(self):
-            ex = super().create_extractor()
-            return ex if counter is None else Counted(ex, counter)
-
-    ncnn.Net = Patched
-    try:
-        yield
-    finally:
-        ncnn.Net = real
-
-
 if gpu:
-    with patched_ncnn(fp16=True):
+    with bench.patched_ncnn(fp16=True):
         synth16 = Synthesizer(model_dir, THREADS, DEVICE)
     r16 = synth16.generate(synth16.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE,
                                                 synth16.voice(xvector=xvec_golden["xvector"])),
@@ -355,7 +259,7 @@ if gpu:
     layers = tc["num_hidden_layers"], tc["code_predictor_config"]["num_hidden_layers"]
     for variant, rewritten in (("landed", False), ("rewritten", True)):
         counter = [0]
-        with patched_ncnn(counter=counter):
+        with bench.patched_ncnn(counter=counter):
             synth = Synthesizer(model_dir, THREADS, DEVICE, gpu_rewrites=rewritten)
         prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, synth.voice(xvector=xvec_golden["xvector"]))
         counts = []

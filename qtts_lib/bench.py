@@ -16,6 +16,7 @@ of audio (12.5 Hz), so rtf = total / 80.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -377,3 +378,115 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------- chapter 08's small graphs and probes
+def net_from_text(text: str, device: str, threads: int = 2, weights: bytes = b"", fp16: bool = False):
+    """An ncnn.Net from .param text without its magic line (and .bin bytes), fp16 on or off. Introduced in 08."""
+    import ncnn
+
+    net = ncnn.Net()
+    o = net.opt
+    o.num_threads = threads
+    o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = fp16
+    o.use_bf16_storage = False
+    o.use_vulkan_compute = device != "cpu"
+    with tempfile.TemporaryDirectory() as tmp:  # load_model_mem keeps pointers into a buffer Python frees
+        (Path(tmp) / "g.param").write_text("7767517\n" + text)
+        (Path(tmp) / "g.bin").write_bytes(weights)
+        if net.load_param(str(Path(tmp) / "g.param")) != 0 or net.load_model(str(Path(tmp) / "g.bin")) != 0:
+            raise RuntimeError("ncnn could not load the graph")
+    return net
+
+
+def run_graph(net, **arrays) -> np.ndarray:
+    """Blob `out` of `net` for named numpy inputs (each held, then cloned into a Mat)."""
+    import ncnn
+
+    held = {k: np.ascontiguousarray(a) for k, a in arrays.items()}
+    mats = {k: ncnn.Mat(a).clone() for k, a in held.items()}
+    ex = net.create_extractor()
+    for k, m in mats.items():
+        ex.input(k, m)
+    _, out = ex.extract("out")
+    return np.array(out.numpy(), copy=True)
+
+
+ROPE = "4 4\nInput x 0 1 x\nInput cos 0 1 cos\nInput sin 0 1 sin\nRotaryEmbed rope 3 1 x cos sin out 0=0\n"
+SDPA = "5 5\nInput q 0 1 q\nInput k 0 1 k\nInput v 0 1 v\nInput m 0 1 m\nSDPA sdpa 4 1 q k v m out 5=1\n"
+
+
+def convention_rows(devices: list[str], threads: int = 2) -> list[dict]:
+    """Rope with half- and full-width tables, SDPA with 2-D and 3-D masks, on each device, against numpy
+    (max |diff|). The seed found full width and 3-D masks wrong on Vulkan; chapter 08 shows this version."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 5, 8)).astype(np.float32)  # (heads, seq, head_dim): ncnn's c, h, w
+    ang = np.arange(5, dtype=np.float32)[:, None] / 10000 ** (np.arange(0, 8, 2, dtype=np.float32) / 8)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)  # (seq, head_dim/2)
+    rope_ref = np.concatenate([x[..., :4] * cos - x[..., 4:] * sin, x[..., 4:] * cos + x[..., :4] * sin], -1)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3, 8), (2, 6, 8), (2, 6, 8)))
+
+    def sdpa_ref(mask: np.ndarray) -> np.ndarray:  # GQA: 4 query heads over 2 kv heads
+        s = q @ np.repeat(k, 2, 0).transpose(0, 2, 1) / np.sqrt(8) + mask
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ np.repeat(v, 2, 0)
+
+    masks = {"2-D (L, S)": rng.standard_normal((3, 6)), "3-D (1, L, S)": rng.standard_normal((1, 3, 6)),
+             "3-D (heads, L, S)": rng.standard_normal((4, 3, 6))}
+    rows = []
+    for dev in devices:
+        for width, c, s in (("half", cos, sin), ("full", np.tile(cos, 2), np.tile(sin, 2))):
+            y = run_graph(net_from_text(ROPE, dev, threads), x=x, cos=c, sin=s)
+            rows.append({"test": f"rope, {width}-width tables", "device": dev,
+                         "max_abs": float(np.abs(y - rope_ref).max())})
+        for label, m in masks.items():
+            y = run_graph(net_from_text(SDPA, dev, threads), q=q, k=k, v=v, m=m.astype(np.float32))
+            rows.append({"test": f"SDPA mask {label}", "device": dev, "max_abs": float(np.abs(y - sdpa_ref(m)).max())})
+    return rows
+
+
+class Counted:
+    """An extractor that counts its `extract` calls."""
+
+    def __init__(self, ex, counter: list):
+        self.ex, self.counter = ex, counter
+
+    def input(self, *args):
+        return self.ex.input(*args)
+
+    def extract(self, *args):
+        self.counter[0] += 1
+        return self.ex.extract(*args)
+
+
+@contextlib.contextmanager
+def patched_ncnn(fp16: bool = False, counter: list | None = None):
+    """Nets created inside: fp16 forced on at load time (the runtime turns it off), extracts counted.
+    Introduced in 08."""
+    import ncnn
+
+    real = ncnn.Net
+
+    class Patched(real):
+        def _opts(self):
+            if fp16:
+                o = self.opt
+                o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = True
+
+        def load_param(self, path):
+            self._opts()
+            return super().load_param(path)
+
+        def load_param_mem(self, text):
+            self._opts()
+            return super().load_param_mem(text)
+
+        def create_extractor(self):
+            ex = super().create_extractor()
+            return ex if counter is None else Counted(ex, counter)
+
+    ncnn.Net = Patched
+    try:
+        yield
+    finally:
+        ncnn.Net = real
