@@ -70,15 +70,9 @@ def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int
 
 def machine() -> dict:
     """GPU name and driver (nvidia-smi or ncnn), CPU model, cores, Python and ncnn versions."""
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "python": platform.python_version()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from .perf import cpu_model  # the CPU side of the description is the CPU harness's
+
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}
     try:
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=30)
