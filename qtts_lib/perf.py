@@ -93,13 +93,17 @@ def describe_machine(thread_counts: list[int]) -> dict:
     }
 
 
-def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16) -> int:
+def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16, precision: str = "fp32") -> int:
     """Weights one frame reads: the talker decoder and codec head once, the code predictor's decoder
-    and one of its heads per predicted codebook (15). Embedding lookups read a few rows only."""
+    and one of its heads per predicted codebook (15). Embedding lookups read a few rows only. A precision
+    tier (chapter 10) stores the two decoders in fewer bytes per weight; the heads stay fp32."""
+    from .runtime.precision import weight_bytes
+
     size = lambda name: (ncnn_dir / f"{name}.bin").stat().st_size  # noqa: E731
+    shrink = weight_bytes(precision) / 4.0
     per_head = size("predictor_heads") / (groups - 1)
-    return int(size("talker_decoder") + size("talker_codec_head")
-               + (groups - 1) * (size("predictor_decoder") + per_head))
+    return int(shrink * size("talker_decoder") + size("talker_codec_head")
+               + (groups - 1) * (shrink * size("predictor_decoder") + per_head))
 
 
 # ---------------------------------------------------------------- one run per child process
@@ -112,13 +116,14 @@ def peak_rss_gb() -> float:
     return float("nan")
 
 
-def run_ncnn(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int, device: str = "cpu") -> dict:
+def run_ncnn(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int, device: str = "cpu",
+             precision: str = "fp32") -> dict:
     """Generate exactly `frames` frames with the ncnn runtime and decode them; seconds per component."""
     from .runtime.audio import load_wav
     from .runtime.synthesizer import Synthesizer
 
     t0 = time.perf_counter()
-    synth = Synthesizer(model_dir, threads=threads, device=device)
+    synth = Synthesizer(model_dir, threads=threads, device=device, precision=precision)
     load_s = time.perf_counter() - t0
     voice = synth.voice(wav=load_wav(voice_wav))
     prompt = synth.build_prompt(text, "english", voice)
@@ -177,16 +182,18 @@ def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, thread
 
 
 def _child(args: argparse.Namespace) -> None:
-    fn = run_ncnn if args.child == "ncnn" else run_pytorch
-    out = fn(Path(args.model_dir), Path(args.voice), args.text, args.frames, args.threads)
+    common = (Path(args.model_dir), Path(args.voice), args.text, args.frames, args.threads)
+    out = run_ncnn(*common, precision=args.precision) if args.child == "ncnn" else run_pytorch(*common)
     print("QTTS_PERF " + json.dumps(out))
 
 
-def measure_once(runtime: str, model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int) -> dict:
+def measure_once(runtime: str, model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int,
+                 precision: str = "fp32") -> dict:
     """One run in a fresh Python; raises with its stderr if the child fails."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "qtts_lib.perf", "--child", runtime, "--model-dir", str(model_dir),
-           "--voice", str(voice_wav), "--text", text, "--frames", str(frames), "--threads", str(threads)]
+           "--voice", str(voice_wav), "--text", text, "--frames", str(frames), "--threads", str(threads),
+           "--precision", precision]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("QTTS_PERF ")), None)  # noqa: E741
     if proc.returncode != 0 or line is None:
@@ -195,7 +202,7 @@ def measure_once(runtime: str, model_dir: Path, voice_wav: Path, text: str, fram
 
 
 # ---------------------------------------------------------------- the benchmark
-def row(runtime: str, threads: int, runs: list[dict], floor_ms: float) -> dict:
+def row(runtime: str, threads: int, runs: list[dict], floor_ms: float, precision: str = "fp32") -> dict:
     """One schema row from repeated runs: medians per component, per frame."""
     med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
     frames = runs[0]["frames"]
@@ -203,7 +210,7 @@ def row(runtime: str, threads: int, runs: list[dict], floor_ms: float) -> dict:
     ms["total"] = sum(ms.values())
     total_s = ms["total"] * frames / 1000
     return {
-        "runtime": runtime, "device": "cpu", "precision": "fp32", "threads": threads,
+        "runtime": runtime, "device": "cpu", "precision": precision, "threads": threads,
         "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
         "prefill_ms": round(1000 * med("prefill_s"), 1), "load_s": round(med("load_s"), 2),
         "rtf": round(total_s / (frames / FRAME_RATE), 3), "peak_rss_gb": round(max(r["peak_rss_gb"] for r in runs), 2),
@@ -214,27 +221,36 @@ def row(runtime: str, threads: int, runs: list[dict], floor_ms: float) -> dict:
 
 
 def benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_counts: list[int], repeats: int,
-              runtimes=("pytorch", "ncnn"), progress: bool = True) -> dict:
-    """Interleaved repeats of every (runtime, threads); the result in data/bench's schema."""
+              runtimes=("pytorch", "ncnn"), progress: bool = True, precisions=("fp32",)) -> dict:
+    """Interleaved repeats of every (runtime, precision, threads); the result in data/bench's schema.
+    PyTorch runs fp32 only; the ncnn runtime runs every tier in `precisions` (chapter 10)."""
     from tqdm.auto import tqdm
 
     machine = describe_machine(thread_counts)
-    weights = weight_bytes_per_frame(Path(model_dir) / "ncnn")
-    runs: dict[tuple[str, int], list[dict]] = {(r, t): [] for t in thread_counts for r in runtimes}
+    ncnn_dir = Path(model_dir) / "ncnn"
+    weights = {p: weight_bytes_per_frame(ncnn_dir, precision=p) for p in {"fp32", *precisions}}
+    if "int8" in precisions:  # write the tier's files before anything is timed
+        from .runtime.precision import ensure_int8
+
+        for name in ("talker_decoder", "predictor_decoder"):
+            ensure_int8(ncnn_dir, name, log=print)
+    keys = [(r, p, t) for t in thread_counts for r in runtimes for p in (precisions if r == "ncnn" else ("fp32",))]
+    runs: dict[tuple[str, str, int], list[dict]] = {k: [] for k in keys}
     with tqdm(total=repeats * len(runs), desc="bench", unit="run", disable=not progress) as bar:
         for _ in range(repeats):
-            for (runtime, threads), done in runs.items():
-                bar.set_postfix_str(f"{runtime} {threads} threads")
-                done.append(measure_once(runtime, model_dir, voice_wav, text, frames, threads))
+            for (runtime, precision, threads), done in runs.items():
+                bar.set_postfix_str(f"{runtime} {precision} {threads} threads")
+                done.append(measure_once(runtime, model_dir, voice_wav, text, frames, threads, precision))
                 bar.update(1)
     machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     rows = []
-    for (runtime, threads), done in runs.items():
-        floor_ms = weights / (machine["read_bandwidth_gbs"][str(threads)] * 1e9) * 1000
-        rows.append(row(runtime, threads, done, floor_ms))
-    raw = [{"runtime": r, "threads": t, **run} for (r, t), done in runs.items() for run in done]
+    for (runtime, precision, threads), done in runs.items():
+        floor_ms = weights[precision] / (machine["read_bandwidth_gbs"][str(threads)] * 1e9) * 1000
+        rows.append(row(runtime, threads, done, floor_ms, precision))
+    raw = [{"runtime": r, "precision": p, "threads": t, **run} for (r, p, t), done in runs.items() for run in done]
     return {"machine": machine, "checkpoint": Path(model_dir).name, "frames": frames,
-            "weight_bytes_per_frame": weights, "text": text, "rows": rows, "raw": raw}
+            "weight_bytes_per_frame": weights["fp32"], "weight_bytes_per_frame_by_precision": weights,
+            "text": text, "rows": rows, "raw": raw}
 
 
 def check_schema(result: dict) -> None:
@@ -262,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--text", default=DEFAULT_TEXT)
     p.add_argument("--voice", default=str(paths.voice_wav()))
+    p.add_argument("--precision", default="fp32",
+                   help="comma-separated ncnn tiers (fp32, fp16, int8; chapter 10); PyTorch runs fp32")
+    p.add_argument("--runtimes", default="pytorch,ncnn", help="comma-separated: pytorch, ncnn")
     p.add_argument("-o", "--output", type=Path)
     p.add_argument("--child", choices=["ncnn", "pytorch"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -272,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     model_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else paths.model_dir(args.checkpoint)
     counts = sorted({os.cpu_count() if t == "all" else int(t) for t in args.threads.split(",")})
-    result = benchmark(model_dir, Path(args.voice), args.text, args.frames, counts, args.repeats)
+    tiers = tuple(t.strip() for t in args.precision.split(","))
+    runtimes = tuple(r.strip() for r in args.runtimes.split(","))
+    result = benchmark(model_dir, Path(args.voice), args.text, args.frames, counts, args.repeats, runtimes,
+                       precisions=tiers)
     check_schema(result)
     text = json.dumps(result, indent=1)
     if args.output:

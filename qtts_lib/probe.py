@@ -168,24 +168,26 @@ def probe_ncnn(param_dir: str | Path, name: str, inputs: Sequence[np.ndarray], a
     by ncnn layer name) of configuration `a` against `b`. Introduced in 04 (used in 08 and the precision tiers).
 
     Each opts dict may hold `threads`, `device` ("cpu", "vulkan", "vulkan:N"), `param` (another .param over the
-    same `<name>.bin`), `rewrite` (a function of the .param text, e.g. `runtime.speed.decode_step`) and any
+    same `<name>.bin`; a path relative to `param_dir`, without .param), `bin` (another weight file: a precision
+    tier's, chapter 10), `rewrite` (a function of the .param text, e.g. `runtime.speed.decode_step`) and any
     `net.opt` attribute (`use_fp16_storage`, ...); unset ones are runtime.net's defaults (fp32, 2 threads, CPU,
-    `<name>.param`). Blobs that only one side has (renamed or added by a rewrite) are skipped."""
+    `<name>.param`). Blobs that only one side has (renamed or added by a rewrite) are skipped. The inputs' batch
+    axes are those of `<name>.param` in the export manifest (a cached graph is fed its first inputs only)."""
     param_dir = Path(param_dir)
     sides = []
     for o in (dict(a_opts or {}), dict(b_opts or {})):
         param = param_dir / f"{o.pop('param', name)}.param"
         rewrite = o.pop("rewrite", None)
         info = parse_param(param.read_text() if rewrite is None else rewrite(param.read_text()))
-        sides.append((o, param, rewrite, info))
+        sides.append((o, param, rewrite, info, Path(o.pop("bin", param_dir / f"{name}.bin"))))
     order_b = {b: i for i, layer in enumerate(sides[1][3].layers) for b in layer.outputs}
     chosen = [layer for layer in computed_layers(sides[0][3])
               if (layers is None or layer.name in layers) and layer.outputs[0] in order_b]
-    axes = input_axes(param_dir, name)
+    axes = input_axes(param_dir, name)[: len(inputs)]
     got = []
-    for side, (o, param, rewrite, _) in enumerate(sides):
+    for side, (o, param, rewrite, _, bin_) in enumerate(sides):
         threads, device = o.pop("threads", 2), o.pop("device", "cpu")
-        net = load_net(param, param_dir / f"{name}.bin", threads, device, o, rewrite)
+        net = load_net(param, bin_, threads, device, o, rewrite)
         blobs = [layer.outputs[0] for layer in chosen]
         got.append(extract_blobs(net, inputs, sorted(blobs, key=order_b.get) if side else blobs, axes))
         del net

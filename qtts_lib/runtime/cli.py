@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .audio import SAMPLE_RATE, AudioError, load_wav, prepare_voice_clip, save_wav
 from .net import DeviceError, MissingArtifact
+from .precision import PrecisionError
 from .synthesizer import InputError
 
 
@@ -91,6 +92,9 @@ def parser() -> argparse.ArgumentParser:
                           "scales with its text")
     say.add_argument("--threads", type=positive_int, default=2, help="CPU threads (at least 1)")
     say.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
+    say.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"],
+                     help="weights of the talker and code predictor: fp32 (exact), fp16 or int8 (faster, "
+                          "approximate; CPU only; chapter 10 measures the cost)")
     from .server import add_arguments
 
     add_arguments(sub.add_parser("serve", help="a local HTTP speech server (OpenAI's /v1/audio/speech), streamed",
@@ -115,7 +119,8 @@ def say(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"qtts: {note}", file=sys.stderr)
     t0 = time.perf_counter()
-    synth = Synthesizer(model_dir(args.checkpoint), threads=args.threads, device=args.device)
+    synth = Synthesizer(model_dir(args.checkpoint), threads=args.threads, device=args.device,
+                        precision=args.precision, log=lambda m: print(f"qtts: {m}", file=sys.stderr))
     if clip is None and args.speaker is None:
         raise InputError("this CustomVoice checkpoint speaks with a built-in voice: give --speaker "
                          f"({', '.join(synth.speakers)})" if synth.kind == "custom_voice" else
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return serve(args)
         return say(args)
-    except (InputError, AudioError, DeviceError) as e:
+    except (InputError, AudioError, DeviceError, PrecisionError) as e:
         print(f"qtts: error: {e}", file=sys.stderr)
         return 2
     except MissingArtifact as e:

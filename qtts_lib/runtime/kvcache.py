@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import precision as tiers
 from . import rope, speed
 from .net import MissingArtifact, from_mat, make_net, parse_device, to_mat
 
@@ -26,19 +27,27 @@ class KvCacheNet:
     """A decoder with a KV cache. `prefill(embeds)` then `step(embed)`; `reset()` starts over."""
 
     def __init__(self, directory: str | Path, name: str, head_dim: int, theta: float, threads: int = 2,
-                 device: str = "cpu", fast: bool | None = None):
+                 device: str = "cpu", fast: bool | None = None, precision: str = "fp32", log=None):
         directory = Path(directory)
         param = directory / f"{name}_kv.param"
         if not param.is_file():
             raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
         manifest = json.loads((directory / "manifest.json").read_text())
         self.layers = manifest[f"{name}_kv.param"]["cached_layers"]
-        self.net = make_net(param, directory / f"{name}.bin", threads, device)
-        # One-position steps on the CPU run a decode-only form of the same graph over the same .bin
-        # (Gemm -> InnerProduct on a 1-D input, `speed.decode_step`); prefill keeps the original.
-        # The two nets hold their own copy of the weights: that is the memory this speed costs.
-        fast = parse_device(device) is None if fast is None else fast
-        self.step_net = make_net(param, directory / f"{name}.bin", threads, device, speed.decode_step) if fast else None
+        self.precision = tiers.check_tier(precision, device)
+        if self.precision == "int8":
+            # One int8 graph (chapter 10) for prefill and steps: its Gemms are threaded at one row.
+            self.net = make_net(*tiers.ensure_int8(directory, name, log), threads, device)
+            self.step_net = None
+        else:
+            self.net = make_net(param, directory / f"{name}.bin", threads, device)
+            # One-position steps on the CPU run a decode-only form of the same graph over the same .bin
+            # (Gemm -> InnerProduct on a 1-D input, `speed.decode_step`); prefill keeps the original.
+            # The two nets hold their own copy of the weights: that is the memory this speed costs.
+            fast = parse_device(device) is None if fast is None else fast
+            step = tiers.fp16_step if self.precision == "fp16" else speed.decode_step
+            self.step_net = (make_net(param, directory / f"{name}.bin", threads, device, step,
+                                      fp16_weights=self.precision == "fp16") if fast else None)
         self.name, self.head_dim, self.theta = name, head_dim, theta
         self.reset()
 

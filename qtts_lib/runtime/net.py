@@ -90,11 +90,12 @@ def from_mat(mat, batch_axis: int = NO_BATCH) -> np.ndarray:
 
 
 def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu",
-             rewrite: Callable[[str], str] | None = None):
+             rewrite: Callable[[str], str] | None = None, fp16_weights: bool = False):
     """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin.
 
     `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.speed`);
-    the weights are read from `bin` unchanged."""
+    the weights are read from `bin` unchanged. `fp16_weights` turns ncnn's fp16 storage on (the fp16
+    precision tier, chapter 10: the .param masks every layer that should stay fp32)."""
     import ncnn
 
     gpu = parse_device(device)
@@ -107,7 +108,7 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
     opt = net.opt
     opt.num_threads = threads
     opt.use_fp16_packed = False
-    opt.use_fp16_storage = False
+    opt.use_fp16_storage = fp16_weights
     opt.use_fp16_arithmetic = False
     opt.use_bf16_storage = False
     opt.use_vulkan_compute = gpu is not None

@@ -82,18 +82,24 @@ class Result:
     wav: np.ndarray | None = None
     seconds: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    chosen: np.ndarray | None = None  # teacher forcing: the model's own pick at every fed code (T, 16)
 
 
 class Synthesizer:
     """The deployable pipeline over a checkpoint directory and its `ncnn/` exports."""
 
-    def __init__(self, model_dir: str | Path, threads: int = 2, device: str = "cpu", gpu_rewrites: bool = True):
+    def __init__(self, model_dir: str | Path, threads: int = 2, device: str = "cpu", gpu_rewrites: bool = True,
+                 precision: str = "fp32", log: Callable[[str], None] | None = None):
         """`device` cpu, vulkan or vulkan:N. On a GPU, `gpu_rewrites` (default) runs the loop over the
-        rewritten graphs of `runtime.vulkan` (fewer round trips; chapter 08); False keeps the landed loop."""
+        rewritten graphs of `runtime.vulkan` (fewer round trips; chapter 08); False keeps the landed loop.
+        `precision` fp32 (default, the parity tier), fp16 or int8: the talker's and the code predictor's
+        weights (chapter 10, `runtime.precision`); `log` hears about one-time work (writing a tier)."""
+        from . import precision as tiers
         from .bpe import Tokenizer
         from .sampler import SamplerConfig
 
         self.model_dir = Path(model_dir)
+        self.precision = tiers.check_tier(precision, device)
         ncnn_dir = self.model_dir / "ncnn"
         if not (self.model_dir / "config.json").is_file():
             raise MissingArtifact(f"{self.model_dir} has no config.json; run notebooks/00_get_checkpoint.py")
@@ -130,9 +136,9 @@ class Synthesizer:
                            vulkan.embed_table(ncnn_dir, "predictor_embeds", (self.groups - 1) * self.codebook, threads))
         else:
             self.talker = KvCacheNet(ncnn_dir, "talker_decoder", talker["head_dim"], talker["rope_theta"], threads,
-                                     device)
+                                     device, precision=self.precision, log=log)
         self.predictor = KvCacheNet(ncnn_dir, "predictor_decoder", pred["head_dim"], pred["rope_theta"], threads,
-                                    device)
+                                    device, precision=self.precision, log=log)
         self.codec = Codec(ncnn_dir, st_config["decoder_config"], threads, device)
         self.SamplerConfig = SamplerConfig
 
@@ -271,10 +277,16 @@ class Synthesizer:
 
     # ------------------------------------------------------------ loop
     def generate(self, prompt: Prompt, max_new_tokens: int, greedy: bool = True, seed: int = 0,
-                 eos_id: int | None = None, on_frame: Callable[[int], None] | None = None) -> Result:
-        """Codebook 0 from the talker, 1..15 from the code predictor, until EOS or max_new_tokens samples."""
+                 eos_id: int | None = None, on_frame: Callable[[int], None] | None = None,
+                 teacher: np.ndarray | None = None) -> Result:
+        """Codebook 0 from the talker, 1..15 from the code predictor, until EOS or max_new_tokens samples.
+
+        `teacher` (T, 16): teacher forcing (chapter 10). Every code the model picks is recorded in
+        `Result.chosen` but the teacher's code is fed on, for T frames; `Result.codes` is the teacher's."""
         from .sampler import sample
 
+        if teacher is not None and self.fused is not None:
+            raise ValueError("teacher forcing runs the CPU loop (gpu_rewrites=False)")
         rng = np.random.default_rng(seed)
         talker_sc = self.SamplerConfig.talker(self.gen_config, self.talker_cfg, greedy=greedy, eos_token_id=eos_id)
         pred_sc = self.SamplerConfig.subtalker(self.gen_config, self.talker_cfg, greedy=greedy)
@@ -285,20 +297,29 @@ class Synthesizer:
         timing["prefill"] = time.perf_counter() - t0
         sequence: list[int] = []
         frames: list[np.ndarray] = []
+        chosen: list[np.ndarray] = []
         while True:
             t0 = time.perf_counter()
             logits = self.codec_head(hidden[None])[0][0]
             token = sample(logits, sequence, len(sequence), talker_sc, rng)
+            if teacher is not None:
+                pick, token = token, int(teacher[len(sequence), 0])
             sequence.append(token)
             timing["talker"] += time.perf_counter() - t0
             if token == talker_sc.eos_id or len(sequence) >= max_new_tokens:
                 break
             t0 = time.perf_counter()
-            frame, embed = self._predict_frame(hidden, token, pred_sc, rng)
+            forced = None if teacher is None else teacher[len(frames)]
+            frame, embed = self._predict_frame(hidden, token, pred_sc, rng, forced)
             timing["predictor"] += time.perf_counter() - t0
+            if teacher is not None:
+                chosen.append(np.concatenate([[pick], frame[16:]]))
+                frame = frame[:16]
             frames.append(frame)
             if on_frame:
                 on_frame(len(frames))
+            if teacher is not None and len(frames) == len(teacher):
+                break
             t0 = time.perf_counter()
             step = len(frames) - 1
             x = embed + (prompt.trailing[step] if step < len(prompt.trailing) else prompt.tts_pad)
@@ -306,29 +327,37 @@ class Synthesizer:
             timing["talker"] += time.perf_counter() - t0
         codes = np.stack(frames) if frames else np.zeros((0, self.groups), np.int64)
         eos_step = len(sequence) - 1 if sequence and sequence[-1] == talker_sc.eos_id else -1
-        return Result(codes.astype(np.int64), sequence, eos_step, seconds=timing)
+        result = Result(codes.astype(np.int64), sequence, eos_step, seconds=timing)
+        if teacher is not None:
+            result.chosen = np.stack(chosen).astype(np.int64) if chosen else np.zeros((0, self.groups), np.int64)
+        return result
 
-    def _predict_frame(self, hidden: np.ndarray, c0: int, sc, rng) -> tuple[np.ndarray, np.ndarray]:
+    def _predict_frame(self, hidden: np.ndarray, c0: int, sc, rng,
+                       forced: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Codebooks 1..15 of one frame: 2-position prefill, then 14 steps (table s-1, head s).
 
         Returns the 16 codes and the frame's embedding (talker table at c0 + predictor tables at
-        c1..c15), each code looked up once: the loop feeds that sum to the talker next."""
+        c1..c15), each code looked up once: the loop feeds that sum to the talker next. With
+        `forced` (16,) codes (teacher forcing) those are fed on and the picks are appended (32 codes)."""
         from .sampler import sample
 
         if self.fused is not None:
             return self._predict_frame_fused(hidden, c0, sc, rng)
-        codes = [c0]
+        codes, picks = [c0], []
         embed = self.codec_embed([c0])[0]
         h = self.predictor.prefill(np.stack([hidden, embed])[None].astype(np.float32))[0, -1]
         for s in range(self.groups - 1):
             logits = self.pred_heads.run([h[None]], [s])[0][0]
             code = sample(logits, codes[1:], s, sc, rng)
+            if forced is not None:
+                picks.append(code)
+                code = int(forced[s + 1])
             codes.append(code)
             e = self.pred_embeds(np.array([s * self.codebook + code], np.int32))[0][0]  # (H,)
             embed = embed + e
             if s < self.groups - 2:
                 h = self.predictor.step(e[None, None].astype(np.float32))[0, -1]
-        return np.array(codes, np.int64), embed
+        return np.array(codes + picks, np.int64), embed
 
     def _predict_frame_fused(self, hidden: np.ndarray, c0: int, sc, rng) -> tuple[np.ndarray, np.ndarray]:
         """`_predict_frame` over `runtime.vulkan`'s graphs: table lookups in numpy and one fused graph call

@@ -1,0 +1,164 @@
+"""Precision tiers (qtts_lib.runtime.precision, chapter 10): the int8 arithmetic against a numpy model of it, the
+tiers on tiny-base against fp32, the cached int8 files, the runtime and CLI options, the quality harness."""
+import json
+import os
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from qtts_lib import paths, quality
+from qtts_lib.runtime import precision, speed
+from qtts_lib.runtime.net import from_mat, make_net, to_mat
+
+RNG = np.random.default_rng(0)
+CKPT = "tiny-base"
+
+
+def test_quantize_rows_error_is_half_a_step():
+    w = RNG.standard_normal((64, 96)).astype(np.float32) * RNG.uniform(0.01, 3, (64, 1)).astype(np.float32)
+    w[5] = 0
+    q, scale = precision.quantize_rows(w)
+    assert q.dtype == np.int8 and np.abs(q).max() == 127
+    err = np.abs(precision.dequantize_rows(q, scale) - w)
+    assert (err <= 0.5 / 127 * scale[:, None] * (1 + 1e-5)).all()
+    assert (precision.dequantize_rows(q, scale)[5] == 0).all()
+
+
+GEMM = """7767517
+2 2
+Input                    in                       0 1 in
+Gemm                     gemm_0                   1 1 in out 10=-1 2=0 3=1 4=0 5=1 6=1 7=0 8=24 9=40
+"""
+
+
+def test_int8_gemm_is_what_we_think_it_is(tmp_path):
+    """ncnn's int8 Gemm + our row scales against a numpy model: activations quantized per row (absmax -> 127),
+    int8 products summed exactly, then both scales undone."""
+    w = RNG.standard_normal((24, 40)).astype(np.float32)
+    text, data, stats = precision.int8_graph(GEMM, speed.FP32_TAG + w.tobytes())
+    assert stats["gemms"] == 1 and "18=2" in text and "MemoryData" in text
+    (tmp_path / "g.param").write_text(text)
+    (tmp_path / "g.bin").write_bytes(data)
+    x = RNG.standard_normal((3, 40)).astype(np.float32)
+    net = make_net(tmp_path / "g.param", tmp_path / "g.bin", 2)
+    ex = net.create_extractor()
+    m = to_mat(x)
+    ex.input("in", m)
+    ret, y = ex.extract("out")
+    assert ret == 0
+    y = from_mat(y)
+    q, scale = precision.quantize_rows(w)
+    a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
+    xq = np.clip(np.rint(x * a_scale), -127, 127)
+    model = (xq @ q.T.astype(np.float64)) / (a_scale * 127) * scale
+    np.testing.assert_allclose(y, model, rtol=1e-5, atol=1e-5)
+    exact = x @ w.T
+    rel = np.linalg.norm(y - exact) / np.linalg.norm(exact)
+    assert 1e-4 < rel < 3e-2, rel  # quantized (not exact), and not garbage
+
+
+def test_bad_tiers_are_refused():
+    with pytest.raises(precision.PrecisionError, match="fp32, fp16, int8"):
+        precision.check_tier("int4")
+    with pytest.raises(precision.PrecisionError, match="CPU only"):
+        precision.check_tier("int8", "vulkan")
+    assert precision.check_tier(" INT8 ") == "int8"
+
+
+@pytest.fixture(scope="module")
+def exported(tts):
+    from qtts_lib import export
+
+    export.ensure(tts, CKPT)
+    return paths.model_dir(CKPT)
+
+
+def _decoder(model_dir, tier):
+    from qtts_lib.runtime.kvcache import KvCacheNet
+
+    cfg = json.loads((model_dir / "config.json").read_text())["talker_config"]
+    return cfg["hidden_size"], KvCacheNet(model_dir / "ncnn", "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2,
+                                          precision=tier)
+
+
+@pytest.mark.parametrize("tier,low,high", [("fp16", 1e-6, 5e-3), ("int8", 1e-4, 0.1)])
+def test_tiers_stay_close_to_fp32(exported, tier, low, high):
+    hidden, ref = _decoder(exported, "fp32")
+    _, net = _decoder(exported, tier)
+    rng = np.random.default_rng(1)
+    x0 = rng.standard_normal((1, 9, hidden)).astype(np.float32)
+    outs = [(ref.prefill(x0), net.prefill(x0))]
+    for _ in range(6):
+        x = rng.standard_normal((1, 1, hidden)).astype(np.float32)
+        outs.append((ref.step(x), net.step(x)))
+    rel = [np.linalg.norm(b - a) / np.linalg.norm(a) for a, b in outs[1:]]   # the steps
+    assert max(rel) < high, rel
+    assert min(rel) > low, rel                                              # the tier really is another graph
+    if tier == "fp16":   # fp16 prefill runs the fp32 graph; only the steps are fp16
+        np.testing.assert_array_equal(outs[0][0], outs[0][1])
+
+
+def test_int8_files_are_written_once(exported):
+    ncnn_dir = exported / "ncnn"
+    param, bin_ = precision.ensure_int8(ncnn_dir, "predictor_decoder")
+    before = bin_.stat().st_mtime_ns
+    assert precision.ensure_int8(ncnn_dir, "predictor_decoder") == (param, bin_)
+    assert bin_.stat().st_mtime_ns == before
+    src = ncnn_dir / "predictor_decoder.bin"
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))   # the export changed: write again
+    try:
+        notes = []
+        precision.ensure_int8(ncnn_dir, "predictor_decoder", log=notes.append)
+        assert notes and "int8" in notes[0]
+    finally:
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+        precision.ensure_int8(ncnn_dir, "predictor_decoder")
+    stamp = json.loads((ncnn_dir / "int8" / "stamp.json").read_text())["predictor_decoder"]
+    assert 0 < stamp["weight_rel_rms"] < 0.02
+
+
+def test_synthesizer_and_cli_take_a_precision(exported, tmp_path, capsys):
+    from qtts_lib.runtime.cli import main
+    from qtts_lib.runtime.synthesizer import Synthesizer
+
+    with pytest.raises(precision.PrecisionError):
+        Synthesizer(exported, precision="fp8")
+    out = tmp_path / "int8.wav"
+    rc = main(["say", "--checkpoint", str(exported), "--voice", str(paths.voice_wav()), "--text", "Hello there.",
+               "--language", "english", "--greedy", "--max-frames", "4", "--precision", "int8", "-o", str(out)])
+    assert rc == 0
+    wav, sr = sf.read(out)
+    assert sr == 24000 and len(wav) == 4 * 1920
+    with pytest.raises(SystemExit) as e:
+        main(["say", "--checkpoint", str(exported), "--text", "Hi.", "--precision", "int3"])
+    assert e.value.code == 2
+    assert "int3" in capsys.readouterr().err
+
+
+def test_quality_harness_on_tiny(exported):
+    r = quality.measure(exported, ("fp32", "int8"), frames=6, progress=False)
+    assert r["frames"] == 6 and r["codebooks"] == 16
+    assert r["tiers"]["fp32"]["agreement"] == [1.0] * 16           # teacher forcing reproduces greedy exactly
+    assert r["tiers"]["fp32"]["first_divergent_frame"] is None
+    int8 = r["tiers"]["int8"]
+    assert len(int8["agreement"]) == 16 and all(0 <= a <= 1 for a in int8["agreement"])
+    errs = int8["layer_errors"]["talker_decoder"]
+    assert errs["worst_rel"] > 0 and len(errs["rel"]) == len(errs["labels"]) > 10
+
+
+def test_first_divergence():
+    a = np.zeros((5, 16), int)
+    b = a.copy()
+    assert quality.first_divergence(a, b) is None
+    b[3, 7] = 1
+    assert quality.first_divergence(a, b) == 3
+    assert quality.first_divergence(a, a[:4]) == 4
+
+
+def test_weight_bytes_shrink_with_the_tier(exported):
+    from qtts_lib import perf
+
+    sizes = [perf.weight_bytes_per_frame(exported / "ncnn", precision=t) for t in ("fp32", "fp16", "int8")]
+    assert sizes[0] > sizes[1] > sizes[2] > 0
