@@ -9,7 +9,7 @@ CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]*.py))
 unexport MPLBACKEND
 export PYTHONHASHSEED := 0
 
-.PHONY: setup test unit lint notebooks book bench lab clean
+.PHONY: setup test unit lint notebooks book bench quality lab clean
 
 setup: $(STAMP)
 
@@ -38,14 +38,21 @@ notebooks: setup
 	$(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q $(CHAPTERS:.py=.ipynb)
 
 # PyTorch vs ncnn on BENCH_CKPT (default full-base, built and exported first if missing), interleaved repeats,
-# the machine described; writes data/bench/$(BENCH_NAME).json. See qtts_lib/perf.py.
+# the machine described; writes data/bench/$(BENCH_NAME).json. See qtts_lib/perf.py. BENCH_PRECISION lists the
+# ncnn tiers to time (chapter 10: fp32,fp16,int8); `make quality` measures what they cost against fp32.
 BENCH_CKPT ?= full-base
 BENCH_NAME ?= $(shell hostname -s)-$(BENCH_CKPT)
-BENCH_ARGS ?= --threads 1,2,all --frames 40 --repeats 3
-bench: setup
-	QTTS_CHECKPOINT=$(BENCH_CKPT) $(BIN)/python -c "from qtts_lib import checkpoint, export, reference, settings; \
+BENCH_PRECISION ?= fp32
+BENCH_ARGS ?= --threads 1,2,all --frames 40 --repeats 3 --precision $(BENCH_PRECISION)
+EXPORTED = QTTS_CHECKPOINT=$(BENCH_CKPT) $(BIN)/python -c "from qtts_lib import checkpoint, export, reference, settings; \
 	  c = settings.checkpoint(); export.ensure(reference.load(checkpoint.ensure(c), threads=settings.threads()), c)"
+bench: setup
+	$(EXPORTED)
 	$(BIN)/python -m qtts_lib.perf --checkpoint $(BENCH_CKPT) $(BENCH_ARGS) -o data/bench/$(BENCH_NAME).json
+
+quality: setup
+	$(EXPORTED)
+	$(BIN)/python -m qtts_lib.quality --checkpoint $(BENCH_CKPT) --frames 200 -o data/bench/quality/$(BENCH_NAME).json
 
 book: setup
 	rm -rf book/chapters && mkdir -p book/chapters

@@ -1,0 +1,276 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Go past fp32: precision tiers and what they cost
+# > The generation loop is memory-bound, so the only way below its fp32 floor is fewer bytes per weight.
+#
+# **You will:** count the bytes a frame reads in each precision tier and turn them into floors; see how each tier is
+# written (a `.param` rewrite for fp16, int8 weights written from numpy for int8) and check ncnn's int8 arithmetic
+# against a numpy model of it; time the decoders in every tier; measure the quality cost against fp32 —
+# teacher-forced agreement per codebook, the first divergent frame, per-layer error — and read the full-size results.
+#
+# **You will learn:** why fp32 cannot reach real time on two cores; what fp16 storage and int8 weights buy on this
+# CPU; why agreement on random weights is a pessimistic proxy; what real time on two cores would still need.
+#
+# **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing). **Leaves behind:**
+# `models/<ckpt>/ncnn/int8/` (the int8 tier, written once), `data/outputs/<ckpt>/10_quality.json`,
+# `data/reports/<ckpt>/10_go_past_fp32.json`.
+
+# %%
+import json
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from IPython.display import display
+
+from qtts_lib import check, checkpoint, export, paths, perf, quality, reference, settings
+from qtts_lib.runtime import precision, speed
+from qtts_lib.runtime.kvcache import KvCacheNet
+from qtts_lib.runtime.net import from_mat, make_net, to_mat
+
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
+report = check.begin("10_go_past_fp32", ckpt)
+model_dir = checkpoint.ensure(ckpt)
+tts = reference.load(model_dir, threads=THREADS)
+export.ensure(tts, ckpt)
+del tts
+ncnn_dir = paths.ncnn_dir(ckpt)
+full = not ckpt.startswith("tiny")
+
+# %% [markdown]
+# ## 1. Bytes per frame, per tier
+# Chapter 09 counted the weights one frame reads: the talker decoder once, the code predictor's decoder 15 times,
+# plus the two heads. A tier stores the two decoders' projections in fewer bytes; embeddings, heads and the codec stay
+# fp32 in every tier (the heads decide the codes directly; the embeddings are read a few rows at a time, so shrinking
+# them saves memory, not time). Divided by the read bandwidth measured now, each tier has its own floor:
+
+# %%
+machine = perf.describe_machine([THREADS])
+bandwidth = machine["read_bandwidth_gbs"][str(THREADS)]
+tiers = list(precision.TIERS)
+bytes_per_frame = {t: perf.weight_bytes_per_frame(ncnn_dir, precision=t) for t in tiers}
+floors = pd.DataFrame({"bytes per weight": [precision.weight_bytes(t) for t in tiers],
+                       "GB read per frame": [round(bytes_per_frame[t] / 1e9, 3) for t in tiers],
+                       f"floor ms/frame at {bandwidth} GB/s": [round(bytes_per_frame[t] / bandwidth / 1e6, 1)
+                                                               for t in tiers]}, index=tiers)
+check.equal("tiers by bytes read per frame", "order", " < ".join(sorted(tiers, key=bytes_per_frame.get)),
+            "int8 < fp16 < fp32")
+display(floors)
+
+# %% [markdown]
+# At full size that is 6.6 GB per frame in fp32, 3.4 GB in fp16 and 1.8 GB in int8; on this 2-core machine's
+# ~22 GB/s the int8 floor is about 80 ms per frame — exactly real time (one frame is 80 ms of audio), before the codec
+# has decoded a sample. Keep that arithmetic in mind when you read the timings.
+#
+# ## 2. How each tier is written
+# **fp16** needs no new file: ncnn's x86 InnerProduct keeps its weights as fp16 when `use_fp16_storage` is on and
+# converts them while reading (F16C); the arithmetic stays fp32. Turning the option on for a whole net would round
+# every activation too, so `precision.fp16_step` masks every other layer back to fp32 with the per-layer feature
+# mask `31=2`. **int8** rewrites every projection (a constant-weight Gemm) as ncnn's int8 Gemm: weights int8,
+# activations quantized per row at run time (absmax → 127) and multiplied in int32 on VNNI. ncnn's int8 Gemm keeps
+# one scale per weight tensor, which would waste most of the 8 bits on rows with small weights; so each row is first
+# normalised to |max| = 1 and its scale is applied after the Gemm by a `BinaryOp` with a `MemoryData` row of scales.
+
+# %%
+fp16_text = precision.fp16_step((ncnn_dir / "talker_decoder_kv.param").read_text())
+masked = sum("31=2" in line for line in fp16_text.splitlines())
+for name in precision.DECODERS:
+    precision.ensure_int8(ncnn_dir, name, log=print)
+print(f"fp16 step graph: {masked} layers masked back to fp32 storage")
+stamps = json.loads((ncnn_dir / "int8" / "stamp.json").read_text())
+for name in precision.DECODERS:  # int8 weights + fp32 row scales and norms: about one byte per weight
+    check.at_most(f"{name}: int8 .bin bytes per quantized weight", "bytes",
+                  precision.int8_paths(ncnn_dir, name)[1].stat().st_size / stamps[name]["weights"], 1.05)
+pd.DataFrame({n: {"Gemms made int8": stamps[n]["gemms"], "weights": stamps[n]["weights"],
+                  "weight error (rel. RMS)": round(stamps[n]["weight_rel_rms"], 4)}
+              for n in precision.DECODERS}).transpose()
+
+# %% [markdown]
+# Before trusting a tier, check that ncnn computes what we think it computes. One projection of the talker, its int8
+# form run by ncnn, against a numpy model of the same arithmetic (per-row activation scale, exact integer sums, both
+# scales undone) — they must agree to float rounding — and against the fp32 product, which it only approximates:
+
+# %%
+text = (ncnn_dir / "talker_decoder.param").read_text()
+gemm = next(layer for layer in speed.Graph(text).layers if layer.type == "Gemm")
+n, k = (int(speed.params_dict(gemm)[key]) for key in ("8", "9"))
+w = speed.split_bin(text, (ncnn_dir / "talker_decoder.bin").read_bytes())[gemm.name][0].array().reshape(n, k)
+one = f"7767517\n2 2\nInput in 0 1 in\nGemm g 1 1 in out {' '.join(gemm.params)}\n"
+q_text, q_bin, _ = precision.int8_graph(one, speed.FP32_TAG + w.tobytes())
+work = paths.outputs_dir(ckpt) / "10_one_gemm"
+work.mkdir(parents=True, exist_ok=True)
+(work / "g.param").write_text(q_text)
+(work / "g.bin").write_bytes(q_bin)
+x = np.random.default_rng(0).standard_normal((4, k)).astype(np.float32)
+ex = make_net(work / "g.param", work / "g.bin", THREADS).create_extractor()
+held = to_mat(x)
+ex.input("in", held)
+y = from_mat(ex.extract("out")[1])
+q, scale = precision.quantize_rows(w)
+a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
+model = (np.clip(np.rint(x * a_scale), -127, 127) @ q.T.astype(np.float64)) / (a_scale * 127) * scale
+check.close(f"ncnn int8 Gemm ({gemm.name}, {n}x{k}) vs the numpy model of its arithmetic", y, model, rel=1e-5)
+check.within("the same int8 Gemm vs the fp32 product", "rel", y, x @ w.T, 0.03)
+
+# %% [markdown]
+# ## 3. Time the decoders in every tier
+# One talker and one predictor decoder per tier, the same prefill and decode steps, tiers interleaved, medians. On a
+# tiny checkpoint this measures call overhead (the weights fit in cache); the full-size numbers are in section 5.
+
+# %%
+talker_cfg = checkpoint.load_config(ckpt)["talker_config"]
+decoders = {"talker_decoder": talker_cfg, "predictor_decoder": talker_cfg["code_predictor_config"]}
+rng = np.random.default_rng(4)
+steps_ms, outputs = {}, {}
+for name, c in decoders.items():
+    nets = {t: KvCacheNet(ncnn_dir, name, c["head_dim"], c["rope_theta"], THREADS, precision=t) for t in tiers}
+    x0 = rng.standard_normal((1, 8, c["hidden_size"])).astype(np.float32)
+    xs = [rng.standard_normal((1, 1, c["hidden_size"])).astype(np.float32) for _ in range(12)]
+    times = {t: [] for t in tiers}
+    outs = {t: [net.prefill(x0)] for t, net in nets.items()}
+    for x in xs:
+        for t, net in nets.items():
+            t0 = time.perf_counter()
+            outs[t].append(net.step(x))
+            times[t].append((time.perf_counter() - t0) * 1e3)
+    steps_ms[name] = {t: float(np.median(v[2:])) for t, v in times.items()}
+    outputs[name] = {t: np.concatenate([o.reshape(-1, o.shape[-1]) for o in v]) for t, v in outs.items()}
+    del nets
+    for t in ("fp16", "int8"):
+        check.within(f"{name}: {t} vs fp32 over a prefill and 12 steps", "rel", outputs[name][t],
+                     outputs[name]["fp32"], 5e-3 if t == "fp16" else 0.1)
+pd.DataFrame(steps_ms).round(2).rename_axis("step ms (median)")
+
+# %% [markdown]
+# ## 4. What a tier costs in quality
+# Faster is worthless if the codes change. `qtts_lib.quality` measures, on the same prompt and greedy:
+# - **teacher-forced agreement**: fp32's codes are fed to the tier, frame by frame and code by code, and at every
+#   position we ask whether the tier would have picked the same code; one number per codebook. fp32 against itself
+#   gives 1.0 everywhere, which checks the harness;
+# - the **first divergent frame** when the tier runs free on its own picks;
+# - the **per-layer error** of one decode step of each decoder, fp32 step graph against the tier's.
+#
+# Random weights make near-ties between the top two logits common, so a tiny rounding flips a pick far more often
+# than it would on a trained checkpoint: read these numbers as a pessimistic proxy. `python -m qtts_lib.quality
+# --checkpoint <your real checkpoint>` makes the same measurement on real weights.
+
+# %%
+live = quality.measure(model_dir, tiers, frames=200 if full else 40, threads=THREADS, progress=False)
+(paths.outputs_dir(ckpt) / "10_quality.json").write_text(json.dumps(live, indent=1))
+check.equal("teacher forcing reproduces fp32's own greedy codes (lowest agreement)", "agreement",
+            min(live["tiers"]["fp32"]["agreement"]), 1.0)
+check.at_least("fp16: teacher-forced agreement, mean over codebooks", "agreement",
+               float(np.mean(live["tiers"]["fp16"]["agreement"])), 0.9)
+
+
+def quality_table(res: dict) -> pd.DataFrame:
+    return pd.DataFrame({t: {"codebook 0": r["agreement_codebook0"], "codebooks 1-15 (mean)":
+                             r["agreement_predictor_mean"], "first divergent frame": r["first_divergent_frame"],
+                             "talker step: output rel. error": (r["layer_errors"] or {}).get(
+                                 "talker_decoder", {}).get("output_rel", 0.0)}
+                         for t, r in res["tiers"].items()}).T
+
+
+def agreement_plot(res: dict, title: str):
+    fig, ax = plt.subplots(figsize=(9, 3))
+    for t, r in res["tiers"].items():
+        ax.plot(range(res["codebooks"]), r["agreement"], marker="o", label=t)
+    ax.set_xlabel("codebook (0 = talker, 1-15 = code predictor)")
+    ax.set_ylabel("teacher-forced top-1 agreement")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+
+
+display(quality_table(live))
+agreement_plot(live, f"{ckpt}: {live['frames']} frames, random weights (near-ties make this pessimistic)")
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+for ax, name in zip(axes, precision.DECODERS):
+    for t in ("fp16", "int8"):
+        e = live["tiers"][t]["layer_errors"][name]
+        ax.semilogy(np.maximum(e["rel"], 1e-9), label=t, lw=1)
+    ax.set_title(f"{name}: one decode step, tier vs fp32", fontsize=9)
+    ax.set_xlabel("layer (forward order)")
+    ax.set_ylabel("relative error")
+    ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# ## 5. Full size, on this machine
+# `make bench BENCH_PRECISION=fp32,fp16,int8` times PyTorch and every ncnn tier on `full-base` (chapter 09's harness,
+# a `precision` per row) and `python -m qtts_lib.quality` measures agreement over 200 frames. The committed results:
+
+# %%
+bench = {f.stem: json.loads(f.read_text()) for f in sorted((paths.DATA / "bench").glob("*.json"))}
+tiered = {k: v for k, v in bench.items() if len({r["precision"] for r in v["rows"]}) > 1}
+for name, res in tiered.items():
+    perf.check_schema(res)
+    rows = sorted(res["rows"], key=lambda r: (r["threads"], r["runtime"], r["precision"]))
+    display(pd.DataFrame([{"runtime": r["runtime"], "precision": r["precision"], "threads": r["threads"],
+                           **{f"{k} ms": v for k, v in r["ms_per_frame"].items()}, "RTF": r["rtf"],
+                           "floor ms": r["floor_ms_per_frame"], "loop / floor": r["floor_ratio"],
+                           "peak GB": r["peak_rss_gb"]} for r in rows]).style.set_caption(name))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 3.6))
+    bottom = np.zeros(len(rows))
+    for part, color in (("talker", "tab:blue"), ("predictor", "tab:orange"), ("codec", "tab:green")):
+        vals = np.array([r["ms_per_frame"][part] for r in rows])
+        ax.bar([f"{r['runtime']}\n{r['precision']} {r['threads']}t" for r in rows], vals, bottom=bottom,
+               label=part, color=color)
+        bottom += vals
+    for i, r in enumerate(rows):
+        ax.plot([i - 0.4, i + 0.4], [r["floor_ms_per_frame"]] * 2, color="black", lw=2,
+                label="loop floor" if i == 0 else None)
+    ax.axhline(80, color="crimson", ls="--", lw=1, label="real time")
+    ax.set_ylabel("ms per frame")
+    ax.set_title(f"{name}: {res['checkpoint']}, {res['frames']} frames", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+check.at_least("committed full-size runs with precision tiers", "files", len(tiered), 1)
+
+# %%
+quality_files = sorted((paths.DATA / "bench" / "quality").glob("*.json"))
+committed_quality = {f.stem: json.loads(f.read_text()) for f in quality_files}
+for name, res in committed_quality.items():
+    display(quality_table(res).style.set_caption(f"{name}: {res['frames']} frames"))
+    agreement_plot(res, f"{name}: {res['checkpoint']}, {res['frames']} frames, random weights")
+check.at_least("committed full-size quality measurements", "files", len(committed_quality), 1)
+
+# %% [markdown]
+# ## Summary
+# - The loop's floor is bytes per frame over bandwidth, so it moves only with bytes per weight: fp16 halves it and
+#   int8 quarters it (the heads stay fp32).
+# - fp16 is a `.param` rewrite (fp16 storage on the InnerProducts, every other layer masked to fp32); int8 is a new
+#   `.param`/`.bin` written from numpy (`precision.ensure_int8`, once per export), checked against a numpy model of
+#   ncnn's int8 arithmetic. `Synthesizer(precision=...)` and `qtts say --precision` pick the tier; fp32 stays the
+#   default and the one that holds token parity with PyTorch.
+# - Quality is measured, not assumed: agreement per codebook under teacher forcing, the first divergent frame, and
+#   the per-layer error; on random weights they are pessimistic.
+# - On two cores the int8 floor alone is about real time, so a faster-than-real-time loop *plus* codec needs fewer
+#   than 8 bits per weight (ncnn has no fast x86 kernel for its 4- and 6-bit blocks: FACTS.md) or more bandwidth.
+#
+# **If your numbers differ**
+# - *int8 no faster than fp16* → check that your CPU has VNNI (`grep avx512_vnni /proc/cpuinfo`); without it ncnn's
+#   int8 Gemm runs on plain AVX2 integer arithmetic.
+# - *fp16 steps equal to fp32* → F16C is missing, or `use_fp16_storage` was not set before `load_param`.
+# - *low agreement on a real checkpoint* → look at the per-layer plot for the first layer that jumps: a layer with
+#   outlier activations suffers from per-row activation quantization; keep that layer fp32.
+
+# %%
+check.table()
