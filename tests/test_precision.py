@@ -162,3 +162,28 @@ def test_weight_bytes_shrink_with_the_tier(exported):
 
     sizes = [perf.weight_bytes_per_frame(exported / "ncnn", precision=t) for t in ("fp32", "fp16", "int8")]
     assert sizes[0] > sizes[1] > sizes[2] > 0
+
+
+def test_fusing_shared_input_gemms_changes_nothing(exported, tmp_path):
+    """q/k/v and gate/up fused into one int8 Gemm + Slice: the same numbers bit for bit, fewer layers."""
+    from qtts_lib.runtime.kvcache import KvCacheNet
+
+    ncnn_dir = exported / "ncnn"
+    cfg = json.loads((exported / "config.json").read_text())["talker_config"]
+    text, data = (ncnn_dir / "talker_decoder_kv.param").read_text(), (ncnn_dir / "talker_decoder.bin").read_bytes()
+    plain, plain_bin, plain_stats = precision.int8_graph(text, data, fuse=False)
+    fused, _, stats = precision.int8_graph(text, data)
+    layers = cfg["num_hidden_layers"]
+    assert plain_stats["fused_away"] == 0 and stats["fused_away"] == 3 * layers   # q,k,v -> 1 and gate,up -> 1
+    assert fused.count("Slice") == 2 * layers and len(fused.splitlines()) < len(plain.splitlines())
+    (tmp_path / "p.param").write_text(plain)
+    (tmp_path / "p.bin").write_bytes(plain_bin)
+    a = KvCacheNet(ncnn_dir, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, precision="int8")
+    b = KvCacheNet(ncnn_dir, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, precision="int8")
+    b.net = make_net(tmp_path / "p.param", tmp_path / "p.bin", 2)
+    rng = np.random.default_rng(2)
+    x0 = rng.standard_normal((1, 7, cfg["hidden_size"])).astype(np.float32)
+    np.testing.assert_array_equal(a.prefill(x0), b.prefill(x0))
+    for _ in range(4):
+        x = rng.standard_normal((1, 1, cfg["hidden_size"])).astype(np.float32)
+        np.testing.assert_array_equal(a.step(x), b.step(x))

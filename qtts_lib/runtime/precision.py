@@ -33,7 +33,7 @@ TIERS = ("fp32", "fp16", "int8")
 DECODERS = ("talker_decoder", "predictor_decoder")
 INT8_TAG = (0x000D4B38).to_bytes(4, "little")
 INT8_GEMM = "2"          # Gemm param 18 (quantize_term): int8 weights, activations quantized at run time
-INT8_FORMAT = 1          # bump when the written files change meaning
+INT8_FORMAT = 2          # bump when the written files change meaning
 
 
 class PrecisionError(ValueError):
@@ -80,13 +80,52 @@ def _int8_eligible(layer: ParamLayer) -> bool:
             and float(d.get("0", "1")) == 1.0)
 
 
-def int8_graph(text: str, data: bytes) -> tuple[str, bytes, dict]:
-    """The int8 form of a decoder graph and its .bin: each eligible Gemm -> int8 Gemm -> BinaryOp(mul,
-    MemoryData row scales). Returns (param text, bin bytes, stats)."""
+def fuse_shared_input(g: Graph, weights: dict[str, np.ndarray]) -> int:
+    """Gemms fed by the same Split (q/k/v; gate/up) -> one Gemm over their stacked weights and a Slice of its
+    output. Exact under int8 too: the shared input is quantized once per row either way, and every weight row
+    has its own scale. `weights` (layer name -> (N, K) fp32) is updated; returns the number of Gemms removed."""
+    removed = 0
+    for split in [lyr for lyr in g.layers if lyr.type == "Split"]:
+        users = [next((c for c in g.consumers(b) if c.type == "Gemm" and c.name in weights), None)
+                 for b in split.outputs]
+        group = [(b, c) for b, c in zip(split.outputs, users) if c is not None and _int8_eligible(c)]
+        if len(group) < 2 or len({weights[c.name].shape[1] for _, c in group}) != 1:
+            continue
+        first = group[0][1]
+        stacked = np.concatenate([weights[c.name] for _, c in group])
+        sizes = [weights[c.name].shape[0] for _, c in group]
+        fused_out = g.fresh(first.name + "_fused")
+        d = params_dict(first)
+        d["8"] = str(stacked.shape[0])
+        set_params(first, d)
+        slice_ = ParamLayer("Slice", g.fresh(first.name + "_slice"), [fused_out], [c.outputs[0] for _, c in group],
+                            [f"-23300={len(sizes)}," + ",".join(map(str, sizes)), "1=-1"])
+        first.outputs = [fused_out]
+        pos = min(g.layers.index(c) for _, c in group)  # before every consumer of the group's outputs
+        for _, c in group:
+            g.layers.remove(c)
+            if c is not first:
+                del weights[c.name]
+        g.layers[pos:pos] = [first, slice_]
+        weights[first.name] = stacked
+        gone = {b for b, _ in group[1:]}
+        split.outputs = [b for b in split.outputs if b not in gone]
+        removed += len(group) - 1
+    return removed
+
+
+def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, dict]:
+    """The int8 form of a decoder graph and its .bin: Gemms sharing an input fused (`fuse_shared_input`), then
+    each eligible Gemm -> int8 Gemm -> BinaryOp(mul, MemoryData row scales). Returns (param text, bin, stats)."""
     segs = split_bin(text, data)
     g = Graph(text)
+    weights = {}
+    for layer in g.layers:
+        if _int8_eligible(layer):
+            d = params_dict(layer)
+            weights[layer.name] = segs[layer.name][0].array().reshape(int(d["8"]), int(d["9"]))
+    stats = {"gemms": 0, "weights": 0, "rel_rms": [], "fused_away": fuse_shared_input(g, weights) if fuse else 0}
     out: dict[str, list[Segment]] = {}
-    stats = {"gemms": 0, "weights": 0, "rel_rms": []}
     for layer in list(g.layers):
         if layer.name in segs:
             out[layer.name] = segs[layer.name]
@@ -94,7 +133,7 @@ def int8_graph(text: str, data: bytes) -> tuple[str, bytes, dict]:
             continue
         d = params_dict(layer)
         n, k = int(d["8"]), int(d["9"])
-        w = segs[layer.name][0].array().reshape(n, k)
+        w = weights[layer.name]
         q, scale = quantize_rows(w)
         err = dequantize_rows(q, scale) - w
         stats["rel_rms"].append(float(np.sqrt((err**2).mean() / max((w**2).mean(), 1e-30))))
@@ -154,7 +193,7 @@ def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
     tmp.write_bytes(data)
     tmp.replace(bin_)
     param.write_text(text)
-    stamps[name] = want | {"gemms": stats["gemms"], "weights": stats["weights"],
+    stamps[name] = want | {"gemms": stats["gemms"], "fused_away": stats["fused_away"], "weights": stats["weights"],
                            "weight_rel_rms": float(np.mean(stats["rel_rms"])) if stats["rel_rms"] else 0.0}
     stamps_file.write_text(json.dumps(stamps, indent=1))
     return param, bin_
