@@ -226,6 +226,10 @@ def _codec(path_param, path_bin, ins):
     return from_mat(y).reshape(-1).astype(np.float64)
 
 
+def _TINY_PARTS(c):
+    return {128: 64, 64: 16, 32: 16, 16: 16}.get(c, 0)  # 64-wide parts keep sgemm, <= 48 run direct
+
+
 def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
     text = (tiny_ncnn / "codec_decoder.param").read_text()
     data = (tiny_ncnn / "codec_decoder.bin").read_bytes()
@@ -235,7 +239,12 @@ def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
     ptext, pdata = speed.deconv_polyphase(speed.conv1d_as_conv2d(text), data)
     variants = {"conv2d": (speed.conv1d_as_conv2d(text), data),
                 "conv2d+deconv2d": (speed.deconv1d_as_deconv2d(speed.conv1d_as_conv2d(text)), data),
-                "conv2d+poly": (ptext, pdata), "codec_fast (what the runtime loads)": (speed.codec_fast(text), data)}
+                "conv2d+poly": (ptext, pdata), "codec_fast": (speed.codec_fast(text), data),
+                "codec_fast_bin (what the runtime loads)": speed.codec_fast_bin(text, data),
+                # tiny's widths (8..128) are below full-size's split points: cut them with a rule that fires here
+                "codec_fast_bin, every split": speed.codec_fast_bin(text, data, _TINY_PARTS)}
+    split_types = [lyr.type for lyr in export.parse_param(variants["codec_fast_bin, every split"][0]).layers]
+    assert "Slice" in split_types and "Deconvolution1D" not in split_types
     for name, (t, b) in variants.items():
         (tmp_path / f"{name}.param").write_text(t)
         (tmp_path / f"{name}.bin").write_bytes(b)
@@ -260,3 +269,62 @@ def test_tiny_decode_step_graph_matches(tiny_ncnn, tmp_path):
         x = rng.standard_normal((1, 1, cfg["hidden_size"])).astype(np.float32)
         ya, yb = a.step(x), b.step(x)
         assert np.abs(ya - yb).max() <= 1e-5 * np.abs(ya).max()
+
+
+# ---------------------------------------------------------------- input-channel split
+def _conv3d_text(co, ci, k, dil, act=""):
+    return ("7767517\n2 2\nInput                    in                       0 1 in\n"
+            f"Convolution              conv_0                   1 1 in out 0={co} 1={k} 11=1 2={dil} 12=1 3=1 13=1 "
+            f"4={(k - 1) * dil} 15=0 14=0 16=0 5=1 6={co * ci * k}{act}\n")
+
+
+@pytest.mark.parametrize("ci,parts,nosgemm", [(96, [32, 32, 32], True), (128, [64, 64], False), (48, [48], True)])
+def test_conv_split_input_numeric(tmp_path, ci, parts, nosgemm):
+    co, k, dil, t = 24, 7, 3, 60
+    text = _conv3d_text(co, ci, k, dil)
+    w = (RNG.standard_normal((co, ci, k)) / np.sqrt(ci * k)).astype(np.float32)
+    b = RNG.standard_normal(co).astype(np.float32)
+    x = RNG.standard_normal((ci, 1, t)).astype(np.float32)
+    data = _tagged(w) + b.tobytes()
+    stext, sdata = speed.conv_split_input(text, data, lambda c: parts[0])
+    layers = export.parse_param(stext).layers
+    convs = [lyr for lyr in layers if lyr.type == "Convolution"]
+    assert len(convs) == len(parts) and [lyr.type for lyr in layers].count("BinaryOp") == len(parts) - 1
+    assert all(("31=32" in c.params) == nosgemm for c in convs)
+    assert ("Slice" in [lyr.type for lyr in layers]) == (len(parts) > 1)
+    ref = _conv1d_numpy(x[:, 0], w, b, (k - 1) * dil, dilation=dil)
+    y = _run(tmp_path, stext, sdata, x, tag="s")[:, 0]
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_split_input_leaves_fused_activations_whole():
+    text = _conv3d_text(1, 96, 7, 1, act=" 9=3 -23310=2,-1.0,1.0")
+    w = np.zeros((1, 96, 7), np.float32)
+    data = _tagged(w) + np.zeros(1, np.float32).tobytes()
+    stext, sdata = speed.conv_split_input(text, data, lambda c: 32)
+    assert [lyr.type for lyr in export.parse_param(stext).layers] == ["Input", "Convolution"] and sdata == data
+
+
+def test_codec_fast_graph_cache(tiny_ncnn, tmp_path):
+    import shutil
+
+    from qtts_lib.runtime import codec
+
+    src = tmp_path / "ncnn"
+    src.mkdir()
+    for f in ("codec_decoder.param", "codec_decoder.bin", "manifest.json"):
+        shutil.copy2(tiny_ncnn / f, src / f)
+    out = codec.fast_graph(src)
+    assert out == src / codec.FAST_DIR
+    key = json.loads((out / "codec_decoder.json").read_text())
+    assert key["version"] == speed.CODEC_FAST_BIN_VERSION and "codec_decoder.bin" in key
+    stamp = (out / "codec_decoder.bin").stat().st_mtime_ns
+    assert codec.fast_graph(src) == out and (out / "codec_decoder.bin").stat().st_mtime_ns == stamp  # reused
+    (src / "codec_decoder.param").write_text((src / "codec_decoder.param").read_text() + "\n")  # source changed
+    codec.fast_graph(src)
+    assert json.loads((out / "codec_decoder.json").read_text()) != key
+    cfg = json.loads((tiny_ncnn.parent / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+    codes = np.random.default_rng(5).integers(0, cfg["codebook_size"], (20, 16))
+    ref = codec.Codec(src, cfg, 2, fast=False).decode(codes).astype(np.float64)
+    y = codec.Codec(src, cfg, 2, fast=True).decode(codes)
+    assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - y) ** 2)) >= 100

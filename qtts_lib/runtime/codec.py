@@ -9,6 +9,11 @@ transformer's reach), so matching the reference means chunking exactly as it doe
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from pathlib import Path
+
 import numpy as np
 
 from . import rope, speed
@@ -30,15 +35,53 @@ def pack_codes(codes: np.ndarray, codebook_size: int) -> tuple[np.ndarray, np.nd
     return semantic, acoustic
 
 
+FAST_DIR = "fast"  # under the ncnn directory: the CPU form of the codec graph, written on first load
+
+
+def fast_graph(ncnn_dir) -> Path:
+    """The directory holding `speed.codec_fast_bin` of the exported codec decoder (with a copy of the manifest),
+    written on first use and rewritten when the exported files or the rewrite change.
+
+    The cache is keyed by the size and mtime of the exported .param/.bin and `speed.CODEC_FAST_BIN_VERSION`,
+    recorded in `fast/codec_decoder.json`; files are written under temporary names and renamed, the key last.
+    (Loading the rewritten bytes from memory is not an option: the binding's `load_model_mem` keeps pointers
+    into a buffer Python may free.)"""
+    src = Path(ncnn_dir)
+    param, weights, manifest = src / "codec_decoder.param", src / "codec_decoder.bin", src / "manifest.json"
+    out = src / FAST_DIR
+    key = {"version": speed.CODEC_FAST_BIN_VERSION,
+           **{f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in (param, weights, manifest)}}
+    meta = out / "codec_decoder.json"
+    done = [out / "codec_decoder.param", out / "codec_decoder.bin", out / "manifest.json"]
+    if meta.is_file() and all(f.is_file() for f in done):
+        try:
+            if json.loads(meta.read_text()) == key:
+                return out
+        except ValueError:
+            pass
+    out.mkdir(exist_ok=True)
+    meta.unlink(missing_ok=True)
+    text, data = speed.codec_fast_bin(param.read_text(), weights.read_bytes())
+    tmps = [f.with_name(f"{f.name}.tmp{os.getpid()}") for f in done + [meta]]
+    tmps[0].write_text(text)
+    tmps[1].write_bytes(data)
+    shutil.copyfile(manifest, tmps[2])
+    tmps[3].write_text(json.dumps(key))
+    for t, f in zip(tmps, done + [meta]):  # the key last: a half-written cache is never taken as done
+        os.replace(t, f)
+    return out
+
+
 class Codec:
     """`decode(codes)` as the reference does it; `decode_once` for one graph call."""
 
     def __init__(self, ncnn_dir, config: dict, threads: int = 2, device: str = "cpu", fast: bool | None = None):
         self.config = config  # speech_tokenizer/config.json's decoder_config
-        # On the CPU the graph is loaded in its faster equivalent form (`speed.codec_fast`: 1-D convolutions
-        # as 2-D ones with h = 1, which reach ncnn's packed kernels); the .bin is the exported one.
+        # On the CPU the graph is loaded in its faster equivalent form (`speed.codec_fast_bin`: 1-D convolutions
+        # as 2-D ones with h = 1, which reach ncnn's packed kernels, polyphase upsampling, wide convolutions cut
+        # along input channels), cached next to the exported files (`fast_graph`).
         fast = parse_device(device) is None if fast is None else fast
-        self.net = Net(ncnn_dir, "codec_decoder", threads, device, speed.codec_fast if fast else None)
+        self.net = Net(fast_graph(ncnn_dir) if fast else ncnn_dir, "codec_decoder", threads, device)
 
     def decode_once(self, codes: np.ndarray) -> np.ndarray:
         """codes (T, 16) -> wav (1920·T,) in one graph call (no chunking)."""
