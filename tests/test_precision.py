@@ -187,3 +187,14 @@ def test_fusing_shared_input_gemms_changes_nothing(exported, tmp_path):
     for _ in range(4):
         x = rng.standard_normal((1, 1, cfg["hidden_size"])).astype(np.float32)
         np.testing.assert_array_equal(a.step(x), b.step(x))
+
+
+def test_overlap_study_runs(exported):
+    from qtts_lib import overlap
+
+    r = overlap.measure(exported, "int8", cores=2, frames=8, repeats=1)
+    assert set(r["ms_per_frame"]) == {"sequential", "split", "oversubscribed"}
+    seq = r["ms_per_frame"]["sequential"]
+    assert seq["per_frame"] == round(seq["generate"] + seq["codec"], 1) and seq["generate"] > 0
+    for name in ("split", "oversubscribed"):   # the codec really ran while the loop generated
+        assert r["ms_per_frame"][name]["codec"] > 0

@@ -219,7 +219,8 @@ def serve(args) -> int:
         raise InputError(f"--queue must be 0 or more, not {args.queue}")
     if args.voices is not None and not args.voices.is_dir():
         raise InputError(f"--voices {args.voices} is not a directory")
-    synth = Synthesizer(directory, threads=args.threads, device=args.device)
+    synth = Synthesizer(directory, threads=args.threads, device=args.device, precision=args.precision,
+                        log=lambda m: print(f"qtts serve: {m}", file=sys.stderr))
     speaker = Speaker(synth, args.voices, args.max_frames, args.queue, args.chunk_frames, args.context_frames)
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
           f"{', '.join(speaker.voice_names()) or 'none'})", file=sys.stderr, flush=True)
@@ -240,4 +241,6 @@ def add_arguments(p, positive_int) -> None:
                    help="left context per piece (default: the decoder's receptive field, exact; chapter 11)")
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"],
+                   help="weights of the talker and code predictor (chapter 10); fp32 is exact")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
