@@ -253,6 +253,30 @@ for name, res in committed_quality.items():
 check.at_least("committed full-size quality measurements", "files", len(committed_quality), 1)
 
 # %% [markdown]
+# ## 6. Decode on the second core?
+# The codec could decode chunk k in a second process while the loop generates chunk k+1 (keeping the reference's
+# chunk boundaries). `python -m qtts_lib.overlap` measures whether that pays: generation then codec on all cores
+# (sequential), generation on one thread while the other decodes (split: a pipeline runs at the slower of the two),
+# and generation on all cores with the decoder squeezed in (oversubscribed). The committed full-size run:
+
+# %%
+overlap_runs = {f.stem: json.loads(f.read_text()) for f in sorted((paths.DATA / "bench" / "overlap").glob("*.json"))}
+for name, res in overlap_runs.items():
+    display(pd.DataFrame(res["ms_per_frame"]).T.style.set_caption(
+        f"{name}: {res['checkpoint']} {res['precision']}, {res['cores']} cores, ms per frame (80 = real time)"))
+    best = min(res["ms_per_frame"], key=lambda k: res["ms_per_frame"][k]["per_frame"])
+    print(f"{name}: the fastest arrangement is {best}")
+    if res["cores"] <= 2:  # what the text below says of two cores
+        check.equal(f"{name}: fastest arrangement on {res['cores']} cores", "arrangement", best, "sequential")
+check.at_least("committed overlap measurements", "files", len(overlap_runs), 1)
+
+# %% [markdown]
+# On two cores the loop needs both: one thread generates far slower than two (it reads memory at about half the
+# rate), so the split pipeline loses to sequential, and squeezing the decoder beside a two-thread loop makes ncnn's
+# OpenMP threads wait on a busy core (FACTS.md) and is the slowest of all. Overlap pays on a machine with cores to
+# spare; here the runtime stays sequential.
+
+# %% [markdown]
 # ## Summary
 # - The loop's floor is bytes per frame over bandwidth, so it moves only with bytes per weight: fp16 halves it and
 #   int8 quarters it (the heads stay fp32).
@@ -262,6 +286,7 @@ check.at_least("committed full-size quality measurements", "files", len(committe
 #   default and the one that holds token parity with PyTorch.
 # - Quality is measured, not assumed: agreement per codebook under teacher forcing, the first divergent frame, and
 #   the per-layer error; on random weights they are pessimistic.
+# - Decoding on the second core while the first generates does not pay on two cores (section 6).
 # - On two cores the int8 floor alone is about real time, so a faster-than-real-time loop *plus* codec needs fewer
 #   than 8 bits per weight (ncnn has no fast x86 kernel for its 4- and 6-bit blocks: FACTS.md) or more bandwidth.
 #
