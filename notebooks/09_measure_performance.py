@@ -202,12 +202,20 @@ for name, res in committed.items():
     fig.tight_layout()
 
 # %% [markdown]
-# ## 5. Make ncnn's codec as fast as PyTorch's: 2-D kernels for 1-D convolutions
+# ## 5. Make ncnn's codec as fast as PyTorch's
 # The landed codec spent most of its time in `Convolution1D` and `Deconvolution1D` (FACTS.md: 43% and 36%), which on
-# x86 have no packed GEMM path. The same weights run as a 2-D `Convolution`/`Deconvolution` with kernel height 1 reach
-# ncnn's packed kernels; `runtime.speed.codec_fast` rewrites the `.param` text that way when the runtime loads the
-# codec on the CPU (the `.bin` is the exported one, and blobs stay 3-D between consecutive convolutions). Same codes,
-# both forms, timed interleaved, and the waveforms compared:
+# x86 have no packed GEMM path. Three rewrites fix that, all in `runtime.speed` and applied by `speed.codec_fast_bin`
+# when the runtime loads the codec on the CPU:
+# - the same weights run as a 2-D `Convolution`/`Deconvolution` with kernel height 1, which reaches ncnn's packed
+#   kernels (blobs stay 3-D between consecutive convolutions, so no Reshape copies);
+# - each strided transposed convolution (the upsampling) becomes a stride-1 convolution over `stride` phases that are
+#   interleaved afterwards (`deconv_polyphase`: new weights, same arithmetic, no wasted zeros);
+# - each wide kernel-7 convolution is cut along its input channels into parts whose outputs are added
+#   (`conv_split_input`): the smaller weight matrices stay in this CPU's 2 MB L2 cache.
+#
+# The last two need new weights, so the rewritten graph is written once to `models/<ckpt>/ncnn/fast/` (keyed by the
+# exported files' size and mtime) and loaded from there. Same codes through the exported graph and the runtime's
+# form, timed interleaved, and the waveforms compared:
 
 # %%
 import time  # noqa: E402
@@ -216,11 +224,12 @@ from qtts_lib.runtime import codec as runtime_codec  # noqa: E402
 
 st_cfg = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
 forms = {"as exported": runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, fast=False),
-         "codec_fast (runtime)": runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, fast=True)}
+         "codec_fast_bin (runtime)": runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, fast=True)}
 T = 100 if full else 40
 codes = np.random.default_rng(9).integers(0, st_cfg["codebook_size"], (T, 16))
 wavs = {k: c.decode_once(codes) for k, c in forms.items()}
-check.snr("codec_fast vs the exported graph (same codes)", wavs["codec_fast (runtime)"], wavs["as exported"], 100.0)
+check.snr("codec_fast_bin vs the exported graph (same codes)", wavs["codec_fast_bin (runtime)"], wavs["as exported"],
+          100.0)
 codec_ms = {k: [] for k in forms}
 for _ in range(3 if full else 5):
     for k, c in forms.items():
@@ -267,9 +276,9 @@ pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (me
 #   bytes over the measured bandwidth are its floor, and each row says how far it is from it.
 # - The codec is compute-bound; its yardstick is PyTorch's codec on the same codes and threads.
 # - `make bench` writes the same measurement on `full-base` to `data/bench/`; this chapter plots what is there.
-# - The runtime loads two graphs in a faster equivalent form on the CPU (`runtime.speed`): the codec's 1-D
-#   (de)convolutions as 2-D ones, and decode steps through InnerProduct; both are checked equal here, and chapters
-#   06-07 (which run the runtime) hold token parity with them.
+# - The runtime loads two graphs in a faster equivalent form on the CPU (`runtime.speed`): the codec with 2-D kernels,
+#   polyphase upsampling and convolutions cut to fit the L2 cache (cached in `ncnn/fast/`), and decode steps through
+#   InnerProduct; both are checked equal here, and chapters 06-07 (which run the runtime) hold token parity with them.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/09_bench.json`, the chapter report.
 #
