@@ -123,3 +123,26 @@ def test_cli_stream_writes_each_segment_as_it_is_spoken(synth, tmp_path, capsys)
     assert say(*args, "--stream", "-o", str(tmp_path / "streamed.wav")) == 0
     whole, streamed = (sf.read(tmp_path / f, dtype="float32")[0] for f in ("whole.wav", "streamed.wav"))
     assert len(whole) > 2 * 3 * SAMPLES_PER_FRAME and np.array_equal(whole, streamed)
+
+
+@pytest.mark.parametrize("sizes", [[1920, 1920, 1920], [100, 50, 700], [300], [7680], [0, 1920, 0, 30]])
+def test_streamed_fades_equal_the_whole_fade(sizes):
+    rng = np.random.default_rng(len(sizes))
+    pieces = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    whole = longform.fade(np.concatenate(pieces), 240)
+    streamed = list(longform._faded(iter(pieces), 240))
+    np.testing.assert_array_equal(np.concatenate(streamed), whole)
+
+
+def test_stream_long_equals_synthesize_long(synth):
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    todo = longform.plan(synth, PARAGRAPH, max_tokens=20, max_frames=6)
+    assert len(todo) >= 3
+    whole = longform.synthesize_long(synth, [longform.Segment(s.text, s.tokens, s.cap) for s in todo], "english",
+                                     voice).wav
+    pieces = list(longform.stream_long(synth, todo, "english", voice, chunk_frames=2))
+    streamed = np.concatenate(pieces)
+    assert len(streamed) == len(whole)
+    snr = 10 * np.log10(np.sum(whole.astype(np.float64) ** 2) / max(np.sum((streamed - whole) ** 2), 1e-30))
+    assert snr > 100, snr
+    assert sum(1 for p in pieces if not p.any() and len(p) == PAUSE) == len(todo) - 1   # the pauses, as pieces

@@ -204,3 +204,17 @@ def test_a_full_queue_answers_503(tts, tmp_path):
         assert request(url, "/v1/audio/speech", body)[0] == 200
     finally:
         stop_server(proc)
+
+
+def test_long_input_is_spoken_in_segments(server):
+    """More than one segment's worth of text (60 tokens): segments with a 0.3 s pause between them, streamed."""
+    _, url = server
+    text = ("The tutorial ports a speech model to a small runtime. Each chapter checks one claim against the "
+            "reference, and every number lands in a report. ") * 3
+    status, _, raw = request(url, "/v1/audio/speech", {"input": text, "voice": "alice", "response_format": "pcm"})
+    assert status == 200
+    pcm = np.frombuffer(raw, "<i2")
+    pause = int(0.3 * 24000)
+    assert any((len(pcm) - k * pause) % 1920 == 0 for k in (1, 2, 3))  # whole frames + one pause per boundary
+    silent = np.flatnonzero(pcm != 0)
+    assert np.diff(silent).max() > pause  # a run of silence at least a pause long between two segments

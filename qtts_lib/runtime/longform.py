@@ -137,3 +137,43 @@ def synthesize_long(synth, text: str | list[Segment], language: str, voice, max_
         seg.start = start
     assert len(wav) == sum(s.samples for s in todo) + max(len(todo) - 1, 0) * pause_samples
     return LongResult(wav, todo, pause_samples)
+
+
+def _faded(pieces, samples: int):
+    """`fade` applied to a stream of pieces: the first `samples` wait until the segment is known to hold at least
+    2·samples (then `fade` uses the full ramp), and the last `samples` are held back until the stream ends."""
+    buf, started = np.zeros(0, np.float32), False
+    ramp = fade(np.ones(2 * samples, np.float32), samples)[:samples] if samples else None
+    for piece in pieces:
+        buf = np.concatenate([buf, np.asarray(piece, np.float32)])
+        if not started and samples and len(buf) >= 2 * samples:
+            buf[:samples] *= ramp
+            started = True
+        if (started or not samples) and len(buf) > samples:
+            out, buf = buf[: len(buf) - samples], buf[len(buf) - samples :]
+            yield out
+    if started:
+        buf[len(buf) - samples :] *= ramp[::-1]
+        yield buf
+    elif len(buf):
+        yield fade(buf, samples)
+
+
+def stream_long(synth, text: str | list[Segment], language: str, voice, max_tokens: int = MAX_SEGMENT_TOKENS,
+                max_frames: int | None = None, chunk_frames: int = 4, context_frames: int | None = None,
+                greedy: bool = True, seed: int = 0, pause: float = PAUSE_SECONDS,
+                fade_seconds: float = FADE_SECONDS):
+    """`synthesize_long`, streamed (what `qtts serve` speaks): float32 pieces as they are generated, each segment
+    through `Synthesizer.stream`, the pauses as pieces of silence. Concatenated they equal `synthesize_long`'s wav
+    as closely as each segment's stream equals its `synthesize` (exactly with the default `context_frames`)."""
+    todo = plan(synth, text, max_tokens, max_frames) if isinstance(text, str) else text
+    pause_samples, fade_samples = int(round(pause * SAMPLE_RATE)), int(round(fade_seconds * SAMPLE_RATE))
+    for i, seg in enumerate(todo):
+        if i:
+            yield np.zeros(pause_samples, np.float32)
+        pieces = synth.stream(seg.text, language, voice, max_new_tokens=seg.cap + 1, chunk_frames=chunk_frames,
+                              context_frames=context_frames, greedy=greedy, seed=seed + i)
+        try:
+            yield from _faded(pieces, fade_samples)
+        finally:
+            pieces.close()  # a client that leaves stops the loop at its next frame

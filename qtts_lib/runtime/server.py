@@ -8,7 +8,9 @@ Endpoints: `POST /v1/audio/speech` (`input`, `voice`, `response_format` wav | pc
 and `model`), `GET /v1/models`, `GET /health`. A `voice` is a built-in speaker (CustomVoice checkpoints)
 or the name of `<name>.wav` in the voices folder (Base checkpoints: x-vector cloning; with `<name>.txt`
 beside it holding the clip's transcript, ICL). Audio is 16-bit PCM at 24 kHz mono, sent piece by piece
-as frames are generated (chunked transfer): `pcm` raw, `wav` behind a header of unknown length.
+as frames are generated (chunked transfer): `pcm` raw, `wav` behind a header of unknown length. A long
+`input` is spoken segment by segment with short pauses (`longform.stream_long`, chapter 12), each segment
+capped by its own length and by `--max-frames`.
 
 One synthesizer serves one request at a time (ncnn's nets are not shared between threads here, and two
 requests at once on a few cores would only be slower each). Requests wait in a FIFO of `queue` places;
@@ -24,6 +26,7 @@ import sys
 from pathlib import Path
 
 from .audio import SAMPLE_RATE, AudioError, load_wav
+from .longform import stream_long
 from .stream import pcm16, wav_header
 from .synthesizer import InputError
 
@@ -161,8 +164,9 @@ def build_app(speaker: Speaker, model_id: str):
 
         def start():
             voice = speaker.voice(req["voice"])
-            stream = synth.stream(req["text"], req["language"], voice, max_new_tokens=speaker.max_frames + 1,
-                                  chunk_frames=speaker.chunk_frames, context_frames=speaker.context_frames)
+            # a long input is spoken segment by segment (chapter 12), each segment streamed as it is generated
+            stream = stream_long(synth, req["text"], req["language"], voice, max_frames=speaker.max_frames,
+                                 chunk_frames=speaker.chunk_frames, context_frames=speaker.context_frames)
             return stream, next(stream, None)  # errors in the prompt surface here, before any audio
 
         try:
@@ -234,7 +238,8 @@ def add_arguments(p, positive_int) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--voices", type=Path, help="folder of NAME.wav voice clips (NAME.txt beside one: ICL)")
-    p.add_argument("--max-frames", type=positive_int, default=600, help="cap on frames per request")
+    p.add_argument("--max-frames", type=positive_int, default=600,
+                   help="cap on frames per segment (a long input is spoken in segments, each capped by its length too)")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait; past that, 503")
     p.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece")
     p.add_argument("--context-frames", type=positive_int,
