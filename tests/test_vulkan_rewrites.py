@@ -35,7 +35,7 @@ def test_packed_cache_step_slices_one_input():
 
 
 HEADS = """7767517
-3 4
+4 5
 Input                    in0                      0 1 in0
 Split                    splitncnn_0              1 2 in0 1 2
 Gemm                     gemm_0                   1 1 1 out0 8=4 9=2

@@ -96,14 +96,27 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
     `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.speed`);
     the weights are read from `bin` unchanged. `fp16_weights` turns ncnn's fp16 storage on (the fp16
     precision tier, chapter 10: the .param masks every layer that should stay fp32)."""
-    import ncnn
-
-    gpu = parse_device(device)
     if threads < 1:
         raise ValueError(f"threads must be at least 1, not {threads}")
     for f in (param, bin):
         if not Path(f).is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/04_export_align.py to export the modules")
+    text = Path(param).read_text()
+    try:
+        return net_from_text(text if rewrite is None else rewrite(text), bin, threads, device, fp16_weights)
+    except RuntimeError:
+        raise RuntimeError(f"ncnn could not load {param}" + (" (rewritten)" if rewrite else "")) from None
+
+
+def net_from_text(text: str, bin: str | Path, threads: int = 2, device: str = "cpu", fp16_weights: bool = False):
+    """`make_net` from .param text (a rewritten graph) and a .bin file: the one place ncnn's options are set.
+
+    (The binding's `load_model_mem` keeps pointers into a buffer Python frees: weights come from files only.)"""
+    import ncnn
+
+    gpu = parse_device(device)
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, not {threads}")
     net = ncnn.Net()
     opt = net.opt
     opt.num_threads = threads
@@ -114,9 +127,8 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
     opt.use_vulkan_compute = gpu is not None
     if gpu is not None:
         net.set_vulkan_device(gpu)
-    loaded = net.load_param(str(param)) if rewrite is None else net.load_param_mem(rewrite(Path(param).read_text()))
-    if loaded != 0 or net.load_model(str(bin)) != 0:
-        raise RuntimeError(f"ncnn could not load {param}" + (" (rewritten)" if rewrite else ""))
+    if net.load_param_mem(text) != 0 or net.load_model(str(bin)) != 0:
+        raise RuntimeError("ncnn could not load a graph")
     return net
 
 

@@ -25,17 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from . import rope
-from .net import MissingArtifact, Net, from_mat, parse_device, to_mat
-
-
-def _layers(text: str) -> tuple[str, list[list[str]]]:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[0], [line.split() for line in lines[2:]]
-
-
-def _format(magic: str, layers: list[list[str]]) -> str:
-    blobs = {b for f in layers for b in f[4 : 4 + int(f[2]) + int(f[3])]}
-    return "\n".join([magic, f"{len(layers)} {len(blobs)}"] + [" ".join(f) for f in layers]) + "\n"
+from .net import MissingArtifact, Net, from_mat, net_from_text, parse_device, to_mat
+from .param import ParamLayer, format_param, parse_param
 
 
 def packed_cache_params(kv_text: str) -> tuple[str, str]:
@@ -44,17 +35,19 @@ def packed_cache_params(kv_text: str) -> tuple[str, str]:
     Both end in `Concat(cache_k_out_0, cache_v_out_0, ...) -> cache_all_out` along axis 0 (heads).
     The step param replaces the caches' `Input` by `Input cache_all_in` + an equal `Slice` along
     axis 0. Prefill keeps the per-layer empty cache inputs (a Slice of an empty Mat is not defined)."""
-    magic, layers = _layers(kv_text)
-    cache_input = next(f for f in layers if f[0] == "Input" and f[4].startswith("cache_k_in_"))
-    ins = cache_input[4:]
+    info = parse_param(kv_text)
+    layers = info.layers
+    cache_input = next(lyr for lyr in layers if lyr.type == "Input" and lyr.outputs[0].startswith("cache_k_in_"))
+    ins = cache_input.outputs
     outs = [name.replace("_in_", "_out_") for name in ins]
-    concat = ["Concat", "cache_concat", str(len(outs)), "1", *outs, "cache_all_out", "0=0"]
-    prefill = _format(magic, layers + [concat])
-    split = ["Slice", "cache_slice", "1", str(len(ins)), "cache_all_in", *ins,
-             f"-23300={len(ins)}," + ",".join(["-233"] * len(ins)), "1=0"]
+    concat = ParamLayer("Concat", "cache_concat", outs, ["cache_all_out"], ["0=0"])
+    prefill = format_param(info.magic, layers + [concat])
+    split = ParamLayer("Slice", "cache_slice", ["cache_all_in"], list(ins),
+                       [f"-23300={len(ins)}," + ",".join(["-233"] * len(ins)), "1=0"])
     at = layers.index(cache_input)
-    step_layers = layers[:at] + [["Input", "cache_all_in", "0", "1", "cache_all_in"], split] + layers[at + 1 :]
-    return prefill, _format(magic, step_layers + [concat])
+    packed_input = ParamLayer("Input", "cache_all_in", [], ["cache_all_in"], [])
+    step_layers = layers[:at] + [packed_input, split] + layers[at + 1 :]
+    return prefill, format_param(info.magic, step_layers + [concat])
 
 
 def fused_predictor_param(decoder_text: str, heads_text: str) -> str:
@@ -63,51 +56,31 @@ def fused_predictor_param(decoder_text: str, heads_text: str) -> str:
     The heads' input is the decoder's `out0` (every position: a head on 17 rows costs nothing);
     the heads' blobs are prefixed `h_`, their outputs renamed `logits_0` .. `logits_14`. Weights
     are read in layer order, so the merged .bin is the decoder's followed by the heads'."""
-    magic, dec = _layers(decoder_text)
-    _, heads = _layers(heads_text)
-    head_in = next(f for f in heads if f[0] == "Input")[4]
+    info = parse_param(decoder_text)
+    dec = info.layers
+    heads = parse_param(heads_text).layers
+    head_in = next(lyr for lyr in heads if lyr.type == "Input").outputs[0]
     rename = {head_in: "out0"}
     merged = []
-    for f in heads:
-        if f[0] == "Input":
+    for lyr in heads:
+        if lyr.type == "Input":
             continue
-        n_in, n_out = int(f[2]), int(f[3])
-        blobs = f[4 : 4 + n_in + n_out]
-        for b in blobs:
+        for b in lyr.inputs + lyr.outputs:
             if b not in rename:
                 rename[b] = f"logits_{b[3:]}" if b.startswith("out") else f"h_{b}"
-        merged.append([f[0], f"h_{f[1]}", f[2], f[3], *[rename[b] for b in blobs], *f[4 + n_in + n_out :]])
+        merged.append(ParamLayer(lyr.type, f"h_{lyr.name}", [rename[b] for b in lyr.inputs],
+                                 [rename[b] for b in lyr.outputs], list(lyr.params)))
     # out0 now feeds the heads and is extracted too: route it through a Split
-    producer = next(f for f in dec if "out0" in f[4 + int(f[2]) : 4 + int(f[2]) + int(f[3])])
-    producer[producer.index("out0", 4 + int(producer[2]))] = "dec_out"
-    consumers = sum(f[4 : 4 + int(f[2])].count("out0") for f in merged)
-    split = ["Split", "split_dec_out", "1", str(consumers + 1), "dec_out", "out0"]
-    split += [f"out0_{i}" for i in range(consumers)]
+    producer = next(lyr for lyr in dec if "out0" in lyr.outputs)
+    producer.outputs = ["dec_out" if b == "out0" else b for b in producer.outputs]
+    consumers = sum(lyr.inputs.count("out0") for lyr in merged)
+    split = ParamLayer("Split", "split_dec_out", ["dec_out"], ["out0"] + [f"out0_{i}" for i in range(consumers)], [])
     k = 0
-    for f in merged:
-        for j in range(4, 4 + int(f[2])):
-            if f[j] == "out0":
-                f[j], k = f"out0_{k}", k + 1
-    return _format(magic, dec + [split] + merged)
-
-
-def net_from_text(text: str, bin: str | Path, threads: int, device: str):
-    """An ncnn.Net from param text and a .bin file, with `make_net`'s options (fp32, threads, device).
-
-    (The binding's `load_model_mem` keeps pointers into a buffer Python frees: files only.)"""
-    import ncnn
-
-    gpu = parse_device(device)
-    net = ncnn.Net()
-    opt = net.opt
-    opt.num_threads = threads
-    opt.use_fp16_packed = opt.use_fp16_storage = opt.use_fp16_arithmetic = opt.use_bf16_storage = False
-    opt.use_vulkan_compute = gpu is not None
-    if gpu is not None:
-        net.set_vulkan_device(gpu)
-    if net.load_param_mem(text) != 0 or net.load_model(str(bin)) != 0:
-        raise RuntimeError("ncnn could not load a rewritten graph")
-    return net
+    for lyr in merged:
+        for j, b in enumerate(lyr.inputs):
+            if b == "out0":
+                lyr.inputs[j], k = f"out0_{k}", k + 1
+    return format_param(info.magic, dec + [split] + merged)
 
 
 def embed_table(ncnn_dir: Path, name: str, rows: int, threads: int = 2) -> np.ndarray:
