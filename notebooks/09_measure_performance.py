@@ -130,8 +130,9 @@ table(result)
 
 # %%
 def component_bars(res: dict, title: str):
-    rows = sorted(res["rows"], key=lambda r: (r["threads"], r["device"], r["runtime"]))
-    labels = [f"{r['runtime']}\n{r['device']} {r['threads']}t" for r in rows]
+    rows = sorted(res["rows"], key=lambda r: (r["threads"], r["device"], r["runtime"], r["precision"]))
+    labels = [f"{r['runtime']}" + (f" {r['precision']}" if r["precision"] != "fp32" else "")
+              + f"\n{r['device']} {r['threads']}t" for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 3.6))
     bottom = np.zeros(len(rows))
     for part, color in (("talker", "tab:blue"), ("predictor", "tab:orange"), ("codec", "tab:green")):
@@ -181,8 +182,8 @@ for name, res in committed.items():
 for name, res in committed.items():
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
     for runtime, marker in (("pytorch", "o"), ("ncnn", "s")):
-        rows = sorted((r for r in res["rows"] if r["runtime"] == runtime and r["device"] == "cpu"),
-                      key=lambda r: r["threads"])
+        rows = sorted((r for r in res["rows"] if r["runtime"] == runtime and r["device"] == "cpu"
+                       and r["precision"] == "fp32"), key=lambda r: r["threads"])  # other tiers: chapter 10
         if not rows:
             continue
         t = [r["threads"] for r in rows]
@@ -190,7 +191,7 @@ for name, res in committed.items():
                      marker=marker, label=runtime)
         axes[1].plot(t, [r["ms_per_frame"]["codec"] for r in rows], marker=marker, label=runtime)
     floor_rows = sorted({(r["threads"], r["floor_ms_per_frame"]) for r in res["rows"]
-                         if r["device"] == "cpu" and r["floor_ms_per_frame"] is not None})
+                         if r["device"] == "cpu" and r["precision"] == "fp32" and r["floor_ms_per_frame"] is not None})
     if floor_rows:
         axes[0].plot(*zip(*floor_rows), color="black", ls="--", label="floor (bytes / bandwidth)")
     axes[0].set_title(f"{name}: generation loop", fontsize=9)
