@@ -271,10 +271,10 @@ for name, res in overlap_runs.items():
 check.at_least("committed overlap measurements", "files", len(overlap_runs), 1)
 
 # %% [markdown]
-# On two cores the loop needs both: one thread generates far slower than two (it reads memory at about half the
-# rate), so the split pipeline loses to sequential, and squeezing the decoder beside a two-thread loop makes ncnn's
-# OpenMP threads wait on a busy core (FACTS.md) and is the slowest of all. Overlap pays on a machine with cores to
-# spare; here the runtime stays sequential.
+# On two cores the loop wants both: one thread generates much slower than two (it reads memory at about half the
+# rate), so the split pipeline at best draws level with sequential (on the committed run: 179 vs 174 ms per frame),
+# and squeezing the decoder beside a two-thread loop makes ncnn's OpenMP threads wait on a busy core (FACTS.md):
+# about three times slower. Overlap pays on a machine with cores to spare; on two, the runtime stays sequential.
 
 # %% [markdown]
 # ## Summary
