@@ -246,7 +246,8 @@ check.at_most("TTFA grows with the chunk (1 frame vs 16)", "ms ratio",
 # ```
 #
 # `qtts serve` (the `serve` extra: Starlette + uvicorn) speaks OpenAI's speech API, streamed: one request runs at a
-# time, `--queue` more may wait, past that the answer is 503; every bad request gets a 4xx with a JSON error.
+# time, `--queue` more may wait, past that the answer is 503; every bad request gets a 4xx with a JSON error; a long
+# input is spoken segment by segment with short pauses (`longform.stream_long`, chapter 12).
 # `tests/test_server.py` runs a real server and a 200-request soak from 4 clients against it.
 #
 # ```
@@ -263,7 +264,7 @@ check.at_most("TTFA grows with the chunk (1 frame vs 16)", "ms ratio",
 # %%
 from starlette.testclient import TestClient
 
-from qtts_lib.runtime import server
+from qtts_lib.runtime import longform, server
 
 voices_dir = paths.outputs_dir(ckpt) / "11_voices"
 voices_dir.mkdir(parents=True, exist_ok=True)
@@ -272,9 +273,10 @@ name = synth.speakers[0] if synth.kind == "custom_voice" else "alice"
 client = TestClient(server.build_app(server.Speaker(synth, voices_dir, 20, 2, 4), ckpt))
 answer = client.post("/v1/audio/speech", json={"input": TEXT, "voice": name, "language": "english"})
 served = np.frombuffer(answer.content[44:], "<i2")
-direct = np.concatenate(list(synth.stream(TEXT, "english", voice, max_new_tokens=21)))
+# the server speaks through longform.stream_long: segments (one here), each streamed, 10 ms fades at their ends
+direct = np.concatenate(list(longform.stream_long(synth, TEXT, "english", voice, max_frames=20, chunk_frames=4)))
 print(answer.status_code, answer.headers["content-type"], answer.content[:4], f"{len(served)} samples")
-check.equal("served wav = stream in 16-bit PCM", "max |diff| (LSB)",
+check.equal("served wav = stream_long in 16-bit PCM", "max |diff| (LSB)",
             int(np.abs(served.astype(int) - np.frombuffer(stream.pcm16(direct), "<i2")).max()), 0)
 bad = client.post("/v1/audio/speech", json={"input": TEXT, "voice": "nobody"})
 print(bad.status_code, bad.json())
