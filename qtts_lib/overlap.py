@@ -97,6 +97,7 @@ def measure(model_dir: Path, precision: str = "int8", cores: int | None = None, 
 
 def main(argv: list[str] | None = None) -> int:
     from . import paths
+    from .perf import write_result
 
     p = argparse.ArgumentParser(prog="python -m qtts_lib.overlap", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default="full-base")
@@ -107,16 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", type=Path)
     p.add_argument("--child", choices=["sequential", "generate", "codec"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    model_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else paths.model_dir(args.checkpoint)
+    model_dir = paths.checkpoint_dir(args.checkpoint)
     if args.child:
         _child(args.child, model_dir, args.threads or 1, args.precision, args.frames)
         return 0
     result = measure(model_dir, args.precision, args.threads or None, args.frames, args.repeats)
-    text = json.dumps(result, indent=1)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
-    print(text)
+    print(write_result(result, args.output))
     return 0
 
 

@@ -40,6 +40,11 @@ def model_dir(ckpt: str) -> Path:
     return MODELS / ckpt
 
 
+def checkpoint_dir(name_or_dir: str) -> Path:
+    """A command line's `--checkpoint`: an existing directory as it is, else a name under models/."""
+    return Path(name_or_dir) if Path(name_or_dir).is_dir() else model_dir(name_or_dir)
+
+
 def ncnn_dir(ckpt: str) -> Path:
     return MODELS / ckpt / "ncnn"
 

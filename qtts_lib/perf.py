@@ -289,19 +289,24 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = int(args.threads)
         _child(args)
         return 0
-    model_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else paths.model_dir(args.checkpoint)
+    model_dir = paths.checkpoint_dir(args.checkpoint)
     counts = sorted({os.cpu_count() if t == "all" else int(t) for t in args.threads.split(",")})
     tiers = tuple(t.strip() for t in args.precision.split(","))
     runtimes = tuple(r.strip() for r in args.runtimes.split(","))
     result = benchmark(model_dir, Path(args.voice), args.text, args.frames, counts, args.repeats, runtimes,
                        precisions=tiers)
     check_schema(result)
-    text = json.dumps(result, indent=1)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
-    print(text)
+    print(write_result(result, args.output))
     return 0
+
+
+def write_result(result: dict, output: Path | None) -> str:
+    """`result` as indented JSON, written to `output` (folders made) when given; the text is returned."""
+    text = json.dumps(result, indent=1)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text + "\n")
+    return text
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .perf import DEFAULT_TEXT
+from .perf import DEFAULT_TEXT, write_result
 
 LANGUAGE = "english"
 
@@ -138,13 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("-o", "--output", type=Path)
     args = p.parse_args(argv)
-    model_dir = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else paths.model_dir(args.checkpoint)
+    model_dir = paths.checkpoint_dir(args.checkpoint)
     tiers = tuple(t.strip() for t in args.precision.split(","))
     result = measure(model_dir, tiers, args.frames, args.threads)
-    text = json.dumps(result, indent=1)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
+    write_result(result, args.output)
     summary = {t: {k: v for k, v in r.items() if k != "layer_errors"} for t, r in result["tiers"].items()}
     print(json.dumps(summary, indent=1))
     return 0
