@@ -230,6 +230,32 @@ def _TINY_PARTS(c):
     return {128: 64, 64: 16, 32: 16, 16: 16}.get(c, 0)  # 64-wide parts keep sgemm, <= 48 run direct
 
 
+def _TINY_TILES(c):
+    return {32: 40, 16: 16, 8: 3}.get(c, 0)  # 32 channels run at 160 samples per frame: 4-sample tiles at T=1
+
+
+def test_tiny_codec_time_tiles_at_one_frame(tiny_ncnn, tmp_path):
+    text = (tiny_ncnn / "codec_decoder.param").read_text()
+    data = (tiny_ncnn / "codec_decoder.bin").read_bytes()
+    t, b = speed.codec_fast_bin(text, data, tiles_of=_TINY_TILES)
+    (tmp_path / "t.param").write_text(t)
+    (tmp_path / "t.bin").write_bytes(b)
+    for T in (1, 2):
+        ins = _codec_inputs(tiny_ncnn.parent, T)
+        ref = _codec(tiny_ncnn / "codec_decoder.param", tiny_ncnn / "codec_decoder.bin", ins)
+        y = _codec(tmp_path / "t.param", tmp_path / "t.bin", ins)
+        assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - y) ** 2)) >= 100, T
+
+
+def test_codec_time_tiles():
+    full = {"decoder_dim": 1536, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2]}
+    assert speed.codec_time_tiles(full) == {384: 4, 192: 8, 96: 32}
+    slow = {"decoder_dim": 768, "upsample_rates": [2, 2, 2], "upsampling_ratios": [1]}  # 2, 4, 8 samples per frame
+    assert speed.codec_time_tiles(slow) == {384: 2, 192: 4, 96: 8}
+    assert speed.codec_time_tiles({**full, "decoder_dim": 128}) == {}
+    assert speed.codec_time_tiles({**full, "latent_dim": 192}) == {384: 4, 96: 32}  # 192 also runs at 1 per frame
+
+
 def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
     text = (tiny_ncnn / "codec_decoder.param").read_text()
     data = (tiny_ncnn / "codec_decoder.bin").read_bytes()
@@ -242,7 +268,13 @@ def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
                 "conv2d+poly": (ptext, pdata), "codec_fast": (speed.codec_fast(text), data),
                 "codec_fast_bin (what the runtime loads)": speed.codec_fast_bin(text, data),
                 # tiny's widths (8..128) are below full-size's split points: cut them with a rule that fires here
-                "codec_fast_bin, every split": speed.codec_fast_bin(text, data, _TINY_PARTS)}
+                "codec_fast_bin, every split": speed.codec_fast_bin(text, data, _TINY_PARTS),
+                "codec_fast_bin, time tiles": speed.codec_fast_bin(text, data, _TINY_PARTS, _TINY_TILES)}
+    tile_types = [lyr.type for lyr in export.parse_param(variants["codec_fast_bin, time tiles"][0]).layers]
+    assert tile_types.count("Concat") > 100
+    runtime_text = variants["codec_fast_bin (what the runtime loads)"][0]
+    fast = [(lyr.type, lyr.params) for lyr in export.parse_param(runtime_text).layers]
+    assert 0 < fast.count(("UnaryOp", ["0=4"])) == fast.count(("UnaryOp", ["0=9"]))  # each Snake's sin^2: one square
     split_types = [lyr.type for lyr in export.parse_param(variants["codec_fast_bin, every split"][0]).layers]
     assert "Slice" in split_types and "Deconvolution1D" not in split_types
     for name, (t, b) in variants.items():
@@ -295,6 +327,25 @@ def test_conv_split_input_numeric(tmp_path, ci, parts, nosgemm):
     ref = _conv1d_numpy(x[:, 0], w, b, (k - 1) * dil, dilation=dil)
     y = _run(tmp_path, stext, sdata, x, tag="s")[:, 0]
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k,dil,t,n", [(7, 3, 60, 8), (7, 9, 200, 4), (7, 1, 7, 7), (1, 1, 50, 5)])
+def test_conv_tile_time_numeric(tmp_path, k, dil, t, n):
+    co, ci = 24, 32  # (7, 3, 60, 8): tiles of 7-8 samples, shorter than the 18-sample context
+    text = _conv3d_text(co, ci, k, dil)
+    w = (RNG.standard_normal((co, ci, k)) / np.sqrt(ci * k)).astype(np.float32)
+    b = RNG.standard_normal(co).astype(np.float32)
+    x = RNG.standard_normal((ci, 1, t)).astype(np.float32)
+    data = _tagged(w) + b.tobytes()
+    ttext, tdata = speed.conv_tile_time(text, data, lambda c: n if c == ci else 0)
+    types = [lyr.type for lyr in export.parse_param(ttext).layers]
+    assert types.count("Convolution") == n and types[1] == "Slice" and types[-1] == "Concat"
+    assert all("4=0" in lyr.params for lyr in export.parse_param(ttext).layers if lyr.type == "Convolution")
+    ref = _conv1d_numpy(x[:, 0], w, b, (k - 1) * dil, dilation=dil)
+    y = _run(tmp_path, ttext, tdata, x, tag="t")[:, 0]
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    y1 = _run(tmp_path, text, data, x, tag="o")[:, 0]
+    np.testing.assert_array_equal(y, y1)  # the same sums in the same order
 
 
 def test_conv_split_input_leaves_fused_activations_whole():

@@ -38,18 +38,20 @@ def pack_codes(codes: np.ndarray, codebook_size: int) -> tuple[np.ndarray, np.nd
 FAST_DIR = "fast"  # under the ncnn directory: the CPU form of the codec graph, written on first load
 
 
-def fast_graph(ncnn_dir) -> Path:
+def fast_graph(ncnn_dir, tiles: dict[int, int] | None = None) -> Path:
     """The directory holding `speed.codec_fast_bin` of the exported codec decoder (with a copy of the manifest),
-    written on first use and rewritten when the exported files or the rewrite change.
+    written on first use and rewritten when the exported files or the rewrite change. `tiles`: input channels ->
+    time tiles (`speed.codec_time_tiles` of the decoder config; none: no convolution is cut along time).
 
-    The cache is keyed by the size and mtime of the exported .param/.bin and `speed.CODEC_FAST_BIN_VERSION`,
-    recorded in `fast/codec_decoder.json`; files are written under temporary names and renamed, the key last.
+    The cache is keyed by the size and mtime of the exported .param/.bin, `speed.CODEC_FAST_BIN_VERSION` and the
+    tiles, recorded in `fast/codec_decoder.json`; files are written under temporary names and renamed, the key last.
     (Loading the rewritten bytes from memory is not an option: the binding's `load_model_mem` keeps pointers
     into a buffer Python may free.)"""
     src = Path(ncnn_dir)
     param, weights, manifest = src / "codec_decoder.param", src / "codec_decoder.bin", src / "manifest.json"
     out = src / FAST_DIR
-    key = {"version": speed.CODEC_FAST_BIN_VERSION,
+    tiles = {int(c): int(n) for c, n in (tiles or {}).items()}
+    key = {"version": speed.CODEC_FAST_BIN_VERSION, "tiles": {str(c): n for c, n in sorted(tiles.items())},
            **{f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in (param, weights, manifest)}}
     meta = out / "codec_decoder.json"
     done = [out / "codec_decoder.param", out / "codec_decoder.bin", out / "manifest.json"]
@@ -61,7 +63,8 @@ def fast_graph(ncnn_dir) -> Path:
             pass
     out.mkdir(exist_ok=True)
     meta.unlink(missing_ok=True)
-    text, data = speed.codec_fast_bin(param.read_text(), weights.read_bytes())
+    text, data = speed.codec_fast_bin(param.read_text(), weights.read_bytes(),
+                                      tiles_of=(lambda c: tiles.get(c, 0)) if tiles else None)
     tmps = [f.with_name(f"{f.name}.tmp{os.getpid()}") for f in done + [meta]]
     tmps[0].write_text(text)
     tmps[1].write_bytes(data)
@@ -78,10 +81,11 @@ class Codec:
     def __init__(self, ncnn_dir, config: dict, threads: int = 2, device: str = "cpu", fast: bool | None = None):
         self.config = config  # speech_tokenizer/config.json's decoder_config
         # On the CPU the graph is loaded in its faster equivalent form (`speed.codec_fast_bin`: 1-D convolutions
-        # as 2-D ones with h = 1, which reach ncnn's packed kernels, polyphase upsampling, wide convolutions cut
-        # along input channels), cached next to the exported files (`fast_graph`).
+        # as 2-D ones with h = 1, which reach ncnn's packed kernels, polyphase upsampling, the long convolutions
+        # cut along time, other wide ones along input channels), cached next to the exported files (`fast_graph`).
         fast = parse_device(device) is None if fast is None else fast
-        self.net = Net(fast_graph(ncnn_dir) if fast else ncnn_dir, "codec_decoder", threads, device)
+        graph = fast_graph(ncnn_dir, speed.codec_time_tiles(config)) if fast else ncnn_dir
+        self.net = Net(graph, "codec_decoder", threads, device)
 
     def decode_once(self, codes: np.ndarray) -> np.ndarray:
         """codes (T, 16) -> wav (1920·T,) in one graph call (no chunking)."""

@@ -567,6 +567,88 @@ def conv_split_input(text: str, data: bytes, part_of=split_part) -> tuple[str, b
     return out_text, join_bin(out_text, segs)
 
 
+def conv_tile_time(text: str, data: bytes, tiles_of) -> tuple[str, bytes]:
+    """Each causal (h = 1, stride 1, left padding only, equal to dilation * (kernel_w - 1)) Convolution on a 3-D
+    blob for which `tiles_of(in_channels)` says n > 1 ->
+    Slice of the time axis into n near-equal tiles -> per tile: its left context (the last `pad` samples of the
+    previous tile's input, zeros for the first) concatenated in front, the Convolution without padding ->
+    Concat of the outputs along time.
+
+    The same sums in the same order: the waveform is unchanged. ncnn's im2col + sgemm convolution writes the
+    whole im2col matrix (7 * channels * length floats, 137 MB at 192 channels and 40 frames) before the gemm
+    reads it back; per tile it stays small. The tile count is fixed in the graph, so every tile must be
+    non-empty: the caller keeps n at most the layer's samples per frame. Each tile carries a copy of the
+    weights (ncnn layers cannot share them)."""
+    g = Graph(text)
+    segs = split_bin(text, data)
+    for layer in [lyr for lyr in g.layers if lyr.type == "Convolution"]:
+        d = params_dict(layer)
+        out_c, kw, kh = _int(d, "0", 0), _int(d, "1", 0), _int(d, "11", _int(d, "1", 0))
+        dil, pad = _int(d, "2", 1), _int(d, "4", 0)
+        pads = (_int(d, "15", pad), _int(d, "14", pad), _int(d, "16", _int(d, "14", pad)))
+        strides = (_int(d, "3", 1), _int(d, "13", _int(d, "3", 1)))
+        if (kh != 1 or kw < 1 or strides != (1, 1) or pads != (0, 0, 0) or pad != dil * (kw - 1)
+                or _int(d, "7", 1) != 1 or _int(d, "19", 0) or _int(d, "8", 0) or "31" in d):
+            continue
+        in_c = _int(d, "6", 0) // (out_c * kw)
+        n = tiles_of(in_c)
+        if n < 2:
+            continue
+        s = segs.pop(layer.name)
+        i = g.layers.index(layer)
+        xs = [g.fresh(layer.name + f"_t{j}") for j in range(n)]
+        new = [ParamLayer("Slice", g.fresh(layer.name + "_tiles"), [layer.inputs[0]], xs,
+                          ["-23300=" + ",".join([str(n)] + ["-233"] * n), "1=-1"])]
+        ys, prev = [], None
+        for j, x in enumerate(xs):
+            if pad:
+                src = g.fresh(layer.name + f"_in{j}")
+                if prev is None:
+                    new.append(ParamLayer("Padding", g.fresh(layer.name + "_pad"), [x], [src],
+                                          ["0=0", "1=0", f"2={pad}", "3=0", "4=0", "5=0.000000e+00", "6=0"]))
+                else:
+                    ctx = g.fresh(layer.name + f"_ctx{j}")
+                    new.append(ParamLayer("Crop", g.fresh(layer.name + f"_crop{j}"), [prev], [ctx],
+                                          [f"-23309=1,-{pad}", "-23310=1,-233", "-23311=1,-1"]))
+                    new.append(ParamLayer("Concat", g.fresh(layer.name + f"_cat{j}"), [ctx, x], [src], ["0=-1"]))
+                if j < n - 1:  # the next tile's context is cut from this input: two consumers need a Split
+                    a, b = g.fresh(layer.name + f"_in{j}a"), g.fresh(layer.name + f"_in{j}b")
+                    new.append(ParamLayer("Split", g.fresh(layer.name + f"_split{j}"), [src], [a, b], []))
+                    src, prev = a, b
+            else:
+                src = x
+            name = layer.name if j == 0 else g.fresh(layer.name + f"_tile{j}")
+            p = dict(d)
+            p["4"], p["15"], p["14"], p["16"] = "0", "0", "0", "0"
+            y = g.fresh(layer.name + f"_y{j}")
+            conv = ParamLayer("Convolution", name, [src], [y], [])
+            set_params(conv, p)
+            new.append(conv)
+            segs[name] = list(s)
+            ys.append(y)
+        new.append(ParamLayer("Concat", g.fresh(layer.name + "_join"), ys, [layer.outputs[0]], ["0=-1"]))
+        g.layers[i : i + 1] = new
+    out_text = g.text()
+    return out_text, join_bin(out_text, segs)
+
+
+def self_mul_as_square(text: str) -> str:
+    """Split(x -> a, b) -> BinaryOp mul(a, b) (the Snake activation's sin(x)^2) -> UnaryOp square of x
+    (ncnn's in-place x * x: the same products). Weights unchanged."""
+    g = Graph(text)
+    for split in [lyr for lyr in g.layers if lyr.type == "Split" and len(lyr.outputs) == 2]:
+        users = [g.consumers(b) for b in split.outputs]
+        mul = users[0][0] if len(users[0]) == 1 and users[0] == users[1] else None
+        if mul is None or mul.type != "BinaryOp" or sorted(mul.inputs) != sorted(split.outputs):
+            continue
+        d = params_dict(mul)
+        if _int(d, "0", 0) != 2 or _int(d, "1", 0):  # mul, no scalar operand
+            continue
+        g.layers[g.layers.index(mul)] = ParamLayer("UnaryOp", mul.name, [split.inputs[0]], mul.outputs, ["0=4"])
+        g.layers.remove(split)
+    return g.text()
+
+
 # ---------------------------------------------------------------- what the runtime loads
 def codec_fast(text: str) -> str:
     """The codec decoder as the runtime runs it on the CPU: 1-D (de)convolutions as 2-D ones with h = 1,
@@ -574,15 +656,42 @@ def codec_fast(text: str) -> str:
     return keep_3d(deconv1d_as_deconv2d(conv1d_as_conv2d(text)))
 
 
-CODEC_FAST_BIN_VERSION = 1  # bump when codec_fast_bin changes: the runtime's cached files are rewritten
+CODEC_FAST_BIN_VERSION = 2  # bump when codec_fast_bin changes: the runtime's cached files are rewritten
+
+TIME_TILES = {96: 32, 192: 8, 384: 4}  # input channels -> `conv_tile_time` tiles (full-base, 1 thread, 40 frames)
 
 
-def codec_fast_bin(text: str, data: bytes, part_of=split_part) -> tuple[str, bytes]:
-    """`codec_fast` plus the rewrites that need new weights: strided transposed convolutions as polyphase
-    stride-1 convolutions (`deconv_polyphase`) and wide convolutions cut along input channels
-    (`conv_split_input`). Returns the .param text and .bin bytes; the runtime caches them on disk."""
+def codec_time_tiles(config: dict) -> dict[int, int]:
+    """Input channels -> tile count for `conv_tile_time` in the codec decoder (config: decoder_config): stage i
+    of the upsampling runs decoder_dim / 2^(i+1) channels at prod(upsampling_ratios) * prod(upsample_rates[:i+1])
+    samples per frame; `TIME_TILES` where that channel count is listed, at most its samples per frame, so that
+    no tile of a one-frame call is empty. A stage's input (decoder_dim / 2^i channels) runs at the previous
+    stage's rate, which halving stages keep apart; a count that the layers before the upsampling also have
+    (latent, hidden, codebook widths: one sample per frame) is never cut."""
+    early = {int(config.get(k) or 0) for k in ("latent_dim", "hidden_size", "codebook_dim", "intermediate_size",
+                                                "vector_quantization_hidden_dimension", "decoder_dim")}
+    out, spf, ch = {}, int(np.prod(config["upsampling_ratios"])), int(config["decoder_dim"])
+    for rate in config["upsample_rates"]:
+        spf, ch = spf * int(rate), ch // 2
+        n = min(TIME_TILES.get(ch, 0), spf)
+        if n > 1 and ch not in early:
+            out[ch] = n
+    return out
+
+
+def codec_fast_bin(text: str, data: bytes, part_of=split_part, tiles_of=None) -> tuple[str, bytes]:
+    """`codec_fast` plus Snake's sin(x)^2 as one square (`self_mul_as_square`) and the rewrites that need new
+    weights: strided transposed convolutions as polyphase stride-1 convolutions (`deconv_polyphase`), long
+    convolutions cut along time (`conv_tile_time`, where `tiles_of` is given) and the other wide ones cut along
+    input channels (`conv_split_input`).
+    Returns the .param text and .bin bytes; the runtime caches them on disk."""
     t, b = deconv_polyphase(text, data)
-    t = keep_3d(deconv1d_as_deconv2d(conv1d_as_conv2d(t)))
+    t = self_mul_as_square(keep_3d(deconv1d_as_deconv2d(conv1d_as_conv2d(t))))
+    if tiles_of is not None:
+        t, b = conv_tile_time(t, b, tiles_of)
+        split = part_of
+        def part_of(c):  # noqa: E306 - a layer cut along time is not cut again along channels
+            return 0 if tiles_of(c) > 1 else split(c)
     return conv_split_input(t, b, part_of)
 
 
