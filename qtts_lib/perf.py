@@ -1,6 +1,7 @@
 """The performance harness: PyTorch vs the ncnn runtime, side by side, with the machine described. Introduced in 09.
 
     python -m qtts_lib.perf --checkpoint full-base --threads 1,2 --frames 40 --repeats 3 -o data/bench/NAME.json
+    python -m qtts_lib.perf --codec --checkpoint full-base --threads 1,2 --rounds 9 -o data/bench/codec/NAME.json
 
 Every measurement runs in a fresh child process (its own model load, its own peak RSS, no thread
 pool left over from the other runtime), and the runs are interleaved: repeat 1 of every
@@ -268,6 +269,57 @@ def check_schema(result: dict) -> None:
             raise ValueError(f"ms_per_frame keys {sorted(r['ms_per_frame'])}")
 
 
+# ---------------------------------------------------------------- the codec alone, both runtimes in one process
+def codec_rounds(model_dir: Path, threads: int, frames: int = 40, rounds: int = 9, seed: int = 0,
+                 progress: bool = True) -> dict:
+    """The codec alone: the runtime's `Codec` (its CPU form, `speed.codec_fast_bin`) against the reference's
+    `speech_tokenizer.decode` on the same random codes and thread count, in this one process, `rounds` rounds
+    with the order alternating (ncnn first in even rounds). A generation run's codec time is one decode per
+    process, which process-to-process spread swamps; this holds everything else still. ms per frame; the wav SNR
+    of ncnn against PyTorch is measured on the same call."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from . import check, reference
+    from .runtime.codec import Codec
+
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+    torch.set_num_threads(threads)
+    tokenizer = reference.load(model_dir, threads=threads).model.speech_tokenizer
+    t0 = time.perf_counter()
+    codec = Codec(model_dir / "ncnn", config, threads)
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, config["codebook_size"], (frames, 16))  # what the talker and predictor emit
+    sides = {"ncnn": lambda: codec.decode(codes),
+             "pytorch": lambda: tokenizer.decode([{"audio_codes": torch.from_numpy(codes)}])[0][0]}
+    wavs = {k: np.asarray(fn(), np.float32).reshape(-1) for k, fn in sides.items()}  # warm-up, and the parity
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    for r in tqdm(range(rounds), desc=f"codec {threads} threads", unit="round", disable=not progress):
+        for k in (("ncnn", "pytorch") if r % 2 == 0 else ("pytorch", "ncnn")):
+            t = time.perf_counter()
+            sides[k]()
+            times[k].append(1000 * (time.perf_counter() - t) / frames)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"threads": threads, "frames": frames, "rounds": rounds, "load_before": load_before,
+            "load_after": [round(x, 2) for x in os.getloadavg()], "ncnn_load_s": round(load_s, 2),
+            "snr_ncnn_vs_pytorch_db": round(float(check.snr_db(wavs["ncnn"], wavs["pytorch"])), 1),
+            "median_ms_per_frame": {k: round(v, 1) for k, v in med.items()},
+            "ratio_ncnn_pytorch": round(med["ncnn"] / med["pytorch"], 3),
+            "ratio_per_round": [round(a / b, 3) for a, b in zip(times["ncnn"], times["pytorch"])],
+            "ms_per_frame": {k: [round(x, 1) for x in v] for k, v in times.items()}}
+
+
+def codec_benchmark(model_dir: Path, thread_counts: list[int], frames: int = 40, rounds: int = 9) -> dict:
+    """`codec_rounds` at each thread count, the machine described (data/bench/codec/)."""
+    return {"what": "the codec alone: ncnn runtime Codec vs PyTorch speech_tokenizer.decode, same random codes, "
+                    "one process, alternating rounds, ms per frame (python -m qtts_lib.perf --codec)",
+            "checkpoint": Path(model_dir).name, "machine": describe_machine(thread_counts),
+            "runs": [codec_rounds(model_dir, t, frames, rounds) for t in thread_counts]}
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import paths
 
@@ -281,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="fp32",
                    help="comma-separated ncnn tiers (fp32, fp16, int8; chapter 10); PyTorch runs fp32")
     p.add_argument("--runtimes", default="pytorch,ncnn", help="comma-separated: pytorch, ncnn")
+    p.add_argument("--codec", action="store_true",
+                   help="time the codec alone, ncnn vs PyTorch in one process (--rounds rounds per thread count)")
+    p.add_argument("--rounds", type=int, default=9, help="with --codec: interleaved rounds per thread count")
     p.add_argument("-o", "--output", type=Path)
     p.add_argument("--child", choices=["ncnn", "pytorch"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -291,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     model_dir = paths.checkpoint_dir(args.checkpoint)
     counts = sorted({os.cpu_count() if t == "all" else int(t) for t in args.threads.split(",")})
+    if args.codec:
+        print(write_result(codec_benchmark(model_dir, counts, args.frames, args.rounds), args.output))
+        return 0
     tiers = tuple(t.strip() for t in args.precision.split(","))
     runtimes = tuple(r.strip() for r in args.runtimes.split(","))
     result = benchmark(model_dir, Path(args.voice), args.text, args.frames, counts, args.repeats, runtimes,

@@ -49,20 +49,13 @@ def layer_errors(ncnn_dir: Path, tier: str, embed: np.ndarray, threads: int) -> 
     """Per-layer relative error of one decode step (position 0, empty cache) of each decoder: the fp32
     step graph (`speed.decode_step`) against the tier's step graph, from the same input row."""
     from . import probe
-    from .runtime import precision, rope, speed
+    from .runtime import precision, rope
 
     out = {}
     for name, head_dim, theta in _decoders(ncnn_dir.parent):
         cos, sin = rope.tables(head_dim, theta, 0, 1)
         inputs = [embed[None, None].astype(np.float32), np.zeros((1, 1), np.float32), cos, sin]
-        a = {"param": f"{name}_kv", "rewrite": speed.decode_step, "threads": threads}
-        if tier == "fp16":
-            b = {"param": f"{name}_kv", "rewrite": precision.fp16_step, "use_fp16_storage": True, "threads": threads}
-        elif tier == "int8":
-            param, bin_ = precision.ensure_int8(ncnn_dir, name)
-            b = {"param": f"int8/{param.stem}", "bin": bin_, "threads": threads}
-        else:
-            raise ValueError(f"no step graph to compare for precision {tier!r}")
+        a, b = (precision.step_graph(ncnn_dir, name, t).probe_options(ncnn_dir, threads) for t in ("fp32", tier))
         res = probe.probe_ncnn(ncnn_dir, name, inputs, a, b)
         out[name] = {"labels": res.labels, "types": [r["type"] for r in res.rows],
                      "rel": [float(x) for x in res.errors], "worst": res.worst["label"],

@@ -58,6 +58,19 @@ def test_int8_gemm_is_what_we_think_it_is(tmp_path):
     assert 1e-4 < rel < 3e-2, rel  # quantized (not exact), and not garbage
 
 
+def test_int8_bin_walks_like_any_other():
+    """speed.split_bin knows the int8 Gemm's loads (int8-tagged weights padded to 4 bytes, then a raw scale), so
+    an int8 .bin splits and joins back to the same bytes; odd N*K exercises the padding."""
+    w = RNG.standard_normal((7, 5)).astype(np.float32)
+    text, data, _ = precision.int8_graph(GEMM.replace("8=24 9=40", "8=7 9=5"), speed.FP32_TAG + w.tobytes())
+    segs = speed.split_bin(text, data)
+    gemm = next(name for name, s in segs.items() if s[0].data[:4] == speed.INT8_TAG)
+    assert [(s.count, s.tagged, len(s.data)) for s in segs[gemm]] == [(35, True, 4 + 36), (1, False, 4)]
+    assert speed.join_bin(text, segs) == data
+    with pytest.raises(ValueError, match="weight blocks"):
+        speed.split_bin(text.replace("18=2", "18=802"), data)
+
+
 def test_bad_tiers_are_refused():
     with pytest.raises(precision.PrecisionError, match="fp32, fp16, int8"):
         precision.check_tier("int4")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import precision as tiers
-from . import rope, speed
+from . import rope
 from .net import MissingArtifact, from_mat, make_net, parse_device, to_mat
 
 
@@ -37,17 +37,16 @@ class KvCacheNet:
         self.precision = tiers.check_tier(precision, device)
         if self.precision == "int8":
             # One int8 graph (chapter 10) for prefill and steps: its Gemms are threaded at one row.
-            self.net = make_net(*tiers.ensure_int8(directory, name, log), threads, device)
+            self.net = tiers.step_graph(directory, name, "int8", log).net(threads, device)
             self.step_net = None
         else:
             self.net = make_net(param, directory / f"{name}.bin", threads, device)
             # One-position steps on the CPU run a decode-only form of the same graph over the same .bin
-            # (Gemm -> InnerProduct on a 1-D input, `speed.decode_step`); prefill keeps the original.
-            # The two nets hold their own copy of the weights: that is the memory this speed costs.
+            # (Gemm -> InnerProduct on a 1-D input, `speed.decode_step`; fp16 storage on top in the fp16 tier);
+            # prefill keeps the original. The two nets hold their own copy of the weights: that is the memory
+            # this speed costs.
             fast = parse_device(device) is None if fast is None else fast
-            step = tiers.fp16_step if self.precision == "fp16" else speed.decode_step
-            self.step_net = (make_net(param, directory / f"{name}.bin", threads, device, step,
-                                      fp16_weights=self.precision == "fp16") if fast else None)
+            self.step_net = tiers.step_graph(directory, name, self.precision).net(threads, device) if fast else None
         self.name, self.head_dim, self.theta = name, head_dim, theta
         self.reset()
 

@@ -22,16 +22,17 @@ asked for (`ensure_int8`), and `qtts_lib.export` calls the same function as an e
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .param import ParamLayer, parse_param
-from .speed import Graph, Segment, decode_step, layer_loads, params_dict, set_params, split_bin
+from .param import ParamLayer
+from .speed import INT8_TAG, Graph, Segment, decode_step, join_bin, params_dict, set_params, split_bin
 
 TIERS = ("fp32", "fp16", "int8")
 DECODERS = ("talker_decoder", "predictor_decoder")
-INT8_TAG = (0x000D4B38).to_bytes(4, "little")
 INT8_GEMM = "2"          # Gemm param 18 (quantize_term): int8 weights, activations quantized at run time
 INT8_FORMAT = 2          # bump when the written files change meaning
 
@@ -152,15 +153,7 @@ def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, d
                                               ["0=2"])]
         out[table] = [Segment.of(scale, False)]
     new = g.text()
-    parts = []
-    for layer in parse_param(new).layers:
-        have = out.get(layer.name, [])
-        if layer.type != "Gemm" or params_dict(layer).get("18", "0") == "0":
-            want = layer_loads(layer)
-            if [(s.count, s.tagged) for s in have] != want:
-                raise ValueError(f"{layer.name}: segments do not match the layer's loads")
-        parts += [s.data for s in have]
-    return new, b"".join(parts), stats
+    return new, join_bin(new, out), stats
 
 
 def _stamp(path: Path) -> dict:
@@ -197,6 +190,37 @@ def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
                            "weight_rel_rms": float(np.mean(stats["rel_rms"])) if stats["rel_rms"] else 0.0}
     stamps_file.write_text(json.dumps(stamps, indent=1))
     return param, bin_
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """How a tier runs a decoder's one-position steps: a .param, an optional rewrite of its text, a .bin and
+    whether ncnn's fp16 weight storage is on. `KvCacheNet` loads it; `qtts_lib.quality` probes it."""
+    param: Path
+    bin: Path
+    rewrite: Callable[[str], str] | None
+    fp16_weights: bool
+
+    def net(self, threads: int = 2, device: str = "cpu"):
+        from .net import make_net
+
+        return make_net(self.param, self.bin, threads, device, self.rewrite, fp16_weights=self.fp16_weights)
+
+    def probe_options(self, ncnn_dir: str | Path, threads: int = 2) -> dict:
+        """The same graph as `qtts_lib.probe.probe_ncnn` options (paths relative to `ncnn_dir`)."""
+        rel = self.param.relative_to(Path(ncnn_dir)).with_suffix("")
+        opts = {"param": str(rel), "bin": self.bin, "threads": threads, "use_fp16_storage": self.fp16_weights}
+        return opts | ({"rewrite": self.rewrite} if self.rewrite else {})
+
+
+def step_graph(ncnn_dir: str | Path, name: str, tier: str, log=None) -> StepGraph:
+    """The step graph of decoder `name` in `tier`: fp32 `speed.decode_step` and fp16 `fp16_step` over the exported
+    `<name>_kv.param` and `.bin`; int8 the files of `ensure_int8` (written on first use), which also serve prefill."""
+    ncnn_dir, tier = Path(ncnn_dir), check_tier(tier)
+    if tier == "int8":
+        return StepGraph(*ensure_int8(ncnn_dir, name, log), None, False)
+    rewrite = fp16_step if tier == "fp16" else decode_step
+    return StepGraph(ncnn_dir / f"{name}_kv.param", ncnn_dir / f"{name}.bin", rewrite, tier == "fp16")
 
 
 def weight_bytes(tier: str) -> float:

@@ -3,8 +3,8 @@
 The runtime applies them when it loads a graph on the CPU (`codec_fast`, `decode_step`); the
 exported files stay what pnnx wrote, so chapter 04 aligns those and chapters 06-07 prove the
 rewritten forms give the same tokens and waveforms. Each rewrite keeps the computation and
-only changes which ncnn kernels run it; each was checked on the full-size random checkpoint
-(see RESEARCH.md for the numbers, scripts/bench_codec.py and scripts/bench_decode.py for how).
+only changes which ncnn kernels run it; each is checked equal to the exported graph (tests/test_speed.py,
+chapter 09) and timed on the full-size random checkpoint (chapter 09, `python -m qtts_lib.perf codec`).
 
 Rewrites
 - `conv1d_as_conv2d`: Convolution1D / ConvolutionDepthWise1D -> the 2-D layer with kernel_h = 1
@@ -32,6 +32,7 @@ from .param import ParamLayer, format_param, parse_param
 
 FP32_TAG = b"\x00\x00\x00\x00"
 FP16_TAG = (0x01306B47).to_bytes(4, "little")
+INT8_TAG = (0x000D4B38).to_bytes(4, "little")
 
 # layer types that read nothing from the .bin
 WEIGHTLESS = {
@@ -102,8 +103,9 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
             loads.append((_int(d, "0", 0), False))
         return loads
     if t == "Gemm":
-        if _int(d, "18", 0):
-            raise ValueError(f"{layer.name}: quantized Gemm is not supported")
+        quantized = _int(d, "18", 0)
+        if quantized not in (0, 2):
+            raise ValueError(f"{layer.name}: Gemm quantize_term {quantized} (weight blocks) is not supported")
         M, N, K = _int(d, "7", 0), _int(d, "8", 0), _int(d, "9", 0)
         loads = []
         if _int(d, "4", 0):
@@ -113,6 +115,11 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
         bt = _int(d, "10", -1)
         if _int(d, "6", 0) and bt != -1:
             loads.append(({0: 1, 1: M, 2: M, 3: M * N, 4: N}[bt], True))  # Gemm's C is tagged
+        if quantized:  # int8 Gemm (chapter 10): after the (int8-tagged) weights, raw fp32 scales
+            if _int(d, "4", 0):
+                loads.append((M, False))   # one per row of A
+            if _int(d, "5", 0):
+                loads.append((1, False))   # one for all of B
         return loads
     if t == "Embed":
         if _int(d, "18", 0):
@@ -143,6 +150,8 @@ def split_bin(text: str, data: bytes) -> dict[str, list[Segment]]:
                 tag = data[pos : pos + 4]
                 if tag == FP16_TAG:
                     n = 4 + ((2 * count + 3) // 4) * 4
+                elif tag == INT8_TAG:
+                    n = 4 + ((count + 3) // 4) * 4
                 elif tag == FP32_TAG:
                     n += 4
                 else:

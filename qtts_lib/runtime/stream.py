@@ -154,9 +154,9 @@ class _Tap:
     def _predict_frame(self, *args):
         if self._stop.is_set():
             raise Cancelled
-        frame, embed = self._synth._predict_frame(*args)
-        self._sink(frame)
-        return frame, embed
+        frame = self._synth._predict_frame(*args)
+        self._sink(frame.codes)
+        return frame
 
 
 class _NoDecode:

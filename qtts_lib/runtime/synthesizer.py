@@ -85,6 +85,16 @@ class Result:
     chosen: np.ndarray | None = None  # teacher forcing: the model's own pick at every fed code (T, 16)
 
 
+@dataclass
+class Frame:
+    """One frame from the code predictor: the 16 codes fed on, the frame's embedding (talker table at c0 +
+    predictor tables at c1..c15, what the talker is fed next), and under teacher forcing the model's own
+    picks at codebooks 1..15."""
+    codes: np.ndarray            # (16,) int64
+    embed: np.ndarray            # (H,)
+    picks: np.ndarray | None = None
+
+
 class Synthesizer:
     """The deployable pipeline over a checkpoint directory and its `ncnn/` exports."""
 
@@ -310,19 +320,18 @@ class Synthesizer:
                 break
             t0 = time.perf_counter()
             forced = None if teacher is None else teacher[len(frames)]
-            frame, embed = self._predict_frame(hidden, token, pred_sc, rng, forced)
+            frame = self._predict_frame(hidden, token, pred_sc, rng, forced)
             timing["predictor"] += time.perf_counter() - t0
             if teacher is not None:
-                chosen.append(np.concatenate([[pick], frame[16:]]))
-                frame = frame[:16]
-            frames.append(frame)
+                chosen.append(np.concatenate([[pick], frame.picks]))
+            frames.append(frame.codes)
             if on_frame:
                 on_frame(len(frames))
             if teacher is not None and len(frames) == len(teacher):
                 break
             t0 = time.perf_counter()
             step = len(frames) - 1
-            x = embed + (prompt.trailing[step] if step < len(prompt.trailing) else prompt.tts_pad)
+            x = frame.embed + (prompt.trailing[step] if step < len(prompt.trailing) else prompt.tts_pad)
             hidden = self.talker.step(x[None, None].astype(np.float32))[0, -1]
             timing["talker"] += time.perf_counter() - t0
         codes = np.stack(frames) if frames else np.zeros((0, self.groups), np.int64)
@@ -332,13 +341,12 @@ class Synthesizer:
             result.chosen = np.stack(chosen).astype(np.int64) if chosen else np.zeros((0, self.groups), np.int64)
         return result
 
-    def _predict_frame(self, hidden: np.ndarray, c0: int, sc, rng,
-                       forced: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _predict_frame(self, hidden: np.ndarray, c0: int, sc, rng, forced: np.ndarray | None = None) -> Frame:
         """Codebooks 1..15 of one frame: 2-position prefill, then 14 steps (table s-1, head s).
 
         Returns the 16 codes and the frame's embedding (talker table at c0 + predictor tables at
         c1..c15), each code looked up once: the loop feeds that sum to the talker next. With
-        `forced` (16,) codes (teacher forcing) those are fed on and the picks are appended (32 codes)."""
+        `forced` (16,) codes (teacher forcing) those are fed on and the model's picks are kept beside them."""
         from .sampler import sample
 
         if self.fused is not None:
@@ -357,9 +365,9 @@ class Synthesizer:
             embed = embed + e
             if s < self.groups - 2:
                 h = self.predictor.step(e[None, None].astype(np.float32))[0, -1]
-        return np.array(codes + picks, np.int64), embed
+        return Frame(np.array(codes, np.int64), embed, None if forced is None else np.array(picks, np.int64))
 
-    def _predict_frame_fused(self, hidden: np.ndarray, c0: int, sc, rng) -> tuple[np.ndarray, np.ndarray]:
+    def _predict_frame_fused(self, hidden: np.ndarray, c0: int, sc, rng) -> Frame:
         """`_predict_frame` over `runtime.vulkan`'s graphs: table lookups in numpy and one fused graph call
         (decoder over the whole sequence, no cache, then head s) per codebook."""
         from .sampler import sample
@@ -371,7 +379,7 @@ class Synthesizer:
             codes.append(code)
             seq.append(pred_table[s * self.codebook + code])
             embed = embed + seq[-1]
-        return np.array(codes, np.int64), embed
+        return Frame(np.array(codes, np.int64), embed)
 
     # ------------------------------------------------------------ all of it
     def synthesize(self, text: str, language: str, voice: Voice, max_new_tokens: int = 2048, greedy: bool = True,
