@@ -247,13 +247,17 @@ def test_tiny_codec_time_tiles_at_one_frame(tiny_ncnn, tmp_path):
         assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - y) ** 2)) >= 100, T
 
 
-def test_codec_time_tiles():
+def test_part_time_tiles():
+    from qtts_lib.runtime.codec import part_time_tiles
+
     full = {"decoder_dim": 1536, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2]}
-    assert speed.codec_time_tiles(full) == {384: 4, 192: 8, 96: 32}
-    slow = {"decoder_dim": 768, "upsample_rates": [2, 2, 2], "upsampling_ratios": [1]}  # 2, 4, 8 samples per frame
-    assert speed.codec_time_tiles(slow) == {384: 2, 192: 4, 96: 8}
-    assert speed.codec_time_tiles({**full, "decoder_dim": 128}) == {}
-    assert speed.codec_time_tiles({**full, "latent_dim": 192}) == {384: 4, 96: 32}  # 192 also runs at 1 per frame
+    assert part_time_tiles(full, 0, 384, None) == 0                       # the head runs whole: never tiled
+    assert part_time_tiles(full, 4, 96, 2) == 2                           # 2 frames x 1920 samples / 2400
+    assert part_time_tiles(full, 4, 96, 40) == 32                         # 76,800 / 2400
+    assert part_time_tiles(full, 4, 192, 40) == 8                         # the stage's input conv: at 640 per frame
+    assert part_time_tiles(full, 3, 192, 40) == 8 and part_time_tiles(full, 3, 96, 40) == 0  # 96 is not stage 3's
+    assert part_time_tiles(full, 4, 96, 3000) == 1920                     # never more tiles than samples per frame
+    assert part_time_tiles({**full, "decoder_dim": 128}, 4, 8, 40) == 0   # widths TILE_SAMPLES does not list
 
 
 def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
@@ -266,13 +270,13 @@ def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
     variants = {"conv2d": (speed.conv1d_as_conv2d(text), data),
                 "conv2d+deconv2d": (speed.deconv1d_as_deconv2d(speed.conv1d_as_conv2d(text)), data),
                 "conv2d+poly": (ptext, pdata), "codec_fast": (speed.codec_fast(text), data),
-                "codec_fast_bin (what the runtime loads)": speed.codec_fast_bin(text, data),
+                "codec_fast_bin (whole graph)": speed.codec_fast_bin(text, data),
                 # tiny's widths (8..128) are below full-size's split points: cut them with a rule that fires here
                 "codec_fast_bin, every split": speed.codec_fast_bin(text, data, _TINY_PARTS),
                 "codec_fast_bin, time tiles": speed.codec_fast_bin(text, data, _TINY_PARTS, _TINY_TILES)}
     tile_types = [lyr.type for lyr in export.parse_param(variants["codec_fast_bin, time tiles"][0]).layers]
     assert tile_types.count("Concat") > 100
-    runtime_text = variants["codec_fast_bin (what the runtime loads)"][0]
+    runtime_text = variants["codec_fast_bin (whole graph)"][0]
     fast = [(lyr.type, lyr.params) for lyr in export.parse_param(runtime_text).layers]
     assert 0 < fast.count(("UnaryOp", ["0=4"])) == fast.count(("UnaryOp", ["0=9"]))  # each Snake's sin^2: one square
     split_types = [lyr.type for lyr in export.parse_param(variants["codec_fast_bin, every split"][0]).layers]
@@ -365,17 +369,76 @@ def test_codec_fast_graph_cache(tiny_ncnn, tmp_path):
     src.mkdir()
     for f in ("codec_decoder.param", "codec_decoder.bin", "manifest.json"):
         shutil.copy2(tiny_ncnn / f, src / f)
-    out = codec.fast_graph(src)
-    assert out == src / codec.FAST_DIR
-    key = json.loads((out / "codec_decoder.json").read_text())
-    assert key["version"] == speed.CODEC_FAST_BIN_VERSION and "codec_decoder.bin" in key
-    stamp = (out / "codec_decoder.bin").stat().st_mtime_ns
-    assert codec.fast_graph(src) == out and (out / "codec_decoder.bin").stat().st_mtime_ns == stamp  # reused
-    (src / "codec_decoder.param").write_text((src / "codec_decoder.param").read_text() + "\n")  # source changed
-    codec.fast_graph(src)
-    assert json.loads((out / "codec_decoder.json").read_text()) != key
     cfg = json.loads((tiny_ncnn.parent / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+    (src / codec.FAST_DIR).mkdir()
+    (src / codec.FAST_DIR / "codec_decoder.bin").write_bytes(b"left by an older version")
+    out, desc = codec.fast_graph(src, cfg)
+    assert out == src / codec.FAST_DIR and not (out / "codec_decoder.bin").exists()  # the stale file is gone
+    assert desc["key"]["version"] == speed.CODEC_FAST_BIN_VERSION and "codec_decoder.bin" in desc["key"]
+    assert len(desc["parts"]) == 1 + len(cfg["upsample_rates"]) and desc["parts"][0]["chunk_frames"] is None
+    assert [p["up"] for p in desc["parts"][1:]] == cfg["upsample_rates"]
+    assert all(p["context"] > 0 and p["chunk_frames"] >= 1 for p in desc["parts"][1:])
+    stamp = (out / "codec_decoder.part1.bin").stat().st_mtime_ns
+    assert codec.fast_graph(src, cfg) == (out, desc)
+    assert (out / "codec_decoder.part1.bin").stat().st_mtime_ns == stamp  # reused
+    (src / "codec_decoder.param").write_text((src / "codec_decoder.param").read_text() + "\n")  # source changed
+    assert codec.fast_graph(src, cfg)[1]["key"] != desc["key"]
     codes = np.random.default_rng(5).integers(0, cfg["codebook_size"], (20, 16))
     ref = codec.Codec(src, cfg, 2, fast=False).decode(codes).astype(np.float64)
     y = codec.Codec(src, cfg, 2, fast=True).decode(codes)
     assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - y) ** 2)) >= 100
+
+
+def test_tiny_codec_parts_chunked_equal_whole(tiny_ncnn):
+    """The parts chained over whole inputs equal the exported graph; chunked (the runtime's way) they equal the
+    unchunked parts exactly, at lengths that are and are not multiples of the chunks, from one frame up."""
+    from qtts_lib.runtime import codec
+
+    cfg = json.loads((tiny_ncnn.parent / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+    fast, whole = codec.Codec(tiny_ncnn, cfg, 2), codec.Codec(tiny_ncnn, cfg, 2)
+    for p in whole.parts:
+        p.chunk_frames = None
+    exported = codec.Codec(tiny_ncnn, cfg, 2, fast=False)
+    assert min(p.chunk_frames for p in fast.parts[1:]) < 7  # the last parts run chunked from 7 frames on
+    for T in (1, 2, 7, 40, 61):
+        codes = np.random.default_rng(T).integers(0, cfg["codebook_size"], (T, 16))
+        y = fast.decode_once(codes)
+        assert y.shape == (T * 1920,)
+        np.testing.assert_array_equal(y, whole.decode_once(codes))
+        ref = exported.decode_once(codes).astype(np.float64)
+        assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - y) ** 2)) >= 100, T
+
+
+# ---------------------------------------------------------------- cutting a graph
+CHAIN = """7767517
+4 4
+Input                    in0                      0 1 in0
+UnaryOp                  a                        1 1 in0 x 0=1
+UnaryOp                  b                        1 1 x y 0=1
+BinaryOp                 c                        2 1 x y out0 0=0
+"""
+
+
+def test_cut_graph_refuses_a_blob_that_does_not_cut():
+    with pytest.raises(ValueError, match="does not cut"):
+        speed.cut_graph(CHAIN, "y")   # the tail would need x as well
+    with pytest.raises(ValueError, match="no layer"):
+        speed.cut_graph(CHAIN, "nope")
+    head, tail = speed.cut_graph(CHAIN.replace("2 1 x y out0", "1 1 y out0").replace("0=0", "0=0 1=1 2=1.0"), "y")
+    assert [lyr.name for lyr in export.parse_param(head).layers] == ["in0", "a", "b"]
+    assert export.parse_param(head).layers[-1].outputs == ["out0"]
+    assert [(lyr.name, lyr.inputs) for lyr in export.parse_param(tail).layers] == [("in0", []), ("c", ["in0"])]
+
+
+def test_reach_of_a_causal_convolution(tmp_path):
+    """`codec.reach` finds a dilated causal convolution's left reach: dilation x (kernel - 1) input samples (plus
+    the one the measurement adds for safety), through a stride-1 layer (up = 1)."""
+    from qtts_lib.runtime.codec import Part, reach
+
+    ci, co, k, dil = 4, 3, 5, 3
+    text = _conv3d_text(co, ci, k, dil).replace(" in ", " in0 ").replace(" out ", " out0 ").replace(" in\n", " in0\n")
+    w = RNG.standard_normal((co, ci, k)).astype(np.float32)
+    (tmp_path / "c.param").write_text(text)
+    (tmp_path / "c.bin").write_bytes(_tagged(w) + np.zeros(co, np.float32).tobytes())
+    part = Part(make_net(tmp_path / "c.param", tmp_path / "c.bin", 1), spf=1, up=1)
+    assert reach(part, RNG.standard_normal((ci, 1, 200)).astype(np.float32)) == dil * (k - 1) + 1

@@ -665,43 +665,98 @@ def codec_fast(text: str) -> str:
     return keep_3d(deconv1d_as_deconv2d(conv1d_as_conv2d(text)))
 
 
-CODEC_FAST_BIN_VERSION = 2  # bump when codec_fast_bin changes: the runtime's cached files are rewritten
-
-TIME_TILES = {96: 32, 192: 8, 384: 4}  # input channels -> `conv_tile_time` tiles (full-base, 1 thread, 40 frames)
+CODEC_FAST_BIN_VERSION = 3  # bump when the codec's CPU form changes: the runtime's cached files are rewritten
 
 
-def codec_time_tiles(config: dict) -> dict[int, int]:
-    """Input channels -> tile count for `conv_tile_time` in the codec decoder (config: decoder_config): stage i
-    of the upsampling runs decoder_dim / 2^(i+1) channels at prod(upsampling_ratios) * prod(upsample_rates[:i+1])
-    samples per frame; `TIME_TILES` where that channel count is listed, at most its samples per frame, so that
-    no tile of a one-frame call is empty. A stage's input (decoder_dim / 2^i channels) runs at the previous
-    stage's rate, which halving stages keep apart; a count that the layers before the upsampling also have
-    (latent, hidden, codebook widths: one sample per frame) is never cut."""
-    early = {int(config.get(k) or 0) for k in ("latent_dim", "hidden_size", "codebook_dim", "intermediate_size",
-                                                "vector_quantization_hidden_dimension", "decoder_dim")}
-    out, spf, ch = {}, int(np.prod(config["upsampling_ratios"])), int(config["decoder_dim"])
-    for rate in config["upsample_rates"]:
-        spf, ch = spf * int(rate), ch // 2
-        n = min(TIME_TILES.get(ch, 0), spf)
-        if n > 1 and ch not in early:
-            out[ch] = n
-    return out
+def codec_rewritten(text: str, data: bytes) -> tuple[str, bytes]:
+    """`codec_fast` plus Snake's sin(x)^2 as one square (`self_mul_as_square`) and strided transposed convolutions
+    as polyphase stride-1 convolutions (`deconv_polyphase`, new weights): the rewrites every CPU form shares."""
+    t, b = deconv_polyphase(text, data)
+    return self_mul_as_square(keep_3d(deconv1d_as_deconv2d(conv1d_as_conv2d(t)))), b
+
+
+def _cut_convolutions(t: str, b: bytes, part_of, tiles_of) -> tuple[str, bytes]:
+    """Long convolutions cut along time (`conv_tile_time`, where `tiles_of` is given), the other wide ones along
+    input channels (`conv_split_input`); a layer cut along time is not cut again along channels."""
+    if tiles_of is None:
+        return conv_split_input(t, b, part_of)
+    t, b = conv_tile_time(t, b, tiles_of)
+    return conv_split_input(t, b, lambda c: 0 if tiles_of(c) > 1 else part_of(c))
 
 
 def codec_fast_bin(text: str, data: bytes, part_of=split_part, tiles_of=None) -> tuple[str, bytes]:
-    """`codec_fast` plus Snake's sin(x)^2 as one square (`self_mul_as_square`) and the rewrites that need new
-    weights: strided transposed convolutions as polyphase stride-1 convolutions (`deconv_polyphase`), long
-    convolutions cut along time (`conv_tile_time`, where `tiles_of` is given) and the other wide ones cut along
-    input channels (`conv_split_input`).
-    Returns the .param text and .bin bytes; the runtime caches them on disk."""
-    t, b = deconv_polyphase(text, data)
-    t = self_mul_as_square(keep_3d(deconv1d_as_deconv2d(conv1d_as_conv2d(t))))
-    if tiles_of is not None:
-        t, b = conv_tile_time(t, b, tiles_of)
-        split = part_of
-        def part_of(c):  # noqa: E306 - a layer cut along time is not cut again along channels
-            return 0 if tiles_of(c) > 1 else split(c)
-    return conv_split_input(t, b, part_of)
+    """The whole codec graph in its CPU form: `codec_rewritten`, then the convolutions cut along time or input
+    channels. Returns the .param text and .bin bytes. (The runtime loads the same form in parts,
+    `codec_fast_parts`.)"""
+    return _cut_convolutions(*codec_rewritten(text, data), part_of, tiles_of)
+
+
+# ---------------------------------------------------------------- the codec in parts
+def cut_graph(text: str, blob: str) -> tuple[str, str]:
+    """`text` cut in two at `blob`: the head (every layer `blob` depends on) with `blob` renamed to its output
+    `out0`; the tail (every other layer) reading `blob` from an Input named `in0`. Layers are told apart by
+    position, not name (pnnx repeats the names of Split layers). Raises ValueError unless `blob` really cuts
+    the graph: the tail may need nothing else the head makes, and no input of the graph."""
+    info = parse_param(text)
+    producer = {b: i for i, lyr in enumerate(info.layers) for b in lyr.outputs}
+    if blob not in producer:
+        raise ValueError(f"no layer makes blob {blob!r}")
+    head, todo = set(), [blob]
+    while todo:
+        i = producer[todo.pop()]
+        if i not in head:
+            head.add(i)
+            todo += info.layers[i].inputs
+    ahead = [lyr for i, lyr in enumerate(info.layers) if i in head]
+    behind = [lyr for i, lyr in enumerate(info.layers) if i not in head]
+    crossing = {b for lyr in behind for b in lyr.inputs if b != blob and producer.get(b) in head}
+    if crossing or any(lyr.type == "Input" for lyr in behind):
+        raise ValueError(f"blob {blob!r} does not cut the graph in two (the tail also needs {sorted(crossing)})")
+    names = {b for lyr in info.layers for b in lyr.inputs + lyr.outputs}
+    if "out0" in {b for lyr in ahead for b in lyr.outputs} or "in0" in names - {b for lyr in ahead for b in
+                                                                                 lyr.outputs}:
+        raise ValueError("the head already has an out0, or the tail an in0")
+    head_layers = [ParamLayer(lyr.type, lyr.name, list(lyr.inputs), ["out0" if b == blob else b for b in lyr.outputs],
+                              list(lyr.params)) for lyr in ahead]
+    tail_layers = [ParamLayer("Input", "in0", [], ["in0"], [])] + [
+        ParamLayer(lyr.type, lyr.name, ["in0" if b == blob else b for b in lyr.inputs], list(lyr.outputs),
+                   list(lyr.params)) for lyr in behind]
+    return format_param(info.magic, head_layers), format_param(info.magic, tail_layers)
+
+
+def codec_stage_layers(text: str, config: dict) -> list[str]:
+    """Names of the strided transposed convolutions that start the decoder's upsampling stages, in order: the
+    Deconvolution1D layers of the exported codec graph after the `upsampling_ratios` ones (which belong to the
+    ConvNeXt upsampler before the decoder). `deconv_polyphase` keeps these names on the convolutions it makes."""
+    deconvs = [lyr.name for lyr in parse_param(text).layers if lyr.type == "Deconvolution1D"]
+    n_pre, n = len(config["upsampling_ratios"]), len(config["upsample_rates"])
+    if len(deconvs) != n_pre + n:
+        raise ValueError(f"expected {n_pre + n} transposed convolutions in the codec graph, found {len(deconvs)}")
+    return deconvs[n_pre:]
+
+
+def codec_fast_parts(text: str, data: bytes, config: dict, part_of=split_part,
+                     tiles_of=None) -> list[tuple[str, bytes]]:
+    """`codec_fast_bin` in parts: the graph is cut (`cut_graph`) at the input of every upsampling stage of the
+    decoder (`codec_stage_layers`), so part 0 maps the codes to the first stage's input, part k (k >= 1) runs
+    stage k, and the last part also the output convolution. Each part reads `in0`... and writes `out0`; each is
+    then rewritten like the whole (time tiles by `tiles_of(k, channels)`, channel splits). Stages 1.. are causal
+    convolutions only, so a part can run over a window of its input with a little left context (`runtime.codec`
+    measures how much): the runtime decodes them chunk by chunk and never holds a whole stage in memory."""
+    t, b = codec_rewritten(text, data)
+    segs = split_bin(t, b)
+    texts, rest = [], t
+    for name in codec_stage_layers(text, config):
+        layer = next(lyr for lyr in parse_param(rest).layers if lyr.name == name)
+        head, rest = cut_graph(rest, layer.inputs[0])
+        texts.append(head)
+    texts.append(rest)
+    parts = []
+    for k, pt in enumerate(texts):
+        keep = {lyr.name for lyr in parse_param(pt).layers}
+        pb = join_bin(pt, {n: v for n, v in segs.items() if n in keep})
+        parts.append(_cut_convolutions(pt, pb, part_of, None if tiles_of is None else lambda c, k=k: tiles_of(k, c)))
+    return parts
 
 
 def decode_step(text: str) -> str:
