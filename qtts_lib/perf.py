@@ -12,10 +12,13 @@ EOS; a real checkpoint stops earlier and every time is divided by the frames mad
 with their own codec.
 
 Per frame: talker (the decoder step + head + sampling), predictor (the 15 code-predictor steps),
-codec (decoding the generated codes), total (their sum); prefill and model load on their own.
+codec (decoding the generated codes: the first decode in the process, what `qtts say` pays), total (their
+sum); prefill, model load and a second decode of the same codes (`codec_warm_ms_per_frame`, what a server
+that has decoded before pays) on their own.
 The generation loop is memory-bound: every frame reads the talker's weights once and the code
 predictor's 15 times, so (those bytes) / (measured read bandwidth) is the floor no fp32 runtime can
-beat; each row reports it and its ratio to it.
+beat; each row reports it and its ratio to it. The bandwidth is measured before every round of runs and
+its median used (on a VM it drifts by 10-20% from minute to minute).
 """
 from __future__ import annotations
 
@@ -129,12 +132,14 @@ def run_ncnn(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: 
     voice = synth.voice(wav=load_wav(voice_wav))
     prompt = synth.build_prompt(text, "english", voice)
     result = synth.generate(prompt, frames + 1, greedy=True)  # random weights: EOS is rare; frames are counted
-    t0 = time.perf_counter()
-    synth.codec.decode(result.codes)
-    codec_s = time.perf_counter() - t0
+    codec_s = []
+    for _ in range(2):  # the first decode is what `qtts say` sees, the second what a server sees
+        t0 = time.perf_counter()
+        synth.codec.decode(result.codes)
+        codec_s.append(time.perf_counter() - t0)
     return {"frames": len(result.codes), "load_s": load_s, "prefill_s": result.seconds["prefill"],
-            "talker_s": result.seconds["talker"], "predictor_s": result.seconds["predictor"], "codec_s": codec_s,
-            "peak_rss_gb": peak_rss_gb()}
+            "talker_s": result.seconds["talker"], "predictor_s": result.seconds["predictor"], "codec_s": codec_s[0],
+            "codec_warm_s": codec_s[1], "peak_rss_gb": peak_rss_gb()}
 
 
 def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int) -> dict:
@@ -170,6 +175,7 @@ def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, thread
 
     def counting_decode(items):
         spent["frames"] = int(items[0]["audio_codes"].shape[0])
+        spent["codes"] = items
         return decode(items)
 
     model.speech_tokenizer.decode = counting_decode
@@ -177,9 +183,12 @@ def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, thread
     with torch.inference_mode():
         tts.generate_voice_clone(text=text, language="english", ref_audio=(clip, SAMPLE_RATE), x_vector_only_mode=True,
                                  max_new_tokens=frames + 1, **reference.GREEDY)
+        cold = spent["codec"]
+        decode(spent["codes"])  # the same codes again: the warm decode
     talker_s = spent["talker_generate"] - spent["predictor"] - spent["prefill"]
     return {"frames": spent["frames"], "load_s": load_s, "prefill_s": spent["prefill"], "talker_s": talker_s,
-            "predictor_s": spent["predictor"], "codec_s": spent["codec"], "peak_rss_gb": peak_rss_gb()}
+            "predictor_s": spent["predictor"], "codec_s": cold, "codec_warm_s": spent["codec"] - cold,
+            "peak_rss_gb": peak_rss_gb()}
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -214,6 +223,8 @@ def row(runtime: str, threads: int, runs: list[dict], floor_ms: float, precision
         "runtime": runtime, "device": "cpu", "precision": precision, "threads": threads,
         "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
         "prefill_ms": round(1000 * med("prefill_s"), 1), "load_s": round(med("load_s"), 2),
+        **({"codec_warm_ms_per_frame": round(1000 * med("codec_warm_s") / frames, 1)}
+           if all("codec_warm_s" in r for r in runs) else {}),
         "rtf": round(total_s / (frames / FRAME_RATE), 3), "peak_rss_gb": round(max(r["peak_rss_gb"] for r in runs), 2),
         "floor_ms_per_frame": round(floor_ms, 1),
         "floor_ratio": round((ms["talker"] + ms["predictor"]) / floor_ms, 2),
@@ -228,6 +239,7 @@ def benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_c
     from tqdm.auto import tqdm
 
     machine = describe_machine(thread_counts)
+    bandwidth = {str(t): [machine["read_bandwidth_gbs"][str(t)]] for t in thread_counts}
     ncnn_dir = Path(model_dir) / "ncnn"
     weights = {p: weight_bytes_per_frame(ncnn_dir, precision=p) for p in {"fp32", *precisions}}
     if "int8" in precisions:  # write the tier's files before anything is timed
@@ -238,12 +250,19 @@ def benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_c
     keys = [(r, p, t) for t in thread_counts for r in runtimes for p in (precisions if r == "ncnn" else ("fp32",))]
     runs: dict[tuple[str, str, int], list[dict]] = {k: [] for k in keys}
     with tqdm(total=repeats * len(runs), desc="bench", unit="run", disable=not progress) as bar:
-        for _ in range(repeats):
+        for rep in range(repeats):
+            if rep:  # the bandwidth of a VM's memory drifts: measured again before every round, the median kept
+                for t in thread_counts:
+                    bandwidth[str(t)].append(round(read_bandwidth_gbs(t), 1))
             for (runtime, precision, threads), done in runs.items():
                 bar.set_postfix_str(f"{runtime} {precision} {threads} threads")
                 done.append(measure_once(runtime, model_dir, voice_wav, text, frames, threads, precision))
                 bar.update(1)
     machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    for t in thread_counts:  # and once after the last round
+        bandwidth[str(t)].append(round(read_bandwidth_gbs(t), 1))
+    machine["read_bandwidth_gbs_rounds"] = bandwidth
+    machine["read_bandwidth_gbs"] = {t: round(statistics.median(v), 1) for t, v in bandwidth.items()}
     rows = []
     for (runtime, precision, threads), done in runs.items():
         floor_ms = weights[precision] / (machine["read_bandwidth_gbs"][str(threads)] * 1e9) * 1000

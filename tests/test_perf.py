@@ -15,7 +15,10 @@ def test_row_is_per_frame_medians_with_the_floor():
     assert r["floor_ratio"] == 1.5  # (talker + predictor) / floor
     assert r["rtf"] == pytest.approx(0.6 / (10 / 12.5), abs=1e-3)
     assert r["repeats"] == 3
+    assert "codec_warm_ms_per_frame" not in r  # runs without a second decode: no warm column
     perf.check_schema({"machine": {}, "checkpoint": "x", "frames": 10, "rows": [r]})
+    warm = [dict(run, codec_warm_s=0.2) for run in fake_runs() * 3]
+    assert perf.row("ncnn", 2, warm, floor_ms=20.0)["codec_warm_ms_per_frame"] == 20.0
 
 
 def test_schema_check_refuses_what_tools_cannot_read():
