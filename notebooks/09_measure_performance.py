@@ -118,7 +118,8 @@ check.equal("both runtimes made the same number of frames", "frames",
 def table(res: dict) -> pd.DataFrame:
     rows = [{"runtime": r["runtime"], "device": r["device"], "precision": r["precision"], "threads": r["threads"],
              **{f"{k} ms": v for k, v in r["ms_per_frame"].items()}, "prefill ms": r["prefill_ms"], "RTF": r["rtf"],
-             "floor ms": r["floor_ms_per_frame"], "loop / floor": r["floor_ratio"], "peak GB": r["peak_rss_gb"]}
+             "floor ms": r["floor_ms_per_frame"], "loop / floor": r["floor_ratio"], "peak GB": r["peak_rss_gb"],
+             "codec warm ms": r.get("codec_warm_ms_per_frame")}
             for r in res["rows"]]
     return pd.DataFrame(rows).sort_values(["threads", "runtime"]).reset_index(drop=True)
 
@@ -205,43 +206,127 @@ for name, res in committed.items():
 # %% [markdown]
 # ## 5. Make ncnn's codec as fast as PyTorch's
 # The landed codec spent most of its time in `Convolution1D` and `Deconvolution1D` (FACTS.md: 43% and 36%), which on
-# x86 have no packed GEMM path. Three rewrites fix that, all in `runtime.speed` and applied by `speed.codec_fast_bin`
-# when the runtime loads the codec on the CPU:
-# - the same weights run as a 2-D `Convolution`/`Deconvolution` with kernel height 1, which reaches ncnn's packed
-#   kernels (blobs stay 3-D between consecutive convolutions, so no Reshape copies);
+# x86 have no packed GEMM path. The runtime loads the codec on the CPU in an equivalent form, all of it in
+# `runtime.speed`:
+# - the same weights run as a 2-D `Convolution` with kernel height 1, which reaches ncnn's packed kernels (blobs stay
+#   3-D between consecutive convolutions, so no Reshape copies); Snake's `sin(x)·sin(x)` becomes one in-place square;
 # - each strided transposed convolution (the upsampling) becomes a stride-1 convolution over `stride` phases that are
-#   interleaved afterwards (`deconv_polyphase`: new weights, same arithmetic, no wasted zeros);
-# - each wide kernel-7 convolution is cut along its input channels into parts whose outputs are added
-#   (`conv_split_input`): the smaller weight matrices stay in this CPU's 2 MB L2 cache.
+#   interleaved afterwards (`deconv_polyphase`: new weights, same arithmetic, no multiplications by inserted zeros);
+# - long convolutions are cut along time (`conv_tile_time`: each tile carries its few samples of left context, so the
+#   sums are the same, but ncnn's im2col matrix stays small), the other wide ones along input channels
+#   (`conv_split_input`: smaller weight matrices per GEMM);
+# - and the graph is cut in **parts** at the input of each upsampling stage (`speed.codec_fast_parts`). Part 0 (the
+#   codebooks, the transformer, the ConvNeXt upsampler) runs over all frames. The stages after it are causal
+#   convolutions that look only a few input samples back, so the runtime runs each over chunks of a few frames with
+#   that much left context, and hands each chunk on to the next stage at once (`codec.run_parts`). A decode of any
+#   length then never holds a whole stage in memory.
 #
-# The last two need new weights, so the rewritten graph is written once to `models/<ckpt>/ncnn/fast/` (keyed by the
-# exported files' size and mtime) and loaded from there. Same codes through the exported graph and the runtime's
-# form, timed interleaved, and the waveforms compared:
+# How far back is "a few samples"? Rather than adding up kernel sizes by hand, `codec.reach` *measures* it when the
+# cache is written: change one input sample, and see which output samples change at all (bitwise). Convolutions are
+# shift-invariant, so one position tells the reach everywhere. Here is that experiment on the last part (the highest
+# rate), and what the cache recorded for every part:
 
 # %%
+import resource  # noqa: E402
 import time  # noqa: E402
 
 from qtts_lib.runtime import codec as runtime_codec  # noqa: E402
 
 st_cfg = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+fast_dir, desc = runtime_codec.fast_graph(paths.ncnn_dir(ckpt), st_cfg)
+runtime_form = runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS)
+last = runtime_form.parts[-1]
+probe_codes = np.random.default_rng(2).integers(0, st_cfg["codebook_size"], (4, 16))
+x = runtime_codec._run_head(runtime_form.parts[0].net, probe_codes, st_cfg, runtime_form.in_axes)
+for part in runtime_form.parts[1:-1]:
+    x = part(x)  # what the last part is fed for 4 frames
+p = x.shape[-1] // 2
+y0 = last(x)
+x1 = x.copy()
+x1[..., p] += 1.0
+changed = (last(x1) != y0).reshape(-1, y0.shape[-1]).any(axis=0)
+first, final = np.flatnonzero(changed)[[0, -1]]
+fig, ax = plt.subplots(figsize=(9, 1.8))
+lo = p * last.up - 20
+ax.plot(np.arange(lo, final + 40), changed[lo:final + 40], drawstyle="steps-mid")
+ax.axvline(p * last.up, color="crimson", ls="--", lw=1, label=f"input sample {p} (x{last.up} = output {p * last.up})")
+ax.set_xlabel("output sample")
+ax.set_yticks([0, 1], ["same", "changed"])
+ax.set_title(f"last codec part: changing input sample {p} changes output samples {first}..{final}", fontsize=9)
+ax.legend(fontsize=8)
+fig.tight_layout()
+check.equal("codec part is causal: nothing before the changed sample moves", "first changed output",
+            int(first), p * last.up)
+check.at_most("the measured reach is within the recorded context", "input samples",
+              -(-(final - p * last.up) // last.up), desc["parts"][-1]["context"])
+pd.DataFrame([{"part": k, "input samples per frame": d["spf"], "output samples per input sample": d["up"],
+               "left context (input samples)": d["context"], "chunk (frames)": d["chunk_frames"] or "all"}
+              for k, d in enumerate(desc["parts"])]).set_index("part")
+
+# %% [markdown]
+# The chunk length is set so that the left context costs about `PART_OVERHEAD` of each chunk's work. Now the same
+# codes through the exported graph, the runtime's parts over whole inputs, and the parts chunk by chunk (the runtime):
+# the waveforms compared, then the time and the fresh memory each touches (the first decode in a process pays for
+# every page it touches for the first time; on a VM that is slow).
+
+# %%
+whole_parts = runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS)
+for part in whole_parts.parts:
+    part.chunk_frames = None
 forms = {"as exported": runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, fast=False),
-         "codec_fast_bin (runtime)": runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, fast=True)}
+         "parts, whole inputs": whole_parts, "parts, chunked (runtime)": runtime_form}
 T = 100 if full else 40
 codes = np.random.default_rng(9).integers(0, st_cfg["codebook_size"], (T, 16))
-wavs = {k: c.decode_once(codes) for k, c in forms.items()}
-check.snr("codec_fast_bin vs the exported graph (same codes)", wavs["codec_fast_bin (runtime)"], wavs["as exported"],
-          100.0)
+wavs, fresh_mb = {}, {}
+for k, c in forms.items():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    wavs[k] = c.decode_once(codes)
+    fresh_mb[k] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * resource.getpagesize() / 2**20
+check.snr("codec parts (runtime) vs the exported graph (same codes)", wavs["parts, chunked (runtime)"],
+          wavs["as exported"], 100.0)
+check.snr("codec parts: chunked vs whole inputs", wavs["parts, chunked (runtime)"], wavs["parts, whole inputs"],
+          120.0)
 codec_ms = {k: [] for k in forms}
 for _ in range(3 if full else 5):
     for k, c in forms.items():
         t0 = time.perf_counter()
         c.decode_once(codes)
         codec_ms[k].append((time.perf_counter() - t0) / T * 1e3)
-pd.Series({k: round(float(np.median(v)), 2) for k, v in codec_ms.items()},
-          name="codec ms per frame (median)").to_frame()
+pd.DataFrame({"ms per frame (median)": {k: round(float(np.median(v)), 2) for k, v in codec_ms.items()},
+              f"fresh memory of the first {T}-frame decode (MB)": {k: round(v) for k, v in fresh_mb.items()}})
 
 # %% [markdown]
-# ## 6. Step the decoders through the threaded GEMV: Gemm → InnerProduct
+# Once warm, chunked and whole inputs run at the same speed; what chunking changes is memory. At full size a whole
+# stage 4 is 0.74 MB per frame per blob, and a 300-frame call (the reference's chunk) held about 3.7 GB resident;
+# in parts it peaks near 1.3 GB, and the first decode in a process touches a fraction of the fresh pages
+# (`data/bench/codec/` records both for the committed machines).
+#
+# ## 6. The codec alone against PyTorch's
+# A generation run decodes once per process, and the difference between two processes is often larger than the
+# difference between the codecs. `perf.codec_rounds` holds everything else still: both codecs in this process, the
+# same random codes, the same threads, rounds alternating which goes first. The committed files in
+# `data/bench/codec/` are the full-size runs (`python -m qtts_lib.perf --codec`).
+
+# %%
+live_codec = perf.codec_rounds(model_dir, THREADS, frames=T, rounds=3 if full else 5, progress=False)
+check.at_least("codec alone: ncnn vs PyTorch on the same codes", "SNR dB", live_codec["snr_ncnn_vs_pytorch_db"], 100.0)
+rows = [{"machine": "this one (live)", "checkpoint": ckpt,
+         **{k: live_codec[k] for k in ("threads", "frames", "rounds")},
+         **{f"{k} ms/frame": v for k, v in live_codec["median_ms_per_frame"].items()},
+         "ncnn / PyTorch": live_codec["ratio_ncnn_pytorch"]}]
+for f in sorted((paths.DATA / "bench" / "codec").glob("*.json")):
+    res = json.loads(f.read_text())
+    cpu = res["machine"]["cpu"] if isinstance(res["machine"], dict) else res["machine"]
+    for run in res["runs"]:
+        med = run.get("median_ms_per_frame") or {"ncnn": run["median"]["ncnn fast"], "pytorch": run["median"]["torch"]}
+        rows.append({"machine": f"{f.stem} ({cpu})", "checkpoint": res["checkpoint"], "threads": run["threads"],
+                     "frames": run.get("frames", run.get("T")), "rounds": run["rounds"],
+                     **{f"{k} ms/frame": v for k, v in med.items()},
+                     "ncnn / PyTorch": run.get("ratio_ncnn_pytorch", run.get("ratio_fast_torch_median"))})
+pd.DataFrame(rows)
+
+# %% [markdown]
+# ## 7. Step the decoders through the threaded GEMV: Gemm → InnerProduct
 # At one position a `Gemm` runs its matrix-vector product on one thread; an `InnerProduct` on a 1-D input splits the
 # output rows over all threads. `speed.decode_step` rewrites every constant-weight Gemm of a `_kv.param` that way, and
 # `KvCacheNet` runs that form for one-position steps (prefill keeps the original graph, whose many-row Gemms are
@@ -278,8 +363,11 @@ pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (me
 # - The codec is compute-bound; its yardstick is PyTorch's codec on the same codes and threads.
 # - `make bench` writes the same measurement on `full-base` to `data/bench/`; this chapter plots what is there.
 # - The runtime loads two graphs in a faster equivalent form on the CPU (`runtime.speed`): the codec with 2-D kernels,
-#   polyphase upsampling and convolutions cut to fit the L2 cache (cached in `ncnn/fast/`), and decode steps through
-#   InnerProduct; both are checked equal here, and chapters 06-07 (which run the runtime) hold token parity with them.
+#   polyphase upsampling, convolutions cut along time and channels, in parts whose upsampling stages run chunk by
+#   chunk with a measured left context (cached in `ncnn/fast/`), and decode steps through InnerProduct; both are
+#   checked equal here, and chapters 06-07 (which run the runtime) hold token parity with them.
+# - The codec is timed twice per run: the first decode in a process (what `qtts say` pays, fresh memory included) and
+#   a second one (what a server pays); `perf --codec` compares the two codecs with everything else held still.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/09_bench.json`, the chapter report.
 #

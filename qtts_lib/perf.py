@@ -17,8 +17,9 @@ sum); prefill, model load and a second decode of the same codes (`codec_warm_ms_
 that has decoded before pays) on their own.
 The generation loop is memory-bound: every frame reads the talker's weights once and the code
 predictor's 15 times, so (those bytes) / (measured read bandwidth) is the floor no fp32 runtime can
-beat; each row reports it and its ratio to it. The bandwidth is measured before every round of runs and
-its median used (on a VM it drifts by 10-20% from minute to minute).
+beat; each row reports it and its ratio to it. Every run measures the bandwidth just before loading its model
+and after its work, and is held against the floor of that bandwidth (on a VM it drifts by 20% from minute to
+minute, so a bandwidth measured once at the start says little about a run ten minutes later).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -193,7 +195,9 @@ def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, thread
 
 def _child(args: argparse.Namespace) -> None:
     common = (Path(args.model_dir), Path(args.voice), args.text, args.frames, args.threads)
+    before = read_bandwidth_gbs(args.threads)  # before the model: its GiB is freed long before the peak
     out = run_ncnn(*common, precision=args.precision) if args.child == "ncnn" else run_pytorch(*common)
+    out["read_bandwidth_gbs"] = [round(before, 1), round(read_bandwidth_gbs(args.threads), 1)]  # peak read already
     print("QTTS_PERF " + json.dumps(out))
 
 
@@ -212,13 +216,23 @@ def measure_once(runtime: str, model_dir: Path, voice_wav: Path, text: str, fram
 
 
 # ---------------------------------------------------------------- the benchmark
-def row(runtime: str, threads: int, runs: list[dict], floor_ms: float, precision: str = "fp32") -> dict:
-    """One schema row from repeated runs: medians per component, per frame."""
+def row(runtime: str, threads: int, runs: list[dict], floor_ms: float, precision: str = "fp32",
+        weight_bytes: int | None = None) -> dict:
+    """One schema row from repeated runs: medians per component, per frame. With `weight_bytes` and runs that
+    measured the read bandwidth around themselves (`read_bandwidth_gbs`: before and after), each run is held
+    against its own floor (a VM's bandwidth drifts by 20% from minute to minute): the row's floor is the median
+    of the runs' floors and its ratio the median of the runs' ratios. Otherwise `floor_ms` is the floor."""
     med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
     frames = runs[0]["frames"]
     ms = {k: 1000 * med(f"{k}_s") / frames for k in ("talker", "predictor", "codec")}
     ms["total"] = sum(ms.values())
     total_s = ms["total"] * frames / 1000
+    ratio = (ms["talker"] + ms["predictor"]) / floor_ms
+    if weight_bytes and all(r.get("read_bandwidth_gbs") for r in runs):
+        floors = [weight_bytes / (statistics.mean(r["read_bandwidth_gbs"]) * 1e9) * 1000 for r in runs]
+        floor_ms = statistics.median(floors)
+        ratio = statistics.median(1000 * (r["talker_s"] + r["predictor_s"]) / r["frames"] / f
+                                  for r, f in zip(runs, floors))
     return {
         "runtime": runtime, "device": "cpu", "precision": precision, "threads": threads,
         "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
@@ -227,7 +241,7 @@ def row(runtime: str, threads: int, runs: list[dict], floor_ms: float, precision
            if all("codec_warm_s" in r for r in runs) else {}),
         "rtf": round(total_s / (frames / FRAME_RATE), 3), "peak_rss_gb": round(max(r["peak_rss_gb"] for r in runs), 2),
         "floor_ms_per_frame": round(floor_ms, 1),
-        "floor_ratio": round((ms["talker"] + ms["predictor"]) / floor_ms, 2),
+        "floor_ratio": round(ratio, 2),
         "repeats": len(runs),
     }
 
@@ -239,7 +253,6 @@ def benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_c
     from tqdm.auto import tqdm
 
     machine = describe_machine(thread_counts)
-    bandwidth = {str(t): [machine["read_bandwidth_gbs"][str(t)]] for t in thread_counts}
     ncnn_dir = Path(model_dir) / "ncnn"
     weights = {p: weight_bytes_per_frame(ncnn_dir, precision=p) for p in {"fp32", *precisions}}
     if "int8" in precisions:  # write the tier's files before anything is timed
@@ -250,23 +263,19 @@ def benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_c
     keys = [(r, p, t) for t in thread_counts for r in runtimes for p in (precisions if r == "ncnn" else ("fp32",))]
     runs: dict[tuple[str, str, int], list[dict]] = {k: [] for k in keys}
     with tqdm(total=repeats * len(runs), desc="bench", unit="run", disable=not progress) as bar:
-        for rep in range(repeats):
-            if rep:  # the bandwidth of a VM's memory drifts: measured again before every round, the median kept
-                for t in thread_counts:
-                    bandwidth[str(t)].append(round(read_bandwidth_gbs(t), 1))
+        for _ in range(repeats):
             for (runtime, precision, threads), done in runs.items():
                 bar.set_postfix_str(f"{runtime} {precision} {threads} threads")
                 done.append(measure_once(runtime, model_dir, voice_wav, text, frames, threads, precision))
                 bar.update(1)
     machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    for t in thread_counts:  # and once after the last round
-        bandwidth[str(t)].append(round(read_bandwidth_gbs(t), 1))
-    machine["read_bandwidth_gbs_rounds"] = bandwidth
-    machine["read_bandwidth_gbs"] = {t: round(statistics.median(v), 1) for t, v in bandwidth.items()}
+    machine["read_bandwidth_gbs_runs"] = {  # every run measured it before and after itself (row() uses them)
+        str(t): [b for (_, _, th), done in runs.items() if th == t for r in done for b in r["read_bandwidth_gbs"]]
+        for t in thread_counts}
     rows = []
     for (runtime, precision, threads), done in runs.items():
         floor_ms = weights[precision] / (machine["read_bandwidth_gbs"][str(threads)] * 1e9) * 1000
-        rows.append(row(runtime, threads, done, floor_ms, precision))
+        rows.append(row(runtime, threads, done, floor_ms, precision, weights[precision]))
     raw = [{"runtime": r, "precision": p, "threads": t, **run} for (r, p, t), done in runs.items() for run in done]
     return {"machine": machine, "checkpoint": Path(model_dir).name, "frames": frames,
             "weight_bytes_per_frame": weights["fp32"], "weight_bytes_per_frame_by_precision": weights,
@@ -295,7 +304,8 @@ def codec_rounds(model_dir: Path, threads: int, frames: int = 40, rounds: int = 
     `speech_tokenizer.decode` on the same random codes and thread count, in this one process, `rounds` rounds
     with the order alternating (ncnn first in even rounds). A generation run's codec time is one decode per
     process, which process-to-process spread swamps; this holds everything else still. ms per frame; the wav SNR
-    of ncnn against PyTorch is measured on the same call."""
+    of ncnn against PyTorch is measured on the same call, and the fresh memory each side's first decode touches
+    (minor page faults: on a VM, first touches are slow)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -313,7 +323,11 @@ def codec_rounds(model_dir: Path, threads: int, frames: int = 40, rounds: int = 
     codes = rng.integers(0, config["codebook_size"], (frames, 16))  # what the talker and predictor emit
     sides = {"ncnn": lambda: codec.decode(codes),
              "pytorch": lambda: tokenizer.decode([{"audio_codes": torch.from_numpy(codes)}])[0][0]}
-    wavs = {k: np.asarray(fn(), np.float32).reshape(-1) for k, fn in sides.items()}  # warm-up, and the parity
+    wavs, fresh = {}, {}
+    for k, fn in sides.items():  # warm-up and the parity; the first decode's fresh pages (what it first touches)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        wavs[k] = np.asarray(fn(), np.float32).reshape(-1)
+        fresh[k] = round((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * resource.getpagesize() / 2**20)
     times: dict[str, list[float]] = {k: [] for k in sides}
     load_before = [round(x, 2) for x in os.getloadavg()]
     for r in tqdm(range(rounds), desc=f"codec {threads} threads", unit="round", disable=not progress):
@@ -325,7 +339,7 @@ def codec_rounds(model_dir: Path, threads: int, frames: int = 40, rounds: int = 
     return {"threads": threads, "frames": frames, "rounds": rounds, "load_before": load_before,
             "load_after": [round(x, 2) for x in os.getloadavg()], "ncnn_load_s": round(load_s, 2),
             "snr_ncnn_vs_pytorch_db": round(float(check.snr_db(wavs["ncnn"], wavs["pytorch"])), 1),
-            "median_ms_per_frame": {k: round(v, 1) for k, v in med.items()},
+            "first_decode_fresh_mb": fresh, "median_ms_per_frame": {k: round(v, 1) for k, v in med.items()},
             "ratio_ncnn_pytorch": round(med["ncnn"] / med["pytorch"], 3),
             "ratio_per_round": [round(a / b, 3) for a, b in zip(times["ncnn"], times["pytorch"])],
             "ms_per_frame": {k: [round(x, 1) for x in v] for k, v in times.items()}}

@@ -21,6 +21,15 @@ def test_row_is_per_frame_medians_with_the_floor():
     assert perf.row("ncnn", 2, warm, floor_ms=20.0)["codec_warm_ms_per_frame"] == 20.0
 
 
+def test_each_run_is_held_against_its_own_bandwidth():
+    """Runs that measured the bandwidth around themselves get their own floors; the row reports the medians."""
+    runs = [dict(r, read_bandwidth_gbs=bw) for r, bw in zip(fake_runs() * 3, ([10, 10], [20, 20], [40, 40]))]
+    weight = 0.3e9  # bytes per frame: floors 30, 15 and 7.5 ms per frame; the loop takes 30 ms per frame every time
+    r = perf.row("ncnn", 1, runs, floor_ms=1.0, weight_bytes=weight)
+    assert r["floor_ms_per_frame"] == 15.0 and r["floor_ratio"] == 2.0   # medians of (30, 15, 7.5) and (1, 2, 4)
+    assert perf.row("ncnn", 1, fake_runs() * 3, floor_ms=20.0, weight_bytes=weight)["floor_ratio"] == 1.5  # no probes
+
+
 def test_schema_check_refuses_what_tools_cannot_read():
     r = perf.row("ncnn", 1, fake_runs(), 10.0)
     with pytest.raises(ValueError, match="no 'rows'"):
