@@ -17,9 +17,10 @@ sum); prefill, model load and a second decode of the same codes (`codec_warm_ms_
 that has decoded before pays) on their own.
 The generation loop is memory-bound: every frame reads the talker's weights once and the code
 predictor's 15 times, so (those bytes) / (measured read bandwidth) is the floor no fp32 runtime can
-beat; each row reports it and its ratio to it. Every run measures the bandwidth just before loading its model
-and after its work, and is held against the floor of that bandwidth (on a VM it drifts by 20% from minute to
-minute, so a bandwidth measured once at the start says little about a run ten minutes later).
+beat; each row reports it and its ratio to it. Every run measures the bandwidth while it runs (`Probe`: every
+8 frames, between frames, outside the timed code) and is held against the floor of that bandwidth (on a VM it
+drifts by 20% from minute to minute, so a bandwidth measured once at the start says little about a run ten
+minutes later).
 """
 from __future__ import annotations
 
@@ -65,12 +66,12 @@ def memory_gb() -> float:
     return float("nan")
 
 
-def read_bandwidth_gbs(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
+def read_bandwidth_gbs(threads: int, gib: float = 1.0, repeats: int = 5, array: np.ndarray | None = None) -> float:
     """Streaming-read bandwidth in GB/s: `threads` threads each take the max of their slice of a `gib` GiB
     array (numpy releases the GIL in the reduction). Max, not sum: numpy's pairwise float sum is
     compute-bound at about half this machine's bandwidth, its SIMD max is not. Median of `repeats`;
-    the first pass warms the pages."""
-    a = np.ones(int(gib * 2**30 / 4), np.float32)
+    the first pass warms the pages. `array`: read this one instead (a probe that runs again and again)."""
+    a = np.ones(int(gib * 2**30 / 4), np.float32) if array is None else array
     parts = np.array_split(a, threads)
     a.max()
 
@@ -122,18 +123,45 @@ def peak_rss_gb() -> float:
     return float("nan")
 
 
+PROBE_EVERY = 8     # frames between two bandwidth probes inside a run
+PROBE_GIB = 0.125   # the probe's array: four times this CPU's 32 MB L3, so it reads memory
+
+
+class Probe:
+    """Bandwidth probes inside a run, between frames (outside the timed code): a VM's bandwidth drifts by
+    20% from minute to minute, so each run is held against what the memory gave while it ran. The probe's
+    array lives for the whole run; `peak_rss_gb` leaves it out."""
+
+    def __init__(self, threads: int):
+        self.threads, self.gbs, self.seconds = threads, [], 0.0
+        self.array = np.ones(int(PROBE_GIB * 2**30 / 4), np.float32)
+
+    def __call__(self, frame: int = 0) -> None:
+        if frame % PROBE_EVERY == 0:
+            t = time.perf_counter()
+            self.gbs.append(round(read_bandwidth_gbs(self.threads, repeats=3, array=self.array), 1))
+            self.seconds += time.perf_counter() - t
+
+    def peak_rss_gb(self) -> float:
+        return peak_rss_gb() - self.array.nbytes / 2**30
+
+
 def run_ncnn(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int, device: str = "cpu",
              precision: str = "fp32") -> dict:
     """Generate exactly `frames` frames with the ncnn runtime and decode them; seconds per component."""
     from .runtime.audio import load_wav
     from .runtime.synthesizer import Synthesizer
 
+    probe = Probe(threads)
+
     t0 = time.perf_counter()
     synth = Synthesizer(model_dir, threads=threads, device=device, precision=precision)
     load_s = time.perf_counter() - t0
     voice = synth.voice(wav=load_wav(voice_wav))
     prompt = synth.build_prompt(text, "english", voice)
-    result = synth.generate(prompt, frames + 1, greedy=True)  # random weights: EOS is rare; frames are counted
+    probe()
+    result = synth.generate(prompt, frames + 1, greedy=True, on_frame=probe)  # random weights: EOS is rare
+    probe()
     codec_s = []
     for _ in range(2):  # the first decode is what `qtts say` sees, the second what a server sees
         t0 = time.perf_counter()
@@ -141,7 +169,7 @@ def run_ncnn(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: 
         codec_s.append(time.perf_counter() - t0)
     return {"frames": len(result.codes), "load_s": load_s, "prefill_s": result.seconds["prefill"],
             "talker_s": result.seconds["talker"], "predictor_s": result.seconds["predictor"], "codec_s": codec_s[0],
-            "codec_warm_s": codec_s[1], "peak_rss_gb": peak_rss_gb()}
+            "codec_warm_s": codec_s[1], "peak_rss_gb": probe.peak_rss_gb(), "read_bandwidth_gbs": probe.gbs}
 
 
 def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int) -> dict:
@@ -153,6 +181,7 @@ def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, thread
     from .runtime.audio import load_wav
 
     torch.set_num_threads(threads)
+    probe = Probe(threads)
     t0 = time.perf_counter()
     tts = reference.load(model_dir, threads=threads)
     load_s = time.perf_counter() - t0
@@ -172,7 +201,14 @@ def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, thread
     model.talker.register_forward_hook(
         lambda m, a, o: spent.update(prefill=time.perf_counter() - started[0]) if spent["prefill"] is None else None)
     model.talker.generate = timed("talker_generate", model.talker.generate)
-    model.talker.code_predictor.generate = timed("predictor", model.talker.code_predictor.generate)
+    predict = timed("predictor", model.talker.code_predictor.generate)
+
+    def probed_predict(*args, **kwargs):  # one call per frame; the probe's time is taken off the talker's below
+        probe(spent.setdefault("calls", 0))
+        spent["calls"] += 1
+        return predict(*args, **kwargs)
+
+    model.talker.code_predictor.generate = probed_predict
     decode = timed("codec", model.speech_tokenizer.decode)
 
     def counting_decode(items):
@@ -185,19 +221,19 @@ def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, thread
     with torch.inference_mode():
         tts.generate_voice_clone(text=text, language="english", ref_audio=(clip, SAMPLE_RATE), x_vector_only_mode=True,
                                  max_new_tokens=frames + 1, **reference.GREEDY)
+        inside = probe.seconds  # every probe so far ran inside the talker's generate
         cold = spent["codec"]
         decode(spent["codes"])  # the same codes again: the warm decode
-    talker_s = spent["talker_generate"] - spent["predictor"] - spent["prefill"]
+    probe()
+    talker_s = spent["talker_generate"] - spent["predictor"] - spent["prefill"] - inside
     return {"frames": spent["frames"], "load_s": load_s, "prefill_s": spent["prefill"], "talker_s": talker_s,
             "predictor_s": spent["predictor"], "codec_s": cold, "codec_warm_s": spent["codec"] - cold,
-            "peak_rss_gb": peak_rss_gb()}
+            "peak_rss_gb": probe.peak_rss_gb(), "read_bandwidth_gbs": probe.gbs}
 
 
 def _child(args: argparse.Namespace) -> None:
     common = (Path(args.model_dir), Path(args.voice), args.text, args.frames, args.threads)
-    before = read_bandwidth_gbs(args.threads)  # before the model: its GiB is freed long before the peak
     out = run_ncnn(*common, precision=args.precision) if args.child == "ncnn" else run_pytorch(*common)
-    out["read_bandwidth_gbs"] = [round(before, 1), round(read_bandwidth_gbs(args.threads), 1)]  # peak read already
     print("QTTS_PERF " + json.dumps(out))
 
 
@@ -219,9 +255,9 @@ def measure_once(runtime: str, model_dir: Path, voice_wav: Path, text: str, fram
 def row(runtime: str, threads: int, runs: list[dict], floor_ms: float, precision: str = "fp32",
         weight_bytes: int | None = None) -> dict:
     """One schema row from repeated runs: medians per component, per frame. With `weight_bytes` and runs that
-    measured the read bandwidth around themselves (`read_bandwidth_gbs`: before and after), each run is held
-    against its own floor (a VM's bandwidth drifts by 20% from minute to minute): the row's floor is the median
-    of the runs' floors and its ratio the median of the runs' ratios. Otherwise `floor_ms` is the floor."""
+    measured the read bandwidth while they ran (`read_bandwidth_gbs`: `Probe`), each run is held against its own
+    floor (from the median of its probes): the row's floor is the median of the runs' floors and its ratio the
+    median of the runs' ratios. Otherwise `floor_ms` is the floor."""
     med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
     frames = runs[0]["frames"]
     ms = {k: 1000 * med(f"{k}_s") / frames for k in ("talker", "predictor", "codec")}
@@ -229,7 +265,7 @@ def row(runtime: str, threads: int, runs: list[dict], floor_ms: float, precision
     total_s = ms["total"] * frames / 1000
     ratio = (ms["talker"] + ms["predictor"]) / floor_ms
     if weight_bytes and all(r.get("read_bandwidth_gbs") for r in runs):
-        floors = [weight_bytes / (statistics.mean(r["read_bandwidth_gbs"]) * 1e9) * 1000 for r in runs]
+        floors = [weight_bytes / (statistics.median(r["read_bandwidth_gbs"]) * 1e9) * 1000 for r in runs]
         floor_ms = statistics.median(floors)
         ratio = statistics.median(1000 * (r["talker_s"] + r["predictor_s"]) / r["frames"] / f
                                   for r, f in zip(runs, floors))
