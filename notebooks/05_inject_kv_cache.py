@@ -56,7 +56,8 @@ export.export_all(tts, ckpt, names=list(DECODERS))  # reuses chapter 04's export
 # ## 1. Rewrite the .param: give every SDPA a cache
 # ncnn's SDPA layer already supports a cache: with `7=1` it takes the past keys and values as two extra inputs,
 # appends this call's keys and values, attends over all of them, and returns the grown caches as two extra outputs.
-# The rewrite (`qtts_lib.export.kvcache.add_kv_cache`) is a pure text function:
+# The rewrite (`qtts_lib.runtime.kvcache.add_kv_cache`, in the runtime because the codec's streaming decoder uses it
+# too; `qtts_lib.export.kvcache` writes the files) is a pure text function:
 
 # %%
 print(inspect.getsource(kvcache.add_kv_cache))

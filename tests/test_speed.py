@@ -375,12 +375,14 @@ def test_codec_fast_graph_cache(tiny_ncnn, tmp_path):
     out, desc = codec.fast_graph(src, cfg)
     assert out == src / codec.FAST_DIR and not (out / "codec_decoder.bin").exists()  # the stale file is gone
     assert desc["key"]["version"] == speed.CODEC_FAST_BIN_VERSION and "codec_decoder.bin" in desc["key"]
-    assert len(desc["parts"]) == 1 + len(cfg["upsample_rates"]) and desc["parts"][0]["chunk_frames"] is None
-    assert [p["up"] for p in desc["parts"][1:]] == cfg["upsample_rates"]
-    assert all(p["context"] > 0 and p["chunk_frames"] >= 1 for p in desc["parts"][1:])
-    stamp = (out / "codec_decoder.part1.bin").stat().st_mtime_ns
+    rates = cfg["upsampling_ratios"] + cfg["upsample_rates"]
+    assert [p["role"] for p in desc["parts"]] == ["codes", "transformer"] + ["upsample"] * len(rates)
+    assert [p["up"] for p in desc["parts"][2:]] == rates and (out / desc["transformer_kv"]).is_file()
+    assert desc["parts"][0]["context"] >= 3  # the pre_conv's kernel of 3 (+ 1 for safety)
+    assert all(p["context"] > 0 and p["chunk_frames"] >= 1 for p in desc["parts"][2:])
+    stamp = (out / "codec_decoder.part2.bin").stat().st_mtime_ns
     assert codec.fast_graph(src, cfg) == (out, desc)
-    assert (out / "codec_decoder.part1.bin").stat().st_mtime_ns == stamp  # reused
+    assert (out / "codec_decoder.part2.bin").stat().st_mtime_ns == stamp  # reused
     (src / "codec_decoder.param").write_text((src / "codec_decoder.param").read_text() + "\n")  # source changed
     assert codec.fast_graph(src, cfg)[1]["key"] != desc["key"]
     codes = np.random.default_rng(5).integers(0, cfg["codebook_size"], (20, 16))
@@ -399,7 +401,7 @@ def test_tiny_codec_parts_chunked_equal_whole(tiny_ncnn):
     for p in whole.parts:
         p.chunk_frames = None
     exported = codec.Codec(tiny_ncnn, cfg, 2, fast=False)
-    assert min(p.chunk_frames for p in fast.parts[1:]) < 7  # the last parts run chunked from 7 frames on
+    assert min(p.chunk_frames for p in fast.parts[2:]) < 7  # the last parts run chunked from 7 frames on
     for T in (1, 2, 7, 40, 61):
         codes = np.random.default_rng(T).integers(0, cfg["codebook_size"], (T, 16))
         y = fast.decode_once(codes)

@@ -55,17 +55,37 @@ def test_context_covering_the_receptive_field_is_exact_and_none_is_not(synth):
     assert exact > 100 and none < 30
 
 
-@pytest.mark.parametrize("context", [None, 40])
+@pytest.mark.parametrize("context", [None, "R", 40])
 def test_stream_decoder_equals_codec_decode_across_the_300_frame_chunk(synth, context):
-    """Past 300 frames Codec.decode is the reference's chunked decode, not one-shot; the stream follows it."""
+    """Past 300 frames Codec.decode is the reference's chunked decode, not one-shot; the stream follows it:
+    incrementally (None, the default), re-decoding with the receptive field (exact) or with less (close)."""
     codes = np.random.default_rng(1).integers(0, 2048, size=(316, 16))
     ref = synth.codec.decode(codes)
+    context = receptive_field(synth.codec.config) if context == "R" else context
     dec = StreamDecoder(synth.codec, chunk_frames=102, context_frames=context)  # a piece straddles frame 300
+    assert dec.incremental == (context is None)
     pieces = [p for frame in codes for p in dec.push(frame)] + [dec.finish()]
     ours = np.concatenate(pieces)
     assert len(ours) == len(ref) == 316 * SAMPLES_PER_FRAME
     assert snr_db(ours[300 * SAMPLES_PER_FRAME:], ref[300 * SAMPLES_PER_FRAME:]) > 100  # reference chunk 2: exact
-    assert snr_db(ours, ref) >= (100 if context is None else 60)
+    assert snr_db(ours, ref) >= (100 if context != 40 else 60)
+
+
+def test_incremental_decode_equals_decode_once_and_needs_the_cpu_form(synth):
+    """Codec.incremental fed 1, 3 or 8 frames at a time gives decode_once's samples; the exported graph (the GPU's
+    form) has no parts, so the stream re-decodes there."""
+    from qtts_lib.runtime.codec import Codec
+
+    codes = np.random.default_rng(2).integers(0, 2048, size=(37, 16))
+    once = synth.codec.decode_once(codes)
+    for n in (1, 3, 8):
+        inc = synth.codec.incremental()
+        ours = np.concatenate([inc.push(codes[a:a + n]) for a in range(0, len(codes), n)])
+        assert len(ours) == len(once) and snr_db(ours, once) > 100, n
+    exported = Codec(synth.model_dir / "ncnn", synth.codec.config, 2, fast=False)
+    with pytest.raises(ValueError, match="CPU form"):
+        exported.incremental()
+    assert not StreamDecoder(exported).incremental
 
 
 @pytest.mark.parametrize("mode", ["xvector", "icl"])

@@ -8,45 +8,16 @@ with `7=1` it takes two more inputs (the past keys and values) and produces two 
 - one new `Input` line that declares all cache input blobs;
 - the header's layer and blob counts recomputed.
 
-The weights (.bin) are unchanged, so the cached and uncached graphs share one .bin.
+The weights (.bin) are unchanged, so the cached and uncached graphs share one .bin. The rewrite itself lives in
+`qtts_lib.runtime.kvcache` (the runtime applies it to the codec's transformer too); this module writes the files.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import ParamLayer, format_param, parse_param
+from ..runtime.kvcache import add_kv_cache, cache_blob_names, count_caches  # noqa: F401 - the rewrite lives in the runtime
 
 CACHED = ("talker_decoder", "predictor_decoder")  # the graphs that run one position per step
-
-
-def cache_blob_names(i: int) -> tuple[str, str, str, str]:
-    return f"cache_k_in_{i}", f"cache_v_in_{i}", f"cache_k_out_{i}", f"cache_v_out_{i}"
-
-
-def add_kv_cache(text: str) -> str:
-    """The .param text with a KV cache on every SDPA layer (see module docstring)."""
-    info = parse_param(text)
-    sdpa = [layer for layer in info.layers if layer.type == "SDPA"]
-    if not sdpa:
-        raise ValueError("no SDPA layer in this .param: nothing to give a cache")
-    for i, layer in enumerate(sdpa):
-        if len(layer.inputs) != 4 or len(layer.outputs) != 1:
-            raise ValueError(f"{layer.name}: expected 4 inputs / 1 output, "
-                             f"found {len(layer.inputs)}/{len(layer.outputs)} (already cached?)")
-        k_in, v_in, k_out, v_out = cache_blob_names(i)
-        layer.inputs += [k_in, v_in]
-        layer.outputs += [k_out, v_out]
-        layer.params = [p for p in layer.params if not p.startswith("7=")] + ["7=1"]
-    cache_in = [b for i in range(len(sdpa)) for b in cache_blob_names(i)[:2]]
-    last_input = max(i for i, layer in enumerate(info.layers) if layer.type == "Input")
-    layers = (info.layers[: last_input + 1] + [ParamLayer("Input", "kv_cache_in", [], cache_in, [])]
-              + info.layers[last_input + 1 :])
-    return format_param(info.magic, layers)
-
-
-def count_caches(text: str) -> int:
-    """Number of cached SDPA layers in a .param (0 for an uncached graph)."""
-    return sum(1 for layer in parse_param(text).layers if layer.type == "SDPA" and len(layer.outputs) == 3)
 
 
 def write_kv_param(ckpt: str, name: str) -> Path:

@@ -50,45 +50,52 @@ PART_OVERHEAD = 0.025  # a part's left context as a share of its chunk: sets the
 TILE_SAMPLES = {96: 2400, 192: 3200, 384: 1600}  # input channels -> samples per time tile (full-base, 1 thread)
 
 
-def part_time_tiles(config: dict, part: int, channels: int, chunk_frames: int | None) -> int:
-    """Time tiles for a convolution with `channels` inputs in codec part `part` (0: the head, which runs whole;
-    k >= 1: upsampling stage k): its samples per call over `TILE_SAMPLES[channels]`, at most its samples per
-    frame (a one-frame call leaves no tile empty), 0 where the stage does not run at that width."""
-    if part == 0 or channels not in TILE_SAMPLES or chunk_frames is None:
+def part_time_tiles(config: dict, stage: int, channels: int, chunk_frames: int | None) -> int:
+    """Time tiles for a convolution with `channels` inputs in the part that runs decoder upsampling stage `stage`
+    (1..; 0 for every other part, which is never tiled): its samples per call over `TILE_SAMPLES[channels]`, at
+    most its samples per frame (a one-frame call leaves no tile empty), 0 where the stage does not run at that
+    width."""
+    if stage < 1 or channels not in TILE_SAMPLES or chunk_frames is None:
         return 0
     ratios, rates = config["upsampling_ratios"], config["upsample_rates"]
-    width, spf = int(config["decoder_dim"]) // 2 ** (part - 1), int(np.prod(ratios)) * int(np.prod(rates[:part - 1]))
+    width, spf = int(config["decoder_dim"]) // 2 ** (stage - 1), int(np.prod(ratios)) * int(np.prod(rates[:stage - 1]))
     if channels == width:          # the stage's input convolution: at its input rate
         pass
     elif channels == width // 2:   # the stage's residual units: at its output rate
-        spf *= int(rates[part - 1])
+        spf *= int(rates[stage - 1])
     else:
         return 0
     n = round(chunk_frames * spf / TILE_SAMPLES[channels])
     return min(n, spf) if n > 1 else 0
 
 
+def ncnn_Mat():  # noqa: N802 - the import stays lazy (the module imports without ncnn)
+    import ncnn
+
+    return ncnn.Mat()
+
+
 @dataclass
 class Part:
-    """One part of the codec's CPU form (`speed.codec_fast_parts`): part 0 runs over all frames; part k >= 1 runs
-    upsampling stage k over chunks of `chunk_frames` frames, each with `context` input samples of left context
-    whose output it drops. `spf`: input samples per frame; `up`: output samples per input sample."""
+    """One part of the codec's CPU form (`speed.codec_fast_parts`). The upsampling parts (2..) run over chunks of
+    `chunk_frames` frames, each with `context` input samples of left context whose output is dropped; `spf`:
+    input samples per frame, `up`: output samples per input sample."""
     net: object
-    spf: int
-    up: int
+    spf: int = 1
+    up: int = 1
     context: int = 0
     chunk_frames: int | None = None
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """One graph call on a (channels, 1, samples) input."""
+    def __call__(self, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        """One graph call: `x` as in0 (a (channels, 1, samples) or (channels, samples) array), `inputs` by name."""
         ex = self.net.create_extractor()
-        m = to_mat(x)
-        ex.input("in0", m)
+        held = [to_mat(x)] + [to_mat(a) for a in inputs.values()]
+        for name, m in zip(["in0", *inputs], held):
+            ex.input(name, m)
         out = ncnn_Mat()
         if ex.extract("out0", out) != 0:
             raise RuntimeError("codec part: forward failed")
         return from_mat(out)
-
 
 
 class PartStream:
@@ -107,30 +114,34 @@ class PartStream:
         return y[..., drop:]
 
 
+class PartChain:
+    """The upsampling parts in a row, fed piece by piece (`push`): each part's chunks (`chunk_frames` frames of
+    its input) go on to the next part as soon as they are made, so no stage is ever held whole; `push` returns
+    the last part's output for what it was given. Every call gets whole frames (a time-tiled convolution needs at
+    least one), so pushes must be whole frames too."""
+
+    def __init__(self, parts: list[Part]):
+        self.streams = [PartStream(p) for p in parts]
+
+    def push(self, x: np.ndarray) -> np.ndarray:
+        pieces: list[np.ndarray] = []
+
+        def feed(level: int, piece: np.ndarray) -> None:
+            if level == len(self.streams):
+                pieces.append(piece)
+                return
+            p = self.streams[level].part
+            step = piece.shape[-1] if p.chunk_frames is None else p.chunk_frames * p.spf
+            for start in range(0, piece.shape[-1], step):
+                feed(level + 1, self.streams[level].push(piece[..., start : start + step]))
+
+        feed(0, x)
+        return np.concatenate(pieces, axis=-1)
+
+
 def run_parts(parts: list[Part], x: np.ndarray) -> np.ndarray:
-    """Parts 1.. over `x` (part 0's output), depth first: each part's chunks (`chunk_frames` frames of its input)
-    go on to the next part as soon as they are made, so no stage is ever held whole; the pieces of the last part
-    are concatenated. Every call gets whole frames (a time-tiled convolution needs at least one)."""
-    streams = [PartStream(p) for p in parts]
-    pieces: list[np.ndarray] = []
-
-    def feed(level: int, piece: np.ndarray) -> None:
-        if level == len(streams):
-            pieces.append(piece)
-            return
-        p = streams[level].part
-        step = piece.shape[-1] if p.chunk_frames is None else p.chunk_frames * p.spf
-        for start in range(0, piece.shape[-1], step):
-            feed(level + 1, streams[level].push(piece[..., start : start + step]))
-
-    feed(0, x)
-    return np.concatenate(pieces, axis=-1)
-
-
-def ncnn_Mat():  # noqa: N802 - the import stays lazy (the module imports without ncnn)
-    import ncnn
-
-    return ncnn.Mat()
+    """The upsampling parts over all of `x` (the transformer's output): `PartChain` fed once."""
+    return PartChain(parts).push(x)
 
 
 def reach(part: Part, x: np.ndarray, positions=(0.4, 0.5, 0.63)) -> int:
@@ -151,15 +162,46 @@ def reach(part: Part, x: np.ndarray, positions=(0.4, 0.5, 0.63)) -> int:
     return -(-span // part.up) + 1
 
 
+def codes_reach(part: Part, codes: np.ndarray, config: dict, in_axes: list[int]) -> int:
+    """`reach` for part 0 (codes in): the frames of left context its output needs, measured by changing every
+    code of one frame at a time."""
+    base = _run_codes(part, codes, config, in_axes)
+    span = 0
+    for p in (len(codes) // 2, len(codes) // 2 + 3):
+        other = codes.copy()
+        other[p] = (other[p] + 1) % config["codebook_size"]
+        changed = np.nonzero((_run_codes(part, other, config, in_axes) != base).reshape(-1, base.shape[-1]).any(0))[0]
+        if len(changed) == 0 or changed[0] < p:
+            raise ValueError("codec part 0: the output does not depend causally on the codes")
+        span = max(span, int(changed[-1]) - p)
+    return span + 1
+
+
+def _run_codes(part: Part, codes: np.ndarray, config: dict, in_axes: list[int]) -> np.ndarray:
+    """Part 0 on codes (T, 16): the codebook sums through the pre_conv, (channels, T)."""
+    semantic, acoustic = pack_codes(codes, config["codebook_size"])
+    ex = part.net.create_extractor()
+    held = [to_mat(semantic, in_axes[0]), to_mat(acoustic, in_axes[1])]
+    for i, m in enumerate(held):
+        ex.input(f"in{i}", m)
+    out = ncnn_Mat()
+    if ex.extract("out0", out) != 0:
+        raise RuntimeError("codec part 0: forward failed")
+    return from_mat(out)
+
+
 def fast_graph(ncnn_dir, config: dict, threads: int = 1) -> tuple[Path, dict]:
-    """The directory holding `speed.codec_fast_parts` of the exported codec decoder (with a copy of the manifest)
-    and its description (`codec_decoder.json`: per part the context measured by `reach`, the chunk length,
+    """The directory holding `speed.codec_fast_parts` of the exported codec decoder (with a copy of the manifest),
+    the transformer part with a KV cache (`kvcache.add_kv_cache`, for streaming), and their description
+    (`codec_decoder.json`: per part its role, the context measured by `reach`/`codes_reach`, the chunk length,
     samples per frame), written on first use and rewritten when the exported files or the rewrite change.
 
     The cache is keyed by the size and mtime of the exported .param/.bin/manifest, `speed.CODEC_FAST_BIN_VERSION`,
     `PART_OVERHEAD` and `TILE_SAMPLES`; files are written under temporary names and renamed, the key last. (Loading
     the rewritten bytes from memory is not an option: the binding's `load_model_mem` keeps pointers into a buffer
     Python may free.)"""
+    from .kvcache import add_kv_cache
+
     src = Path(ncnn_dir)
     param, weights, manifest = src / "codec_decoder.param", src / "codec_decoder.bin", src / "manifest.json"
     out = src / FAST_DIR
@@ -170,51 +212,64 @@ def fast_graph(ncnn_dir, config: dict, threads: int = 1) -> tuple[Path, dict]:
     if meta.is_file():
         try:
             desc = json.loads(meta.read_text())
-            if desc.get("key") == key and all((out / f).is_file() for p in desc["parts"] for f in p["files"]):
+            files = [f for p in desc["parts"] for f in p["files"]] + [desc["transformer_kv"]]
+            if desc.get("key") == key and all((out / f).is_file() for f in files):
                 return out, desc
         except (ValueError, KeyError, TypeError):
             pass
     out.mkdir(exist_ok=True)
     meta.unlink(missing_ok=True)
-    ratios, rates = config["upsampling_ratios"], config["upsample_rates"]
-    spf = [int(np.prod(ratios)) * int(np.prod(rates[:k])) for k in range(len(rates) + 1)]  # at each part's input
+    rates = [int(r) for r in config["upsampling_ratios"]] + [int(r) for r in config["upsample_rates"]]
+    spf = [int(np.prod(rates[:j])) for j in range(len(rates))]  # at the input of upsampling part 2 + j
+    n_pre = len(config["upsampling_ratios"])
+    in_axes = _in_axes(manifest)
     text, data = param.read_text(), weights.read_bytes()
     # 1. contexts and chunk lengths, measured on the parts without time tiles (tiles do not change what is summed),
     #    each part fed what the parts before it make of 16 frames of random codes
     plain = speed.codec_fast_parts(text, data, config)
     measured, held = [], []
     try:
-        nets = []
+        parts = []
         for k, (t, b) in enumerate(plain):
             held.append(out / f"measure{k}.tmp{os.getpid()}.bin")
             held[-1].write_bytes(b)
-            nets.append(net_from_text(t, held[-1], threads))
+            parts.append(Part(net_from_text(t, held[-1], threads)))
         codes = np.random.default_rng(0).integers(0, config["codebook_size"], (16, 16))
-        x = _run_head(nets[0], codes, config, _in_axes(manifest))
-        for k in range(1, len(plain)):
-            part = Part(nets[k], spf[k - 1], int(rates[k - 1]))
+        code_context = codes_reach(parts[0], codes, config, in_axes)
+        x = parts[1](_run_codes(parts[0], codes, config, in_axes), **_attention_inputs(config, len(codes)))
+        for j in range(len(rates)):
+            part = Part(parts[2 + j].net, spf[j], rates[j])
             context = reach(part, x)
-            measured.append({"context": context,
-                             "chunk_frames": max(1, math.ceil(context / (PART_OVERHEAD * spf[k - 1])))})
+            measured.append({"context": context, "chunk_frames": max(1, math.ceil(context / (PART_OVERHEAD * spf[j])))})
             x = part(x)
-        del nets
+        del parts, part
     finally:
         for f in held:
             f.unlink(missing_ok=True)
-    # 2. the parts the runtime loads: time tiles sized to each part's chunk
-    chunks = [None] + [m["chunk_frames"] for m in measured]
+    # 2. the parts the runtime loads: time tiles sized to each decoder stage's chunk
+    chunks = [None, None] + [m["chunk_frames"] for m in measured]
+    stage = [0, 0] + [max(0, j - n_pre + 1) for j in range(len(rates))]
     final = speed.codec_fast_parts(text, data, config,
-                                   tiles_of=lambda k, c: part_time_tiles(config, k, c, chunks[k]))
-    desc = {"key": key, "parts": []}
+                                   tiles_of=lambda k, c: part_time_tiles(config, stage[k], c, chunks[k]))
+    desc = {"key": key, "parts": [], "transformer_kv": "codec_decoder.part1_kv.param"}
     moves = []
+
+    def stage_file(name: str, content) -> None:
+        tmp = out / f"{name}.tmp{os.getpid()}"
+        tmp.write_text(content) if isinstance(content, str) else tmp.write_bytes(content)
+        moves.append((tmp, out / name))
+
     for k, (t, b) in enumerate(final):
         files = [f"codec_decoder.part{k}.param", f"codec_decoder.part{k}.bin"]
-        for name, content in zip(files, (t, b)):
-            tmp = out / f"{name}.tmp{os.getpid()}"
-            tmp.write_text(content) if isinstance(content, str) else tmp.write_bytes(content)
-            moves.append((tmp, out / name))
-        entry = ({"spf": spf[k - 1], "up": int(rates[k - 1])} | measured[k - 1] if k else
-                 {"spf": 1, "up": spf[0], "context": 0, "chunk_frames": None})
+        stage_file(files[0], t)
+        stage_file(files[1], b)
+        if k == 0:
+            entry = {"role": "codes", "context": code_context}
+        elif k == 1:
+            entry = {"role": "transformer"}
+            stage_file(desc["transformer_kv"], add_kv_cache(t))
+        else:
+            entry = {"role": "upsample", "spf": spf[k - 2], "up": rates[k - 2]} | measured[k - 2]
         desc["parts"].append({"files": files} | entry)
     tmp_manifest = out / f"manifest.json.tmp{os.getpid()}"
     shutil.copyfile(manifest, tmp_manifest)
@@ -224,10 +279,9 @@ def fast_graph(ncnn_dir, config: dict, threads: int = 1) -> tuple[Path, dict]:
     tmp_meta = meta.with_name(f"{meta.name}.tmp{os.getpid()}")
     tmp_meta.write_text(json.dumps(desc, indent=1))
     os.replace(tmp_meta, meta)  # the key last: a half-written cache is never taken as done
-    current = {f for p in desc["parts"] for f in p["files"]}
-    for stale in [*out.glob("codec_decoder.part*.param"), *out.glob("codec_decoder.part*.bin"),
-                  out / "codec_decoder.param", out / "codec_decoder.bin"]:  # older versions' files
-        if stale.name not in current:
+    current = {f for p in desc["parts"] for f in p["files"]} | {desc["transformer_kv"]}
+    for stale in [*out.glob("codec_decoder.part*"), out / "codec_decoder.param", out / "codec_decoder.bin"]:
+        if stale.name not in current and ".tmp" not in stale.name:  # older versions' files
             stale.unlink(missing_ok=True)
     return out, desc
 
@@ -236,20 +290,10 @@ def _in_axes(manifest: Path) -> list[int]:
     return json.loads(manifest.read_text())["codec_decoder.param"]["input_batch_axes"]
 
 
-def _run_head(net, codes: np.ndarray, config: dict, in_axes: list[int]) -> np.ndarray:
-    """Part 0 (or the whole exported graph) on codes (T, 16): its `out0` as numpy."""
-    T = len(codes)
-    semantic, acoustic = pack_codes(codes, config["codebook_size"])
-    mask = rope.causal_mask(T, window=config["sliding_window"])
-    cos, sin = rope.tables(config["head_dim"], config["rope_theta"], 0, T)
-    held = [to_mat(a, ax) for a, ax in zip((semantic, acoustic, mask, cos, sin), in_axes)]
-    ex = net.create_extractor()
-    for i, m in enumerate(held):
-        ex.input(f"in{i}", m)
-    out = ncnn_Mat()
-    if ex.extract("out0", out) != 0:
-        raise RuntimeError("codec: forward failed")
-    return from_mat(out)
+def _attention_inputs(config: dict, length: int, past: int = 0) -> dict[str, np.ndarray]:
+    """The transformer's mask and rope tables for `length` positions after `past` (in2, in3, in4)."""
+    cos, sin = rope.tables(config["head_dim"], config["rope_theta"], past, length)
+    return {"in2": rope.causal_mask(length, past, window=config["sliding_window"]), "in3": cos, "in4": sin}
 
 
 class Codec:
@@ -259,16 +303,19 @@ class Codec:
         self.config = config  # speech_tokenizer/config.json's decoder_config
         # On the CPU the graph is loaded in its faster equivalent form (`speed.codec_fast_parts`: 1-D convolutions
         # as 2-D ones with h = 1, which reach ncnn's packed kernels, polyphase upsampling, long convolutions cut
-        # along time, other wide ones along input channels), in parts that decode the upsampling stages chunk by
+        # along time, other wide ones along input channels), in parts whose upsampling stages run chunk by
         # chunk; cached next to the exported files (`fast_graph`).
         fast = parse_device(device) is None if fast is None else fast
         self.parts: list[Part] | None = None
+        self.net = None
         if fast:
-            directory, desc = fast_graph(ncnn_dir, config)
-            self.in_axes = _in_axes(directory / "manifest.json")
-            self.parts = [Part(make_net(directory / p["files"][0], directory / p["files"][1], threads, device),
-                               p["spf"], p["up"], p["context"], p["chunk_frames"]) for p in desc["parts"]]
-            self.net = None
+            self.directory, desc = fast_graph(ncnn_dir, config)
+            self.in_axes = _in_axes(self.directory / "manifest.json")
+            self.parts = [Part(make_net(self.directory / p["files"][0], self.directory / p["files"][1], threads,
+                                        device), p.get("spf", 1), p.get("up", 1), p.get("context", 0),
+                               p.get("chunk_frames")) for p in desc["parts"]]
+            self.transformer_kv = self.directory / desc["transformer_kv"]
+            self.threads, self.device = threads, device
         else:
             self.net = Net(ncnn_dir, "codec_decoder", threads, device)
 
@@ -279,11 +326,18 @@ class Codec:
         c = self.config
         T = len(codes)
         if self.parts is not None:
-            return run_parts(self.parts[1:], _run_head(self.parts[0].net, codes, c, self.in_axes)).reshape(-1)
+            x = self.parts[1](_run_codes(self.parts[0], codes, c, self.in_axes), **_attention_inputs(c, T))
+            return run_parts(self.parts[2:], x).reshape(-1)
         semantic, acoustic = pack_codes(codes, c["codebook_size"])
         mask = rope.causal_mask(T, window=c["sliding_window"])
         cos, sin = rope.tables(c["head_dim"], c["rope_theta"], 0, T)
         return self.net(semantic, acoustic, mask, cos, sin)[0].reshape(-1)
+
+    def incremental(self) -> IncrementalDecode:
+        """A decode fed a few frames at a time (`IncrementalDecode`; the CPU form only)."""
+        if self.parts is None:
+            raise ValueError("incremental decoding needs the codec's CPU form (fast=True, device cpu)")
+        return IncrementalDecode(self)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """codes (T, 16) -> wav (1920·T,), chunked exactly as the reference's chunked_decode."""
@@ -307,3 +361,57 @@ class Codec:
         wav = self.decode(total)
         cut = int(len(voice_codes) / max(len(total), 1) * len(wav))
         return wav[cut:]
+
+
+class IncrementalDecode:
+    """`decode_once` of a growing code sequence, a few frames at a time: `push(codes)` returns the samples of
+    those frames, equal (to float rounding) to what one `decode_once` over everything pushed so far gives there.
+
+    Nothing is decoded twice. Part 0 (codebooks and pre_conv) is rerun on the new frames with its few frames of
+    left context; the transformer runs only the new positions, with a KV cache (its `_kv` form, chapter 05's
+    rewrite) and a mask that keeps the sliding window; the upsampling parts continue from their kept left
+    context (`PartChain`). The caches grow with the positions pushed; `Codec.decode`'s reference chunks
+    (300 frames) bound them in `stream.StreamDecoder`, which starts a new one per chunk."""
+
+    def __init__(self, codec: Codec):
+        import ncnn
+
+        self.codec, self.config = codec, codec.config
+        self.net = make_net(codec.transformer_kv, codec.directory / "codec_decoder.part1.bin", codec.threads,
+                            codec.device)
+        text = codec.transformer_kv.read_text()
+        self.layers = sum(1 for line in text.splitlines() if line.startswith("SDPA"))
+        self.caches = [(ncnn.Mat(), ncnn.Mat()) for _ in range(self.layers)]
+        self.chain = PartChain(codec.parts[2:])
+        self.codes = np.zeros((0, 16), np.int64)
+        self.past = 0
+
+    def push(self, codes: np.ndarray) -> np.ndarray:
+        import ncnn
+
+        codes = np.asarray(codes, np.int64).reshape(-1, 16)
+        if len(codes) == 0:
+            return np.zeros(0, np.float32)
+        ctx = min(self.codec.parts[0].context, len(self.codes))
+        window = np.concatenate([self.codes[len(self.codes) - ctx:], codes])
+        x = _run_codes(self.codec.parts[0], window, self.config, self.codec.in_axes)[..., ctx:]
+        self.codes = window[-max(self.codec.parts[0].context, 1):] if self.codec.parts[0].context else window[:0]
+        ex = self.net.create_extractor()
+        held = [to_mat(x)] + [to_mat(a) for a in _attention_inputs(self.config, len(codes), self.past).values()]
+        for name, m in zip(("in0", "in2", "in3", "in4"), held):
+            ex.input(name, m)
+        for i, (k, v) in enumerate(self.caches):
+            ex.input(f"cache_k_in_{i}", k)
+            ex.input(f"cache_v_in_{i}", v)
+        out = ncnn.Mat()
+        if ex.extract("out0", out) != 0:
+            raise RuntimeError("codec transformer: forward failed")
+        caches = []
+        for i in range(self.layers):
+            k, v = ncnn.Mat(), ncnn.Mat()
+            ex.extract(f"cache_k_out_{i}", k, 1)
+            ex.extract(f"cache_v_out_{i}", v, 1)
+            caches.append((k, v))
+        self.caches = caches
+        self.past += len(codes)
+        return self.chain.push(from_mat(out)).reshape(-1)

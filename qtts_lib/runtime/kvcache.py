@@ -10,6 +10,9 @@ untouched, a zero mask (1, past+1) and the rope rows of the absolute position.
 The caches never leave ncnn: they are extracted with `type=1` into Mats we keep and feed back.
 A numpy round trip, or the tuple form `ret, m = ex.extract(name)` (which clones), loses the
 backend's private layout and spare capacity (see chapter 05).
+
+`add_kv_cache` is the `.param` rewrite that gives a graph this interface (pure text; chapter 05 writes the
+decoders' `_kv.param` files with it, and the codec's streaming decoder its transformer's).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import numpy as np
 from . import precision as tiers
 from . import rope
 from .net import MissingArtifact, from_mat, make_net, parse_device, to_mat
+from .param import ParamLayer, format_param, parse_param
 
 
 class KvCacheNet:
@@ -91,3 +95,34 @@ class KvCacheNet:
         if self.caches is None:
             raise RuntimeError("step() before prefill()")
         return self._run(embeds, rope.causal_mask(embeds.shape[1], self.past))
+
+
+# ---------------------------------------------------------------- the .param rewrite (chapter 05)
+def cache_blob_names(i: int) -> tuple[str, str, str, str]:
+    return f"cache_k_in_{i}", f"cache_v_in_{i}", f"cache_k_out_{i}", f"cache_v_out_{i}"
+
+
+def add_kv_cache(text: str) -> str:
+    """The .param text with a KV cache on every SDPA layer (see module docstring)."""
+    info = parse_param(text)
+    sdpa = [layer for layer in info.layers if layer.type == "SDPA"]
+    if not sdpa:
+        raise ValueError("no SDPA layer in this .param: nothing to give a cache")
+    for i, layer in enumerate(sdpa):
+        if len(layer.inputs) != 4 or len(layer.outputs) != 1:
+            raise ValueError(f"{layer.name}: expected 4 inputs / 1 output, "
+                             f"found {len(layer.inputs)}/{len(layer.outputs)} (already cached?)")
+        k_in, v_in, k_out, v_out = cache_blob_names(i)
+        layer.inputs += [k_in, v_in]
+        layer.outputs += [k_out, v_out]
+        layer.params = [p for p in layer.params if not p.startswith("7=")] + ["7=1"]
+    cache_in = [b for i in range(len(sdpa)) for b in cache_blob_names(i)[:2]]
+    last_input = max(i for i, layer in enumerate(info.layers) if layer.type == "Input")
+    layers = (info.layers[: last_input + 1] + [ParamLayer("Input", "kv_cache_in", [], cache_in, [])]
+              + info.layers[last_input + 1 :])
+    return format_param(info.magic, layers)
+
+
+def count_caches(text: str) -> int:
+    """Number of cached SDPA layers in a .param (0 for an uncached graph)."""
+    return sum(1 for layer in parse_param(text).layers if layer.type == "SDPA" and len(layer.outputs) == 3)

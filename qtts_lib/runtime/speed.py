@@ -665,7 +665,7 @@ def codec_fast(text: str) -> str:
     return keep_3d(deconv1d_as_deconv2d(conv1d_as_conv2d(text)))
 
 
-CODEC_FAST_BIN_VERSION = 3  # bump when the codec's CPU form changes: the runtime's cached files are rewritten
+CODEC_FAST_BIN_VERSION = 4  # bump when the codec's CPU form changes: the runtime's cached files are rewritten
 
 
 def codec_rewritten(text: str, data: bytes) -> tuple[str, bytes]:
@@ -694,9 +694,11 @@ def codec_fast_bin(text: str, data: bytes, part_of=split_part, tiles_of=None) ->
 # ---------------------------------------------------------------- the codec in parts
 def cut_graph(text: str, blob: str) -> tuple[str, str]:
     """`text` cut in two at `blob`: the head (every layer `blob` depends on) with `blob` renamed to its output
-    `out0`; the tail (every other layer) reading `blob` from an Input named `in0`. Layers are told apart by
-    position, not name (pnnx repeats the names of Split layers). Raises ValueError unless `blob` really cuts
-    the graph: the tail may need nothing else the head makes, and no input of the graph."""
+    `out0`; the tail (every other layer) reading `blob` from an Input named `in0`, and keeping the graph inputs
+    only it reads (with their names). Layers are told apart by position, not name (pnnx repeats the names of
+    Split layers). A constant (MemoryData) that both sides read is copied into the tail under its own name, so
+    the weights are found for both. Raises ValueError unless `blob` really cuts the graph: the tail may need
+    nothing else the head makes (an input both read would be such a blob)."""
     info = parse_param(text)
     producer = {b: i for i, lyr in enumerate(info.layers) for b in lyr.outputs}
     if blob not in producer:
@@ -710,7 +712,15 @@ def cut_graph(text: str, blob: str) -> tuple[str, str]:
     ahead = [lyr for i, lyr in enumerate(info.layers) if i in head]
     behind = [lyr for i, lyr in enumerate(info.layers) if i not in head]
     crossing = {b for lyr in behind for b in lyr.inputs if b != blob and producer.get(b) in head}
-    if crossing or any(lyr.type == "Input" for lyr in behind):
+    constants = []  # a constant both sides read (pnnx shares equal parameters through a Split): the tail gets its own
+    for b in sorted(crossing):
+        src = info.layers[producer[b]]
+        while src.type == "Split" and producer.get(src.inputs[0]) is not None:
+            src = info.layers[producer[src.inputs[0]]]
+        if src.type == "MemoryData":
+            constants.append(ParamLayer("MemoryData", src.name, [], [b], list(src.params)))
+    crossing -= {lyr.outputs[0] for lyr in constants}
+    if crossing:
         raise ValueError(f"blob {blob!r} does not cut the graph in two (the tail also needs {sorted(crossing)})")
     names = {b for lyr in info.layers for b in lyr.inputs + lyr.outputs}
     if "out0" in {b for lyr in ahead for b in lyr.outputs} or "in0" in names - {b for lyr in ahead for b in
@@ -718,37 +728,53 @@ def cut_graph(text: str, blob: str) -> tuple[str, str]:
         raise ValueError("the head already has an out0, or the tail an in0")
     head_layers = [ParamLayer(lyr.type, lyr.name, list(lyr.inputs), ["out0" if b == blob else b for b in lyr.outputs],
                               list(lyr.params)) for lyr in ahead]
-    tail_layers = [ParamLayer("Input", "in0", [], ["in0"], [])] + [
+    tail_layers = [ParamLayer("Input", "in0", [], ["in0"], [])] + constants + [
         ParamLayer(lyr.type, lyr.name, ["in0" if b == blob else b for b in lyr.inputs], list(lyr.outputs),
                    list(lyr.params)) for lyr in behind]
     return format_param(info.magic, head_layers), format_param(info.magic, tail_layers)
 
 
-def codec_stage_layers(text: str, config: dict) -> list[str]:
-    """Names of the strided transposed convolutions that start the decoder's upsampling stages, in order: the
-    Deconvolution1D layers of the exported codec graph after the `upsampling_ratios` ones (which belong to the
-    ConvNeXt upsampler before the decoder). `deconv_polyphase` keeps these names on the convolutions it makes."""
-    deconvs = [lyr.name for lyr in parse_param(text).layers if lyr.type == "Deconvolution1D"]
-    n_pre, n = len(config["upsampling_ratios"]), len(config["upsample_rates"])
-    if len(deconvs) != n_pre + n:
-        raise ValueError(f"expected {n_pre + n} transposed convolutions in the codec graph, found {len(deconvs)}")
-    return deconvs[n_pre:]
+def codec_cut_layers(text: str, config: dict) -> list[str]:
+    """Names of the layers whose input the codec graph is cut at, in order: the first 1-D convolution (the pre_conv
+    in front of the transformer: what is cut there is the transformer's input), then every strided transposed
+    convolution (the ConvNeXt upsampler's `upsampling_ratios`, then the decoder's `upsample_rates`).
+    `deconv_polyphase` and `conv1d_as_conv2d` keep these names on the layers they make."""
+    layers = parse_param(text).layers
+    deconvs = [lyr.name for lyr in layers if lyr.type == "Deconvolution1D"]
+    n = len(config["upsampling_ratios"]) + len(config["upsample_rates"])
+    if len(deconvs) != n:
+        raise ValueError(f"expected {n} transposed convolutions in the codec graph, found {len(deconvs)}")
+    pre_conv = next((lyr.name for lyr in layers if lyr.type == "Convolution1D"), None)
+    if pre_conv is None:
+        raise ValueError("no 1-D convolution in front of the codec's transformer")
+    return [pre_conv] + deconvs
 
 
 def codec_fast_parts(text: str, data: bytes, config: dict, part_of=split_part,
                      tiles_of=None) -> list[tuple[str, bytes]]:
-    """`codec_fast_bin` in parts: the graph is cut (`cut_graph`) at the input of every upsampling stage of the
-    decoder (`codec_stage_layers`), so part 0 maps the codes to the first stage's input, part k (k >= 1) runs
-    stage k, and the last part also the output convolution. Each part reads `in0`... and writes `out0`; each is
-    then rewritten like the whole (time tiles by `tiles_of(k, channels)`, channel splits). Stages 1.. are causal
-    convolutions only, so a part can run over a window of its input with a little left context (`runtime.codec`
-    measures how much): the runtime decodes them chunk by chunk and never holds a whole stage in memory."""
+    """`codec_fast_bin` in parts, cut (`cut_graph`) where `codec_cut_layers` says:
+
+        0  codes -> the codebook sums (RVQ) and the pre_conv        reads in0/in1 (codes), writes out0
+        1  the transformer (and its output projection)              reads in0, in2/in3/in4 (mask, rope), writes out0
+        2.. one transposed convolution and what follows it up to the next one: the ConvNeXt upsampler's stages,
+           then the decoder's stages (the last with the output convolution)     reads in0, writes out0
+
+    Parts 2.. are causal convolutions only, so each can run over a window of its input with a little left
+    context (`runtime.codec` measures how much): the runtime decodes them chunk by chunk and never holds a whole
+    stage; part 1 can run one position at a time with a KV cache (streaming). Each part is then rewritten like
+    the whole (time tiles by `tiles_of(k, channels)`, channel splits)."""
     t, b = codec_rewritten(text, data)
     segs = split_bin(t, b)
     texts, rest = [], t
-    for name in codec_stage_layers(text, config):
+    for name in codec_cut_layers(text, config):
         layer = next(lyr for lyr in parse_param(rest).layers if lyr.name == name)
-        head, rest = cut_graph(rest, layer.inputs[0])
+        cut = layer.outputs[0] if not texts else layer.inputs[0]  # after the pre_conv; before each transposed conv
+        if not texts:
+            consumers = [lyr for lyr in parse_param(rest).layers if cut in lyr.inputs]
+            while len(consumers) == 1 and consumers[0].type == "Reshape":  # the conv's way back to 2-D goes along
+                cut = consumers[0].outputs[0]
+                consumers = [lyr for lyr in parse_param(rest).layers if cut in lyr.inputs]
+        head, rest = cut_graph(rest, cut)
         texts.append(head)
     texts.append(rest)
     parts = []

@@ -7,6 +7,11 @@ Decoding frames [a, b) with c frames of left context (`codes[a-c:b]`, then dropp
 samples) gives the one-shot samples of [a, b) to float rounding once c >= R; with less context it is an
 approximation whose error falls as c grows (`context_snr` measures it; chapter 11 plots it).
 
+On the CPU, `StreamDecoder` does not decode anything twice: `Codec.incremental` continues one decode as frames
+arrive (the transformer with a KV cache, the convolution stages from their kept left context), which is exact
+and costs about one whole decode. Decoding each piece again with its left context (below) is the way on a GPU,
+and the way to trade exactness for time when asked (`context_frames`).
+
 `StreamDecoder` reproduces `Codec.decode`, the runtime's (and the reference's) whole-utterance decode:
 - up to 300 frames `Codec.decode` is one graph call over all frames (the one-shot decode);
 - past 300 frames the reference decodes chunks of 300 frames, each with only 25 frames of left context
@@ -95,17 +100,25 @@ class StreamDecoder:
     minus the prefix's samples (see the module docstring for exactly how equal).
 
     `prefix`: frames decoded in front but never emitted (an ICL voice clip's codes, as the reference does).
-    `context_frames`: left context per piece; default `receptive_field` (exact). Less is cheaper (each piece
-    costs context + chunk frames of codec) and approximate; chapter 11 measures how approximate."""
+
+    Two ways to decode a piece:
+    - incremental (the default on the CPU, `context_frames=None`): one `Codec.incremental` decode per reference
+      chunk, fed each piece once. Nothing is decoded twice, so streaming costs about what one whole decode
+      costs, and every piece is exact.
+    - re-decode (`context_frames` given, or a codec without the CPU form, e.g. on a GPU): each piece is decoded
+      again with `context_frames` frames of left context (default `receptive_field`, exact); less is cheaper and
+      approximate (chapter 11 measures how approximate)."""
 
     def __init__(self, codec: Codec, chunk_frames: int = 4, context_frames: int | None = None,
                  prefix: np.ndarray | None = None):
         if chunk_frames < 1:
             raise ValueError(f"chunk_frames must be at least 1, not {chunk_frames}")
         self.codec, self.chunk = codec, chunk_frames
+        self.incremental = context_frames is None and getattr(codec, "parts", None) is not None
         self.context = receptive_field(codec.config) if context_frames is None else context_frames
         self.frames: list[np.ndarray] = [] if prefix is None else list(np.asarray(prefix, np.int64))
         self.emitted = len(self.frames)  # frames whose samples are out (or never will be: the prefix)
+        self._inc, self._inc_chunk, self._fed = None, None, 0  # the incremental decode of the current chunk
 
     def push(self, frame: np.ndarray) -> list[np.ndarray]:
         self.frames.append(np.asarray(frame, np.int64))
@@ -124,8 +137,16 @@ class StreamDecoder:
             chunk_start = a // CHUNK_FRAMES * CHUNK_FRAMES
             end = min(b, chunk_start + CHUNK_FRAMES)
             floor = chunk_start - LEFT_CONTEXT_FRAMES if chunk_start - LEFT_CONTEXT_FRAMES > 0 else 0
-            lo = max(floor, a - self.context)
-            parts.append(self.codec.decode_once(codes[lo:end])[(a - lo) * SAMPLES_PER_FRAME:])
+            if self.incremental:
+                if self._inc_chunk != chunk_start:  # a new reference chunk: decoded from its own context start
+                    self._inc, self._inc_chunk, self._fed = self.codec.incremental(), chunk_start, floor
+                if self._fed < a:  # context (or prefix) frames: decoded, not emitted
+                    self._inc.push(codes[self._fed:a])
+                parts.append(self._inc.push(codes[a:end]))
+                self._fed = end
+            else:
+                lo = max(floor, a - self.context)
+                parts.append(self.codec.decode_once(codes[lo:end])[(a - lo) * SAMPLES_PER_FRAME:])
             a = end
         self.emitted = b
         return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
