@@ -301,28 +301,38 @@ pd.DataFrame({"ms per frame (median)": {k: round(float(np.median(v)), 2) for k, 
 # in parts it peaks near 1.3 GB, and the first decode in a process touches a fraction of the fresh pages
 # (`data/bench/codec/` records both for the committed machines).
 #
-# ## 6. The codec alone against PyTorch's
+# ## 6. The codec alone against PyTorch's, and against the machine's peak
 # A generation run decodes once per process, and the difference between two processes is often larger than the
 # difference between the codecs. `perf.codec_rounds` holds everything else still: both codecs in this process, the
-# same random codes, the same threads, rounds alternating which goes first. The committed files in
-# `data/bench/codec/` are the full-size runs (`python -m qtts_lib.perf --codec`).
+# same random codes, the same threads, rounds alternating which goes first. The codec is compute-bound, so its
+# yardstick besides PyTorch is the machine's arithmetic peak: `codec_flops_per_frame` counts the reference decode's
+# floating-point operations (PyTorch's `FlopCounterMode`: convolutions and matrix products, 2 per multiply-add) and
+# `peak_gflops` measures a large matrix product at the same threads. The committed files in `data/bench/codec/` are
+# the full-size runs (`python -m qtts_lib.perf --codec`).
 
 # %%
 live_codec = perf.codec_rounds(model_dir, THREADS, frames=T, rounds=3 if full else 5, progress=False)
 check.at_least("codec alone: ncnn vs PyTorch on the same codes", "SNR dB", live_codec["snr_ncnn_vs_pytorch_db"], 100.0)
-rows = [{"machine": "this one (live)", "checkpoint": ckpt,
-         **{k: live_codec[k] for k in ("threads", "frames", "rounds")},
-         **{f"{k} ms/frame": v for k, v in live_codec["median_ms_per_frame"].items()},
-         "ncnn / PyTorch": live_codec["ratio_ncnn_pytorch"]}]
+
+
+def codec_row(machine: str, checkpoint_name: str, run: dict) -> dict:
+    """One row of the codec-alone table (older files name their keys differently and have no FLOP count)."""
+    med = run.get("median_ms_per_frame") or {"ncnn": run["median"]["ncnn fast"], "pytorch": run["median"]["torch"]}
+    row = {"machine": machine, "checkpoint": checkpoint_name, "threads": run["threads"],
+           "frames": run.get("frames", run.get("T")), "rounds": run["rounds"],
+           **{f"{k} ms/frame": v for k, v in med.items()},
+           "ncnn / PyTorch": run.get("ratio_ncnn_pytorch", run.get("ratio_fast_torch_median"))}
+    if "gflop_per_frame" in run:
+        row |= {"GFLOP/frame": run["gflop_per_frame"], "peak GFLOP/s": run["peak_gflops"],
+                **{f"{k} % of peak": round(100 * v, 1) for k, v in run["fraction_of_peak"].items()}}
+    return row
+
+
+rows = [codec_row("this one (live)", ckpt, live_codec)]
 for f in sorted((paths.DATA / "bench" / "codec").glob("*.json")):
     res = json.loads(f.read_text())
     cpu = res["machine"]["cpu"] if isinstance(res["machine"], dict) else res["machine"]
-    for run in res["runs"]:
-        med = run.get("median_ms_per_frame") or {"ncnn": run["median"]["ncnn fast"], "pytorch": run["median"]["torch"]}
-        rows.append({"machine": f"{f.stem} ({cpu})", "checkpoint": res["checkpoint"], "threads": run["threads"],
-                     "frames": run.get("frames", run.get("T")), "rounds": run["rounds"],
-                     **{f"{k} ms/frame": v for k, v in med.items()},
-                     "ncnn / PyTorch": run.get("ratio_ncnn_pytorch", run.get("ratio_fast_torch_median"))})
+    rows += [codec_row(f"{f.stem} ({cpu})", res["checkpoint"], run) for run in res["runs"]]
 pd.DataFrame(rows)
 
 # %% [markdown]

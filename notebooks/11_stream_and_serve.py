@@ -20,8 +20,9 @@
 # chunk-size trade-off, and serve it all as OpenAI's `/v1/audio/speech` with `qtts serve`.
 #
 # **You will learn:** what "causal" buys (a sample depends on a bounded window of frames) and what it costs to use
-# (each piece is decoded again with its left context); how the reference's own `chunked_decode(300, 25)` relates to
-# a one-shot decode, and which of the two a stream should reproduce.
+# naively (each piece decoded again with its left context) or well (each frame decoded once: a KV cache for the
+# transformer, kept left context for the convolutions); how the reference's own `chunked_decode(300, 25)` relates
+# to a one-shot decode, and which of the two a stream should reproduce.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip.
 # Timings on `tiny-*` mean little (a few ms per frame; overhead dominates); run with a full-size checkpoint for
@@ -106,17 +107,18 @@ check.at_most("no context: far from one-shot (the test is sensitive)", "snr_db",
 # Measured, the reach is shorter than the bound: past some c the piece is equal to float rounding (the attention
 # weights of far frames are tiny at these random weights). The same measurement on the full-size decoder (the
 # PyTorch reference with full-base's random weights, frames 296..304, 2026-12-01) gave 57 dB at c = 48, 63 dB at 64
-# and 102 dB at 96, against a bound of R = 580. The bound is what a stream can rely on with any weights, so
-# `StreamDecoder` defaults to `context_frames = R`; `--context-frames` trades exactness for speed (each piece
-# costs context + chunk frames of codec).
+# and 102 dB at 96, against a bound of R = 580. The bound is what a stream can rely on with any weights, so when a
+# stream decodes each piece again with its left context (the way on a GPU, section 4), it uses `context_frames = R`;
+# `--context-frames` trades exactness for speed there (each piece costs context + chunk frames of codec).
 
 # %% [markdown]
 # ## 3. Stream the decode, and match what `Codec.decode` does
 # `Codec.decode` copies the reference's `chunked_decode(300, 25)`: up to 300 frames it is one graph call (the one-shot
 # decode); past 300 frames each chunk of 300 gets only 25 frames of left context — not the one-shot decode. The
 # stream reproduces `Codec.decode`, both parts: it never reaches further left than the current reference chunk's
-# context, so past frame 300 it decodes what the reference decodes. Each piece [a, b) comes from
-# `codes[max(a − c, chunk context start) : b]`.
+# context, so past frame 300 it decodes what the reference decodes. Re-decoding, each piece [a, b) comes from
+# `codes[max(a − c, chunk context start) : b]`; incrementally (the default on the CPU, section 4), one decode per
+# reference chunk starts at the chunk's context start and is fed each piece once.
 
 # %%
 print(inspect.getsource(stream.StreamDecoder._decode))
@@ -142,7 +144,68 @@ check.snr(f"stream (chunks of 36) = Codec.decode, all {T} frames", streamed, chu
 # reference there.
 
 # %% [markdown]
-# ## 4. Stream the synthesizer
+# ## 4. Decode every frame once
+# Re-decoding is simple and exact, but expensive: inside a reference chunk a piece's left context is everything
+# from the chunk's context start, up to 325 frames, so a stream of 4-frame pieces decodes dozens of times more
+# frames than it plays. The codec's CPU form (chapter 09) is cut in parts, and every part can continue where it
+# stopped: part 0 (codebooks, pre_conv) reruns only its 3 frames of left context; the transformer runs the new
+# positions with a KV cache (chapter 05's `add_kv_cache` on its graph, the mask keeping the sliding window); each
+# convolution stage keeps the few input samples of left context it measured (`PartChain`). `Codec.incremental()`
+# is that decode, fed a few frames at a time:
+
+# %%
+from qtts_lib.runtime import codec as codec_mod  # noqa: E402
+
+print(inspect.getsource(codec_mod.IncrementalDecode.push))
+
+# %% [markdown]
+# The same 120 frames streamed in pieces of 4 both ways, against one `decode_once`: equal, and what each costs
+# (frames decoded per frame played, and time).
+
+# %%
+few = long_codes[:120]
+once = codec.decode_once(few)
+decoded = {"n": 0}
+redecode, incremental_push = codec.decode_once, codec_mod.IncrementalDecode.push
+
+
+def counting_decode_once(c):
+    decoded["n"] += len(c)
+    return redecode(c)
+
+
+def counting_push(self, c):
+    decoded["n"] += len(c)
+    return incremental_push(self, c)
+
+
+rows = []
+for label, context in (("incremental (default)", None), (f"re-decode, context R = {R}", R)):
+    codec.decode_once, codec_mod.IncrementalDecode.push, decoded["n"] = counting_decode_once, counting_push, 0
+    t0 = time.perf_counter()
+    dec = stream.StreamDecoder(codec, chunk_frames=4, context_frames=context)
+    out = np.concatenate([p for f in few for p in dec.push(f)] + [dec.finish()])
+    seconds = time.perf_counter() - t0
+    codec.decode_once, codec_mod.IncrementalDecode.push = redecode, incremental_push
+    check.snr(f"stream, {label}, pieces of 4 = decode_once", out, once, 100.0)
+    rows.append({"stream": label, "frames decoded per frame played": decoded["n"] / len(few),
+                 "ms per frame (this run)": 1000 * seconds / len(few)})
+cost = pd.DataFrame(rows).set_index("stream")
+display(cost.style.format(precision=2))
+check.equal("incremental stream: every frame decoded once", "frames per frame",
+            cost["frames decoded per frame played"].iloc[0], 1.0)
+check.at_least("re-decode stream: frames decoded per frame played", "frames per frame",
+               cost["frames decoded per frame played"].iloc[1], 2.0)
+
+# %% [markdown]
+# Re-decoding n frames in pieces of 4 decodes about n/8 frames per frame played (inside one reference chunk every
+# piece starts from the chunk's context start): about 38 at 300 frames. On `full-base` (1 thread, 40 frames, pieces
+# of 4) the incremental stream cost 66 ms per frame against 57 for one whole decode (the contexts each part reruns,
+# and more calls of fewer frames), at 111 dB from it. On a GPU the codec runs the exported graph whole (no parts), so
+# the stream re-decodes there; `--context-frames` asks for the re-decode form on the CPU too.
+
+# %% [markdown]
+# ## 5. Stream the synthesizer
 # `Synthesizer.stream` runs `synthesize` unchanged — prompt, loop, everything — with a tap on each finished frame
 # that feeds a `StreamDecoder`; the loop runs in a worker thread and the caller receives pieces of `chunk_frames`
 # frames (80 ms each) as they are ready. Closing the generator stops the loop at its next frame.
@@ -170,7 +233,7 @@ if synth.kind != "custom_voice":
     check.snr("stream = synthesize, ICL, chunks of 4 frames", ours, whole_icl.wav[extra:], 60.0)
 
 # %% [markdown]
-# ## 5. Watch it on a timeline
+# ## 6. Watch it on a timeline
 # Frames generated, audio emitted and what a player that starts at the first piece would play, against wall time.
 # The player stalls whenever it has played everything emitted so far.
 
@@ -211,10 +274,10 @@ check.at_most(f"time to first audio, chunks of 4 ({ckpt}; before the whole {run[
               run["ttfa_s"] * 1000, run["total_s"] * 1000)
 
 # %% [markdown]
-# ## 6. Time the first audio and the chunk-size trade-off
+# ## 7. Time the first audio and the chunk-size trade-off
 # `stream.ttfa_ms` measures from the call to the first piece (prompt, prefill, `chunk_frames` frames and one codec
 # call; loading and building the voice are outside, as in a server). Smaller chunks mean earlier first audio but more
-# codec calls, each re-decoding up to R frames of context: the total time grows as chunks shrink.
+# codec calls, each with its parts' contexts to rerun: the total time grows as chunks shrink.
 
 # %%
 rows = []
@@ -237,7 +300,7 @@ check.at_most("TTFA grows with the chunk (1 frame vs 16)", "ms ratio",
 # full-size TTFA of the committed machines is in `data/bench/` (`ttfa_ms` rows).
 
 # %% [markdown]
-# ## 7. Pipe it and serve it
+# ## 8. Pipe it and serve it
 # `qtts say --stream -o out.wav` writes the wav piece by piece, a complete file after each piece; `-o -` writes
 # 16-bit PCM behind a WAV header of unknown length to stdout, which players reading a pipe accept:
 #
@@ -289,6 +352,9 @@ check.equal("unknown voice: 400 with a JSON error", "status", bad.status_code, 4
 # - The stream reproduces `Codec.decode` — one-shot up to 300 frames, the reference's `chunked_decode(300, 25)`
 #   beyond — by never reaching left of the reference chunk's context; `Synthesizer.stream` concatenates to
 #   `synthesize`'s wav at every chunk size tested, x-vector and ICL.
+# - On the CPU the stream decodes every frame once (`Codec.incremental`: the transformer with a KV cache, the
+#   convolution stages from their kept left context), at about the cost of one whole decode; re-decoding each piece
+#   with its context (the GPU's way, or `--context-frames`) costs about n/8 frames per frame for n frames.
 # - First audio costs the prompt, `chunk` frames and one codec call; smaller chunks start sooner and cost more codec.
 # - `qtts say --stream`, `-o -` and `qtts serve` expose it; the server queues with a bound and answers 4xx/503 in JSON.
 #
@@ -298,7 +364,10 @@ check.equal("unknown voice: 400 with a JSON error", "status", bad.status_code, 4
 # - *Stream ≈ 60 dB, not ≥ 100, past frame 300* → a context reaching left of the reference chunk's context
 #   (`chunk_start − 25`): that is the one-shot decode, not what `Codec.decode` (and the reference) computes.
 # - *Stream off by a whole piece, or SNR near 0 dB* → context samples not dropped (`(a − lo) · 1920`).
-# - *ICL stream one sample short of `synthesize`* → expected: the reference's float-ratio cut (section 4).
+# - *ICL stream one sample short of `synthesize`* → expected: the reference's float-ratio cut (section 5).
+# - *Incremental stream far from `decode_once` (say 40 dB) from its second piece on* → the transformer's mask or
+#   rope rows not at the absolute positions after the cache (`rope.causal_mask(L, past, window)`), or a part's kept
+#   context shorter than its measured reach (`codec_decoder.json`).
 # - *Context curve never reaches 60 dB* → the mask's window or rope positions differ between calls of different
 #   lengths (`rope.causal_mask(T, window=72)`, positions from 0 in every call).
 

@@ -336,12 +336,13 @@ def check_schema(result: dict) -> None:
 # ---------------------------------------------------------------- the codec alone, both runtimes in one process
 def codec_rounds(model_dir: Path, threads: int, frames: int = 40, rounds: int = 9, seed: int = 0,
                  progress: bool = True) -> dict:
-    """The codec alone: the runtime's `Codec` (its CPU form, `speed.codec_fast_bin`) against the reference's
+    """The codec alone: the runtime's `Codec` (its CPU form, `speed.codec_fast_parts`) against the reference's
     `speech_tokenizer.decode` on the same random codes and thread count, in this one process, `rounds` rounds
     with the order alternating (ncnn first in even rounds). A generation run's codec time is one decode per
     process, which process-to-process spread swamps; this holds everything else still. ms per frame; the wav SNR
-    of ncnn against PyTorch is measured on the same call, and the fresh memory each side's first decode touches
-    (minor page faults: on a VM, first touches are slow)."""
+    of ncnn against PyTorch is measured on the same call, the fresh memory each side's first decode touches
+    (minor page faults: on a VM, first touches are slow), and the codec's FLOPs per frame against the machine's
+    measured peak (`codec_flops_per_frame`, `peak_gflops`)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -372,13 +373,46 @@ def codec_rounds(model_dir: Path, threads: int, frames: int = 40, rounds: int = 
             sides[k]()
             times[k].append(1000 * (time.perf_counter() - t) / frames)
     med = {k: statistics.median(v) for k, v in times.items()}
+    flops = codec_flops_per_frame(tokenizer, codes)
+    peak = peak_gflops(threads)
     return {"threads": threads, "frames": frames, "rounds": rounds, "load_before": load_before,
+            "gflop_per_frame": round(flops / 1e9, 3), "peak_gflops": round(peak, 1),
+            "achieved_gflops": {k: round(flops / (v / 1000) / 1e9, 1) for k, v in med.items()},
+            "fraction_of_peak": {k: round(flops / (v / 1000) / 1e9 / peak, 3) for k, v in med.items()},
             "load_after": [round(x, 2) for x in os.getloadavg()], "ncnn_load_s": round(load_s, 2),
             "snr_ncnn_vs_pytorch_db": round(float(check.snr_db(wavs["ncnn"], wavs["pytorch"])), 1),
             "first_decode_fresh_mb": fresh, "median_ms_per_frame": {k: round(v, 1) for k, v in med.items()},
             "ratio_ncnn_pytorch": round(med["ncnn"] / med["pytorch"], 3),
             "ratio_per_round": [round(a / b, 3) for a, b in zip(times["ncnn"], times["pytorch"])],
             "ms_per_frame": {k: [round(x, 1) for x in v] for k, v in times.items()}}
+
+
+def codec_flops_per_frame(tokenizer, codes: np.ndarray) -> float:
+    """Floating-point operations per frame of the reference's decode of `codes` (T, 16), counted by PyTorch's
+    `FlopCounterMode` (convolutions, transposed convolutions, matrix products and attention: 2 per multiply-add;
+    elementwise work is not counted). The codec is compute-bound: this over its time is the rate it computes at."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        tokenizer.decode([{"audio_codes": torch.from_numpy(np.asarray(codes))}])
+    return counter.get_total_flops() / len(codes)
+
+
+def peak_gflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """The machine's measured fp32 peak at `threads` threads: GFLOP/s of a large square matrix product (PyTorch's
+    sgemm, which runs near the CPU's FMA throughput), median of `repeats` after a warm-up."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    seconds = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(seconds) / 1e9
 
 
 def codec_benchmark(model_dir: Path, thread_counts: list[int], frames: int = 40, rounds: int = 9) -> dict:

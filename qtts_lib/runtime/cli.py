@@ -83,8 +83,9 @@ def parser() -> argparse.ArgumentParser:
                      help="write the wav piece by piece as frames are generated (a complete wav after each piece)")
     say.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece (80 ms each)")
     say.add_argument("--context-frames", type=positive_int,
-                     help="left context per streamed piece (default: the decoder's receptive field, exact; less is "
-                          "faster and approximate, chapter 11)")
+                     help="re-decode each streamed piece with this many frames of left context (default on the "
+                          "CPU: decode every frame once, exact; on a GPU: re-decode with the receptive field; "
+                          "less is approximate, chapter 11)")
     say.add_argument("--seed", type=int, default=0, help="sampling seed (ignored with --greedy)")
     say.add_argument("--greedy", action="store_true", help="argmax instead of sampling (what the parity tests use)")
     say.add_argument("--max-frames", type=positive_int, default=600,

@@ -243,7 +243,8 @@ def add_arguments(p, positive_int) -> None:
     p.add_argument("--queue", type=int, default=8, help="requests that may wait; past that, 503")
     p.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece")
     p.add_argument("--context-frames", type=positive_int,
-                   help="left context per piece (default: the decoder's receptive field, exact; chapter 11)")
+                   help="re-decode each piece with this many frames of left context (default: decode every frame "
+                        "once on the CPU, exact; chapter 11)")
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"],
