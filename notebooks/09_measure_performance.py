@@ -215,11 +215,12 @@ for name, res in committed.items():
 # - long convolutions are cut along time (`conv_tile_time`: each tile carries its few samples of left context, so the
 #   sums are the same, but ncnn's im2col matrix stays small), the other wide ones along input channels
 #   (`conv_split_input`: smaller weight matrices per GEMM);
-# - and the graph is cut in **parts** at the input of each upsampling stage (`speed.codec_fast_parts`). Part 0 (the
-#   codebooks, the transformer, the ConvNeXt upsampler) runs over all frames. The stages after it are causal
-#   convolutions that look only a few input samples back, so the runtime runs each over chunks of a few frames with
-#   that much left context, and hands each chunk on to the next stage at once (`codec.run_parts`). A decode of any
-#   length then never holds a whole stage in memory.
+# - and the graph is cut in **parts** (`speed.codec_fast_parts`): part 0 (the codebooks and the pre_conv), part 1
+#   (the transformer), then one part per upsampling stage (the ConvNeXt upsampler's two, the decoder's four). Parts
+#   0 and 1 run over all frames. The stages after them are causal convolutions that look only a few input samples
+#   back, so the runtime runs each over chunks of a few frames with that much left context, and hands each chunk on
+#   to the next stage at once (`codec.run_parts`). A decode of any length then never holds a whole stage in memory.
+#   (Chapter 11 uses the same parts to stream without decoding anything twice.)
 #
 # How far back is "a few samples"? Rather than adding up kernel sizes by hand, `codec.reach` *measures* it when the
 # cache is written: change one input sample, and see which output samples change at all (bitwise). Convolutions are
@@ -237,8 +238,8 @@ fast_dir, desc = runtime_codec.fast_graph(paths.ncnn_dir(ckpt), st_cfg)
 runtime_form = runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS)
 last = runtime_form.parts[-1]
 probe_codes = np.random.default_rng(2).integers(0, st_cfg["codebook_size"], (4, 16))
-x = runtime_codec._run_head(runtime_form.parts[0].net, probe_codes, st_cfg, runtime_form.in_axes)
-for part in runtime_form.parts[1:-1]:
+x = runtime_form.transformer_output(probe_codes)
+for part in runtime_form.parts[2:-1]:
     x = part(x)  # what the last part is fed for 4 frames
 p = x.shape[-1] // 2
 y0 = last(x)
@@ -259,8 +260,10 @@ check.equal("codec part is causal: nothing before the changed sample moves", "fi
             int(first), p * last.up)
 check.at_most("the measured reach is within the recorded context", "input samples",
               -(-(final - p * last.up) // last.up), desc["parts"][-1]["context"])
-pd.DataFrame([{"part": k, "input samples per frame": d["spf"], "output samples per input sample": d["up"],
-               "left context (input samples)": d["context"], "chunk (frames)": d["chunk_frames"] or "all"}
+pd.DataFrame([{"part": k, "role": d["role"], "input samples per frame": d.get("spf", 1),
+               "output samples per input sample": d.get("up", 1),
+               "left context (input samples)": d.get("context", "KV cache"),
+               "chunk (frames)": d.get("chunk_frames") or "all"}
               for k, d in enumerate(desc["parts"])]).set_index("part")
 
 # %% [markdown]

@@ -287,8 +287,10 @@ check.at_least("committed overlap measurements", "files", len(overlap_runs), 1)
 # - Quality is measured, not assumed: agreement per codebook under teacher forcing, the first divergent frame, and
 #   the per-layer error; on random weights they are pessimistic.
 # - Decoding on the second core while the first generates does not pay on two cores (section 6).
-# - On two cores the int8 floor alone is about real time, so a faster-than-real-time loop *plus* codec needs fewer
-#   than 8 bits per weight (ncnn has no fast x86 kernel for its 4- and 6-bit blocks: FACTS.md) or more bandwidth.
+# - On two cores the int8 loop's floor alone is 54-84 ms per frame (the two committed machines read 32 and 21 GB/s),
+#   so a faster-than-real-time loop *plus* codec needs fewer than 8 bits per weight (ncnn has no fast x86 kernel for
+#   its 4- and 6-bit blocks: FACTS.md), a faster codec, or more bandwidth. The EPYC machine came within 34% of real
+#   time (RTF 1.34 at 2 threads).
 #
 # **If your numbers differ**
 # - *int8 no faster than fp16* → check that your CPU has VNNI (`grep avx512_vnni /proc/cpuinfo`); without it ncnn's

@@ -326,12 +326,17 @@ class Codec:
         c = self.config
         T = len(codes)
         if self.parts is not None:
-            x = self.parts[1](_run_codes(self.parts[0], codes, c, self.in_axes), **_attention_inputs(c, T))
-            return run_parts(self.parts[2:], x).reshape(-1)
+            return run_parts(self.parts[2:], self.transformer_output(codes)).reshape(-1)
         semantic, acoustic = pack_codes(codes, c["codebook_size"])
         mask = rope.causal_mask(T, window=c["sliding_window"])
         cos, sin = rope.tables(c["head_dim"], c["rope_theta"], 0, T)
         return self.net(semantic, acoustic, mask, cos, sin)[0].reshape(-1)
+
+    def transformer_output(self, codes: np.ndarray) -> np.ndarray:
+        """Parts 0 and 1 (codebooks, pre_conv, transformer) over all of `codes` (T, 16): what the upsampling parts
+        (`parts[2:]`) are fed, (channels, T). The CPU form only."""
+        x = _run_codes(self.parts[0], codes, self.config, self.in_axes)
+        return self.parts[1](x, **_attention_inputs(self.config, len(codes)))
 
     def incremental(self) -> IncrementalDecode:
         """A decode fed a few frames at a time (`IncrementalDecode`; the CPU form only)."""
