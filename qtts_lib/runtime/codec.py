@@ -392,7 +392,7 @@ class IncrementalDecode:
         self.past = 0
 
     def push(self, codes: np.ndarray) -> np.ndarray:
-        import ncnn
+        from .kvcache import run_with_caches
 
         codes = np.asarray(codes, np.int64).reshape(-1, 16)
         if len(codes) == 0:
@@ -400,23 +400,11 @@ class IncrementalDecode:
         ctx = min(self.codec.parts[0].context, len(self.codes))
         window = np.concatenate([self.codes[len(self.codes) - ctx:], codes])
         x = _run_codes(self.codec.parts[0], window, self.config, self.codec.in_axes)[..., ctx:]
-        self.codes = window[-max(self.codec.parts[0].context, 1):] if self.codec.parts[0].context else window[:0]
+        self.codes = window[len(window) - min(self.codec.parts[0].context, len(window)):]  # the next push's context
         ex = self.net.create_extractor()
         held = [to_mat(x)] + [to_mat(a) for a in _attention_inputs(self.config, len(codes), self.past).values()]
         for name, m in zip(("in0", "in2", "in3", "in4"), held):
             ex.input(name, m)
-        for i, (k, v) in enumerate(self.caches):
-            ex.input(f"cache_k_in_{i}", k)
-            ex.input(f"cache_v_in_{i}", v)
-        out = ncnn.Mat()
-        if ex.extract("out0", out) != 0:
-            raise RuntimeError("codec transformer: forward failed")
-        caches = []
-        for i in range(self.layers):
-            k, v = ncnn.Mat(), ncnn.Mat()
-            ex.extract(f"cache_k_out_{i}", k, 1)
-            ex.extract(f"cache_v_out_{i}", v, 1)
-            caches.append((k, v))
-        self.caches = caches
+        out, self.caches = run_with_caches(ex, self.caches, "codec transformer")
         self.past += len(codes)
         return self.chain.push(from_mat(out)).reshape(-1)

@@ -27,6 +27,26 @@ from .net import MissingArtifact, from_mat, make_net, parse_device, to_mat
 from .param import ParamLayer, format_param, parse_param
 
 
+def run_with_caches(ex, caches: list, name: str = "graph"):
+    """Feed an extractor (its other inputs already set) the caches `cache_k_in_i`/`cache_v_in_i`, run it to `out0`,
+    and take the grown caches out with `type=1` (never through numpy: module docstring). Returns (out0 Mat, caches)."""
+    import ncnn
+
+    for i, (k, v) in enumerate(caches):
+        ex.input(f"cache_k_in_{i}", k)
+        ex.input(f"cache_v_in_{i}", v)
+    out = ncnn.Mat()
+    if ex.extract("out0", out) != 0:
+        raise RuntimeError(f"{name}: forward failed")
+    grown = []
+    for i in range(len(caches)):
+        k, v = ncnn.Mat(), ncnn.Mat()
+        ex.extract(f"cache_k_out_{i}", k, 1)
+        ex.extract(f"cache_v_out_{i}", v, 1)
+        grown.append((k, v))
+    return out, grown
+
+
 class KvCacheNet:
     """A decoder with a KV cache. `prefill(embeds)` then `step(embed)`; `reset()` starts over."""
 
@@ -68,20 +88,8 @@ class KvCacheNet:
         held = [to_mat(embeds, 0), to_mat(mask), to_mat(cos), to_mat(sin)]
         for i, m in enumerate(held):
             ex.input(f"in{i}", m)
-        for i in range(self.layers):
-            k, v = (ncnn.Mat(), ncnn.Mat()) if self.caches is None else self.caches[i]
-            ex.input(f"cache_k_in_{i}", k)
-            ex.input(f"cache_v_in_{i}", v)
-        out = ncnn.Mat()
-        if ex.extract("out0", out) != 0:
-            raise RuntimeError(f"{self.name}: forward failed")
-        caches = []
-        for i in range(self.layers):
-            k, v = ncnn.Mat(), ncnn.Mat()
-            ex.extract(f"cache_k_out_{i}", k, 1)
-            ex.extract(f"cache_v_out_{i}", v, 1)
-            caches.append((k, v))
-        self.caches = caches
+        caches = [(ncnn.Mat(), ncnn.Mat()) for _ in range(self.layers)] if self.caches is None else self.caches
+        out, self.caches = run_with_caches(ex, caches, self.name)
         self.past += length
         return from_mat(out, 0)
 
