@@ -186,6 +186,8 @@ def build_app(speaker: Speaker, model_id: str):
                 yield pcm16(piece)
                 piece = await to_thread.run_sync(next, pieces, None)
             speaker.served += 1
+            await cleanup()  # free the speaker before the response's last chunk: a client that sends its next
+            #                  request as soon as this one ends must find the server free (not 503)
 
         return Stream(body(), FORMATS[req["format"]], cleanup)
 
