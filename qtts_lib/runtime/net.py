@@ -60,6 +60,39 @@ def parse_device(device: str) -> int | None:
     return int(index)
 
 
+def release_threads() -> bool:
+    """Free the calling thread's OpenMP worker threads (`omp_pause_resource_all(omp_pause_soft)` in every OpenMP
+    runtime loaded: the libgomp ncnn's wheel bundles, or the one whose symbols it binds to when PyTorch loaded its
+    own first); the next ncnn call from this thread makes them again. Call it before another thread takes over the
+    ncnn work: GNU OpenMP keeps every thread's pool, and once it manages more threads than there are CPUs it stops
+    spinning between parallel regions and parks each worker in the kernel: on two cores, steps ran 2x slower
+    (chapter 11, tests/test_threads.py). Returns whether a runtime was found (False elsewhere: nothing to do)."""
+    import ctypes
+
+    global _OPENMP
+    if _OPENMP is None:
+        import ncnn  # noqa: F401 - its OpenMP runtime must be loaded before we look for it
+
+        _OPENMP = []
+        try:
+            found = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                     if line.split()[-1].startswith("/") and any(k in line.split()[-1].rsplit("/", 1)[-1]
+                                                                   for k in ("libgomp", "libomp", "libiomp"))}
+        except OSError:
+            found = set()
+        for path in sorted(found):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            if hasattr(lib, "omp_pause_resource_all"):
+                _OPENMP.append(lib)
+    return bool([lib.omp_pause_resource_all(1) for lib in _OPENMP])  # 1: omp_pause_soft
+
+
+_OPENMP: list | None = None
+
+
 def to_mat(array: np.ndarray, batch_axis: int = NO_BATCH):
     """An `ncnn.Mat` that owns a copy of `array` (float32 or int32). Introduced in 04."""
     import ncnn

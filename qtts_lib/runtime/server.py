@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .audio import SAMPLE_RATE, AudioError, load_wav
 from .longform import stream_long
+from .net import release_threads
 from .stream import pcm16, wav_header
 from .synthesizer import InputError
 
@@ -163,11 +164,14 @@ def build_app(speaker: Speaker, model_id: str):
                 speaker.waiting -= 1
 
         def start():
-            voice = speaker.voice(req["voice"])
-            # a long input is spoken segment by segment (chapter 12), each segment streamed as it is generated
-            stream = stream_long(synth, req["text"], req["language"], voice, max_frames=speaker.max_frames,
-                                 chunk_frames=speaker.chunk_frames, context_frames=speaker.context_frames)
-            return stream, next(stream, None)  # errors in the prompt surface here, before any audio
+            try:
+                voice = speaker.voice(req["voice"])
+                # a long input is spoken segment by segment (chapter 12), each segment streamed as it is generated
+                stream = stream_long(synth, req["text"], req["language"], voice, max_frames=speaker.max_frames,
+                                     chunk_frames=speaker.chunk_frames, context_frames=speaker.context_frames)
+                return stream, next(stream, None)  # errors in the prompt surface here, before any audio
+            finally:
+                release_threads()  # the stream's worker does the ncnn work from here on (runtime.net says why)
 
         try:
             pieces, first = await to_thread.run_sync(start)
@@ -228,6 +232,7 @@ def serve(args) -> int:
     synth = Synthesizer(directory, threads=args.threads, device=args.device, precision=args.precision,
                         log=lambda m: print(f"qtts serve: {m}", file=sys.stderr))
     speaker = Speaker(synth, args.voices, args.max_frames, args.queue, args.chunk_frames, args.context_frames)
+    release_threads()  # loading ran ncnn here; requests run it in other threads
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
           f"{', '.join(speaker.voice_names()) or 'none'})", file=sys.stderr, flush=True)
     uvicorn.run(build_app(speaker, directory.name), host=args.host, port=args.port, log_level=args.log_level)

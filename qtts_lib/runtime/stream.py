@@ -41,6 +41,7 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, SAMPLES_PER_FRAME
 from .codec import CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, Codec
+from .net import release_threads
 
 UNKNOWN_SIZE = 0xFFFFFFFF  # a WAV size field meaning "streamed, length not known"
 
@@ -209,6 +210,7 @@ def stream_synthesis(synth, text: str, language: str, voice, chunk_frames: int =
         except BaseException as e:  # handed to the consumer's thread, raised there
             out.put(("error", e))
 
+    release_threads()  # this thread's OpenMP pool would starve the worker's on a machine with few cores
     worker = threading.Thread(target=work, name="qtts-stream", daemon=True)
     worker.start()
     try:
