@@ -30,6 +30,8 @@
 
 # %%
 import inspect
+import json
+import resource
 import time
 
 import matplotlib.pyplot as plt
@@ -233,6 +235,41 @@ if synth.kind != "custom_voice":
     check.snr("stream = synthesize, ICL, chunks of 4 frames", ours, whole_icl.wav[extra:], 60.0)
 
 # %% [markdown]
+# The loop runs in a worker thread, and that has a cost that took us a while to see. ncnn parallelises with OpenMP,
+# and GNU OpenMP keeps a pool of workers *per thread that ran a parallel region*: this notebook's main thread has
+# one from `synthesize` above, the stream's worker makes its own. Once the process holds more OpenMP workers than
+# there are CPUs, libgomp stops spinning between parallel regions and parks each worker in the kernel, so every one
+# of the ~1000 small layers of a decoder step pays a wake-up. On two cores a full-size stream was ~1.5x slower
+# than `synthesize` that way (the committed numbers are below, section 7). `stream` therefore calls
+# `runtime.net.release_threads()` (`omp_pause_resource_all` on each OpenMP runtime loaded) before handing the work
+# over, and the server does the same. Counted, not timed: the process's voluntary context switches during one
+# stream, with the release and with it turned off.
+
+# %%
+
+
+def stream_switches(release: bool, frames: int = 30) -> int:
+    synth.synthesize(TEXT, "english", voice, max_new_tokens=3)  # this thread has run ncnn: its pool exists
+    kept = stream.release_threads
+    stream.release_threads = kept if release else (lambda: False)
+    try:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+        list(synth.stream(TEXT, "english", voice, max_new_tokens=frames + 1, chunk_frames=4))
+        return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before
+    finally:
+        stream.release_threads = kept
+
+
+if THREADS < 2:
+    print(f"skipped because QTTS_THREADS={THREADS}: with one thread ncnn starts no OpenMP workers, so there is "
+          "no pool to release")
+else:
+    pools = {"caller's pool kept": stream_switches(False), "released (what stream does)": stream_switches(True)}
+    display(pd.DataFrame({"voluntary context switches, one 30-frame stream": pools}))
+    check.at_least("a kept pool parks the stream's OpenMP workers (switches kept / released)", "ratio",
+                   pools["caller's pool kept"] / max(pools["released (what stream does)"], 1), 4.0)
+
+# %% [markdown]
 # ## 6. Watch it on a timeline
 # Frames generated, audio emitted and what a player that starts at the first piece would play, against wall time.
 # The player stalls whenever it has played everything emitted so far.
@@ -290,14 +327,48 @@ for chunk in (1, 2, 4, 8, 16):
                  "total s": r["total_s"], "RTF": r["total_s"] / r["audio_s"], "stalls": r["stalls"]})
 trade = pd.DataFrame(rows).set_index("chunk frames")
 display(trade.style.format(precision=2))
-check.at_most("TTFA grows with the chunk (1 frame vs 16)", "ms ratio",
-              trade["TTFA ms (median of 3)"].iloc[0] / trade["TTFA ms (median of 3)"].iloc[-1], 1.0)
+for chunk in (1, 16):  # what the first piece waits for is counted: exactly `chunk` frames of audio
+    pieces = synth.stream(TEXT, "english", voice, max_new_tokens=41, chunk_frames=chunk)
+    first = next(pieces)
+    pieces.close()  # stops the loop at its next frame
+    check.equal(f"the first piece, chunks of {chunk}: frames of audio", "frames", len(first) / SAMPLES_PER_FRAME,
+                float(chunk))
 
 # %% [markdown]
 # On tiny these are milliseconds of overhead; on a full-size checkpoint the first piece costs the prefill plus
 # `chunk` × (talker + code predictor) per frame plus one codec call, and the stream keeps up with playback only if
-# a piece of `chunk` frames is generated and decoded faster than its `chunk × 80 ms` of audio (RTF < 1). The
-# full-size TTFA of the committed machines is in `data/bench/` (`ttfa_ms` rows).
+# a piece of `chunk` frames is generated and decoded faster than its `chunk × 80 ms` of audio (RTF < 1).
+#
+# The committed full-size runs (`python -m qtts_lib.perf --stream`, `data/bench/stream/`) measure the same on a
+# named machine: time to first audio per chunk size, then whole streams against `synthesize` — with the caller's
+# OpenMP pool kept (as before `release_threads`, section 5) and released — and the codec alone, whole vs
+# incremental pieces of 4, which is the part of the stream's cost that `synthesize` does not pay.
+
+# %%
+stream_files = sorted((paths.DATA / "bench" / "stream").glob("*.json"))
+for f in stream_files:
+    res = json.loads(f.read_text())
+    m = res["machine"]
+    print(f"{f.name}: {res['checkpoint']}, {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB")
+    display(pd.DataFrame({f"{r['threads']} threads": {f"first audio, pieces of {t['chunk_frames']} (ms)": t["ttfa_ms"]
+                                                       for t in r["ttfa"]} for r in res["runs"]}))
+    display(pd.DataFrame({f"{r['threads']} threads": r["ms_per_frame"] for r in res["runs"]})
+            .rename_axis(f"ms per frame, {res['runs'][0]['frames']} frames, median of "
+                         f"{len(res['runs'][0]['rounds_ms_per_frame']['stream'])}"))
+    for r in res["runs"]:
+        t = r["ms_per_frame"]
+        check.at_most(f"{f.stem}, {r['threads']} threads: stream within the incremental codec's extra of synthesize",
+                      "ms/frame", t["stream"] - t["synthesize"],
+                      1.5 * max(t["codec_pieces_of_4"] - t["codec_whole"], 0) + 0.1 * t["synthesize"])
+if not stream_files:
+    print("no committed streaming runs in data/bench/stream/: run `python -m qtts_lib.perf --stream` on a quiet "
+          "machine")
+
+# %% [markdown]
+# On the EPYC VM at 2 threads a stream with the caller's pool kept cost 416 ms per frame against 240 for
+# `synthesize`; released, 253: the 13 ms left are the incremental codec's (49 vs 40 ms per frame for the codec
+# alone). At 1 thread there is no pool, and the three agree within the codec's difference. First audio with pieces
+# of 1 frame arrives in about 0.4-0.6 s; that is the prefill, one frame and one codec call.
 
 # %% [markdown]
 # ## 8. Pipe it and serve it

@@ -2,6 +2,7 @@
 
     python -m qtts_lib.perf --checkpoint full-base --threads 1,2 --frames 40 --repeats 3 -o data/bench/NAME.json
     python -m qtts_lib.perf --codec --checkpoint full-base --threads 1,2 --rounds 9 -o data/bench/codec/NAME.json
+    python -m qtts_lib.perf --stream --checkpoint full-base --threads 1,2 --repeats 3 -o data/bench/stream/NAME.json
 
 Every measurement runs in a fresh child process (its own model load, its own peak RSS, no thread
 pool left over from the other runtime), and the runs are interleaved: repeat 1 of every
@@ -232,6 +233,11 @@ def run_pytorch(model_dir: Path, voice_wav: Path, text: str, frames: int, thread
 
 
 def _child(args: argparse.Namespace) -> None:
+    if args.child == "stream":
+        out = stream_rounds(Path(args.model_dir), Path(args.voice), args.text, args.frames, args.threads,
+                            args.repeats)
+        print("QTTS_PERF " + json.dumps(out))
+        return
     common = (Path(args.model_dir), Path(args.voice), args.text, args.frames, args.threads)
     out = run_ncnn(*common, precision=args.precision) if args.child == "ncnn" else run_pytorch(*common)
     print("QTTS_PERF " + json.dumps(out))
@@ -423,6 +429,91 @@ def codec_benchmark(model_dir: Path, thread_counts: list[int], frames: int = 40,
             "runs": [codec_rounds(model_dir, t, frames, rounds) for t in thread_counts]}
 
 
+# ---------------------------------------------------------------- streaming: first audio, and the whole stream
+STREAM_CHUNKS = (1, 2, 4, 8)
+
+
+def stream_rounds(model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int, repeats: int = 3,
+                  chunks=STREAM_CHUNKS) -> dict:
+    """In this process, one loaded Synthesizer: time to first audio per chunk size (`stream.ttfa_ms`, median of
+    `repeats`), then `repeats` interleaved rounds of `synthesize` vs `stream` with the caller's OpenMP pool kept
+    (`release_threads` made a no-op: what streaming cost before it existed) vs `stream` (pieces of 4), each `frames`
+    greedy frames, whole ms per frame (loop + decode; the stream's decode is incremental); and, to tell the two
+    apart, the codec alone on the codes made: one whole decode vs an incremental one fed 4 frames at a time."""
+    from .runtime import stream as stream_mod
+    from .runtime.audio import load_wav
+    from .runtime.synthesizer import Synthesizer
+
+    synth = Synthesizer(model_dir, threads=threads)
+    voice = synth.voice(wav=load_wav(voice_wav))
+    ttfa = [stream_mod.ttfa_ms(synth, text, "english", voice, chunk_frames=c, repeats=repeats,
+                               max_new_tokens=frames + 1) for c in chunks]
+    released = stream_mod.release_threads
+
+    def whole(kind: str) -> float:
+        stream_mod.release_threads = released if kind == "stream" else (lambda: False)
+        t0 = time.perf_counter()
+        if kind == "synthesize":
+            made = len(synth.synthesize(text, "english", voice, max_new_tokens=frames + 1).codes)
+        else:
+            pieces = synth.stream(text, "english", voice, max_new_tokens=frames + 1, chunk_frames=4)
+            while True:
+                try:
+                    next(pieces)
+                except StopIteration as done:
+                    made = len(done.value.codes)
+                    break
+        return (time.perf_counter() - t0) * 1000.0 / made
+
+    codes = synth.synthesize(text, "english", voice, max_new_tokens=frames + 1).codes
+
+    def codec_alone(kind: str) -> float:
+        t0 = time.perf_counter()
+        if kind == "codec_whole":
+            synth.codec.decode(codes)
+        else:
+            inc = synth.codec.incremental()
+            for a in range(0, len(codes), 4):
+                inc.push(codes[a:a + 4])
+        return (time.perf_counter() - t0) * 1000.0 / len(codes)
+
+    # synthesize runs ncnn in this thread, so its pool exists when the kept-pool stream starts; `stream` pauses it
+    kinds = ("synthesize", "stream_pool_kept", "stream", "codec_whole", "codec_pieces_of_4")
+    rounds = {k: [] for k in kinds}
+    try:
+        for _ in range(repeats):
+            for k in kinds:
+                rounds[k].append(round(whole(k) if k in kinds[:3] else codec_alone(k), 1))
+    finally:
+        stream_mod.release_threads = released
+    return {"threads": threads, "frames": frames,
+            "ttfa": [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in t.items() if k != "runs_ms"}
+                     | {"runs_ms": [round(x, 1) for x in t["runs_ms"]]} for t in ttfa],
+            "ms_per_frame": {k: statistics.median(v) for k, v in rounds.items()}, "rounds_ms_per_frame": rounds}
+
+
+def stream_benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_counts: list[int],
+                     repeats: int = 3) -> dict:
+    """`stream_rounds` per thread count, each in a fresh child process (data/bench/stream/)."""
+    runs = []
+    for threads in thread_counts:
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", "qtts_lib.perf", "--child", "stream", "--model-dir", str(model_dir),
+               "--voice", str(voice_wav), "--text", text, "--frames", str(frames), "--threads", str(threads),
+               "--repeats", str(repeats)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("QTTS_PERF ")), None)  # noqa: E741
+        if proc.returncode != 0 or line is None:
+            raise RuntimeError(f"stream run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        runs.append(json.loads(line.split(" ", 1)[1]))
+    return {"what": "streaming with the ncnn runtime, fp32, greedy, x-vector: time to first audio per chunk size "
+                    "(Synthesizer.stream to its first piece; loading and the voice outside), whole ms per frame "
+                    "of synthesize vs stream with the caller's OpenMP pool kept vs stream (pieces of 4), and the "
+                    "codec alone: one whole decode vs incremental pieces of 4 (python -m qtts_lib.perf --stream)",
+            "checkpoint": Path(model_dir).name, "machine": describe_machine(thread_counts), "text": text,
+            "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import paths
 
@@ -439,8 +530,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codec", action="store_true",
                    help="time the codec alone, ncnn vs PyTorch in one process (--rounds rounds per thread count)")
     p.add_argument("--rounds", type=int, default=9, help="with --codec: interleaved rounds per thread count")
+    p.add_argument("--stream", action="store_true",
+                   help="streaming: time to first audio per chunk size, stream vs synthesize (--repeats rounds)")
     p.add_argument("-o", "--output", type=Path)
-    p.add_argument("--child", choices=["ncnn", "pytorch"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["ncnn", "pytorch", "stream"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -451,6 +544,10 @@ def main(argv: list[str] | None = None) -> int:
     counts = sorted({os.cpu_count() if t == "all" else int(t) for t in args.threads.split(",")})
     if args.codec:
         print(write_result(codec_benchmark(model_dir, counts, args.frames, args.rounds), args.output))
+        return 0
+    if args.stream:
+        print(write_result(stream_benchmark(model_dir, Path(args.voice), args.text, args.frames, counts,
+                                            args.repeats), args.output))
         return 0
     tiers = tuple(t.strip() for t in args.precision.split(","))
     runtimes = tuple(r.strip() for r in args.runtimes.split(","))

@@ -51,3 +51,18 @@ def test_weight_bytes_per_frame_counts_15_predictor_steps(tts):
 
 def test_read_bandwidth_is_positive():
     assert perf.read_bandwidth_gbs(1, gib=0.05, repeats=2) > 0.1
+
+
+def test_stream_rounds_reports_first_audio_and_whole_streams(tts):
+    """The streaming harness runs on tiny and leaves `release_threads` as it found it (no timing asserted)."""
+    from qtts_lib import export
+    from qtts_lib.runtime import stream
+
+    export.ensure(tts, "tiny-base")
+    before = stream.release_threads
+    out = perf.stream_rounds(paths.model_dir("tiny-base"), paths.voice_wav(), "Hi there.", frames=3, threads=1,
+                             repeats=1, chunks=(1, 2))
+    assert stream.release_threads is before
+    assert [t["chunk_frames"] for t in out["ttfa"]] == [1, 2] and all(t["ttfa_ms"] > 0 for t in out["ttfa"])
+    assert set(out["ms_per_frame"]) == {"synthesize", "stream", "stream_pool_kept", "codec_whole", "codec_pieces_of_4"}
+    assert all(len(v) == 1 for v in out["rounds_ms_per_frame"].values())
