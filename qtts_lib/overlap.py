@@ -91,7 +91,10 @@ def measure(model_dir: Path, precision: str = "int8", cores: int | None = None, 
     med["sequential"]["per_frame"] = round(med["sequential"]["generate"] + med["sequential"]["codec"], 1)
     for name in ("split", "oversubscribed"):
         med[name]["per_frame"] = max(med[name]["generate"], med[name]["codec"])  # a pipeline's throughput
-    return {"checkpoint": model_dir.name, "precision": precision, "cores": cores, "frames": frames,
+    from .perf import describe_machine
+
+    return {"machine": describe_machine(sorted({1, cores})), "checkpoint": model_dir.name, "precision": precision,
+            "cores": cores, "frames": frames,
             "repeats": repeats, "load_average": [round(x, 2) for x in os.getloadavg()], "ms_per_frame": med}
 
 
