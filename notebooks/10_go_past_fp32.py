@@ -38,8 +38,10 @@ from IPython.display import display
 
 from qtts_lib import check, checkpoint, export, paths, perf, quality, reference, settings
 from qtts_lib.runtime import precision, speed
+from qtts_lib.runtime.audio import load_wav
 from qtts_lib.runtime.kvcache import KvCacheNet
 from qtts_lib.runtime.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.synthesizer import Synthesizer
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
@@ -278,10 +280,38 @@ check.at_least("committed overlap measurements", "files", len(overlap_runs), 1)
 # A split pipeline runs at the slower of its two halves, so it beats sequential when the codec's time on all cores
 # is more than what the loop loses by running on one thread. The two committed machines fall on opposite sides.
 # On the Intel VM one thread reads memory at about half the two-thread rate, the loop loses 54 ms per frame on one
-# thread and the codec only costs 49: split 179 vs sequential 174 ms per frame. On the EPYC VM one thread reads 26 of
-# 32-39 GB/s, the loop loses 24 ms and the codec costs 41: split 91 vs sequential 108 (RTF 1.14 instead of 1.35).
-# Squeezing the decoder beside a two-thread loop is the slowest on both: ncnn's OpenMP threads wait on a busy core
-# (FACTS.md). The runtime itself stays sequential; a two-process pipeline is what the EPYC numbers ask for.
+# thread and the codec only costs 49: split 179 vs sequential 174 ms per frame. On the EPYC VM one thread reads 26-31
+# of 32-39 GB/s, the loop loses 23 ms and the codec costs 44: split 89 vs sequential 111 (int8). Squeezing the decoder
+# beside a two-thread loop is the slowest on both: ncnn's OpenMP threads wait on a busy core (FACTS.md).
+#
+# The EPYC numbers ask for a pipeline, so the runtime has one: `Synthesizer(threads=1, codec_process=True)` (or
+# `qtts say --threads 1 --codec-process`) starts a child Python that loads the codec and runs chapter 11's
+# incremental `StreamDecoder` on the frames this process sends as the loop makes them (`runtime.pipeline`; threads
+# would not overlap, the binding holds the GIL inside `extract`). `synthesize` then returns the drained stream, and
+# `stream` streams from the child. For `synthesize` the child decodes adaptively: whenever it is free, every frame
+# that has arrived (at least 2) in one incremental piece, so it keeps pace and little is left after the last frame.
+# The `pipeline` row above (files that have it) is that product timed whole: on the EPYC VM, int8, 91.7 ms per frame
+# against 111.1 sequential (RTF 1.15 instead of 1.39), of which 5.5 ms per frame is the decode left after the loop;
+# but fp16 in the run right after was slower with it (185.4 vs 172.1), and a second pair of runs gave int8 97.1 vs
+# 97.3 and fp16 150.8 vs 163.0. The gain is no bigger than this VM's noise between runs: measure it where you run.
+# Here it is held to the in-process synthesizer on this checkpoint: the same codes, the same audio.
+
+# %%
+in_process = Synthesizer(model_dir, threads=1)
+piped = Synthesizer(model_dir, threads=1, codec_process=True)
+rows = {}
+for name, s in (("in process", in_process), ("codec process", piped)):
+    voice = s.voice(wav=load_wav(paths.voice_wav()))
+    t0 = time.perf_counter()
+    r = s.synthesize(perf.DEFAULT_TEXT, "english", voice, max_new_tokens=41)
+    rows[name] = {"result": r, "ms per frame (this run)": 1000 * (time.perf_counter() - t0) / len(r.codes)}
+piped.close()
+a, b = rows["in process"]["result"], rows["codec process"]["result"]
+display(pd.DataFrame({k: {"frames": len(v["result"].codes), "ms per frame (this run)": v["ms per frame (this run)"],
+                          "codec not hidden (ms)": 1000 * v["result"].seconds["codec"]} for k, v in rows.items()}))
+check.equal("codec process: the same codes as in process", "frames equal", int((a.codes == b.codes).all(1).sum()),
+            len(a.codes))
+check.snr("codec process: the same audio as in process", b.wav, a.wav, 100.0)
 
 # %% [markdown]
 # ## Summary
@@ -294,7 +324,10 @@ check.at_least("committed overlap measurements", "files", len(overlap_runs), 1)
 # - Quality is measured, not assumed: agreement per codebook under teacher forcing, the first divergent frame, and
 #   the per-layer error; on random weights they are pessimistic.
 # - Decoding on the second core while the first generates pays where one thread reads memory at two thirds or more
-#   of the two-thread rate (EPYC VM: 91 vs 108 ms/frame) and not at about half (Intel VM: 179 vs 174; section 6).
+#   of the two-thread rate (EPYC VM, int8: 89 vs 111 ms/frame) and not at about half (Intel VM: 179 vs 174;
+#   section 6). `Synthesizer(threads=1, codec_process=True)` / `qtts say --threads 1 --codec-process` is that
+#   pipeline, with the in-process synthesizer's codes and audio; its measured gain on the EPYC VM (0-17% for int8,
+#   -8% to +7% for fp16 over two pairs of runs) is within the VM's noise.
 # - On two cores the int8 loop's floor alone is 54-84 ms per frame (the two committed machines read 32 and 21 GB/s),
 #   so a faster-than-real-time loop *plus* codec needs fewer than 8 bits per weight (ncnn has no fast x86 kernel for
 #   its 4- and 6-bit blocks: FACTS.md), a faster codec, or more bandwidth. The EPYC machine came within 34% of real

@@ -140,3 +140,15 @@ def test_bad_device_name(exported, tmp_path, capsys):
     assert say("--device", "tpu", "--voice", str(paths.voice_wav()), "--text", "Hello.",
                "-o", str(tmp_path / "o.wav")) == 2
     assert "unknown device 'tpu'" in capsys.readouterr().err
+
+
+def test_codec_process_writes_the_same_wav(exported, tmp_path, capsys):
+    args = ["--voice", str(paths.voice_wav()), "--text", "Hello there.", "--language", "english", "--greedy",
+            "--max-frames", "6", "--threads", "1"]
+    assert say(*args, "-o", str(tmp_path / "a.wav")) == 0
+    assert say(*args, "--codec-process", "-o", str(tmp_path / "b.wav")) == 0
+    a, b = sf.read(tmp_path / "a.wav")[0], sf.read(tmp_path / "b.wav")[0]
+    assert len(a) == len(b) == 6 * 1920 and np.abs(a - b).max() < 1e-3  # 16-bit files of the same audio
+    capsys.readouterr()
+    assert say(*args, "--codec-process", "--stream", "--context-frames", "8", "-o", str(tmp_path / "c.wav")) == 2
+    assert "--codec-process" in capsys.readouterr().err

@@ -206,7 +206,8 @@ def test_overlap_study_runs(exported):
     from qtts_lib import overlap
 
     r = overlap.measure(exported, "int8", cores=2, frames=8, repeats=1)
-    assert set(r["ms_per_frame"]) == {"sequential", "split", "oversubscribed"}
+    assert set(r["ms_per_frame"]) == {"sequential", "split", "oversubscribed", "pipeline"}
+    assert r["ms_per_frame"]["pipeline"]["per_frame"] > 0 and "machine" in r
     seq = r["ms_per_frame"]["sequential"]
     assert seq["per_frame"] == round(seq["generate"] + seq["codec"], 1) and seq["generate"] > 0
     for name in ("split", "oversubscribed"):   # the codec really ran while the loop generated

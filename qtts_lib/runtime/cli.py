@@ -22,6 +22,10 @@ from .net import DeviceError, MissingArtifact
 from .precision import PrecisionError
 from .synthesizer import InputError
 
+CODEC_PROCESS_HELP = ("decode in a second process on one more core while --threads generate (CPU only; on two cores "
+                      "try --threads 1 and measure: it can pay where one thread reads memory nearly as fast as two; "
+                      "chapter 10)")
+
 
 def model_dir(checkpoint: str) -> Path:
     """A checkpoint directory, or a name under $QTTS_MODELS or ./models."""
@@ -96,6 +100,7 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"],
                      help="weights of the talker and code predictor: fp32 (exact), fp16 or int8 (faster, "
                           "approximate; CPU only; chapter 10 measures the cost)")
+    say.add_argument("--codec-process", action="store_true", help=CODEC_PROCESS_HELP)
     from .server import add_arguments
 
     add_arguments(sub.add_parser("serve", help="a local HTTP speech server (OpenAI's /v1/audio/speech), streamed",
@@ -119,9 +124,13 @@ def say(args: argparse.Namespace) -> int:
         clip, notes = prepare_voice_clip(clip, args.voice_text, args.keep_long_voice)
         for note in notes:
             print(f"qtts: {note}", file=sys.stderr)
+    if args.codec_process and args.context_frames is not None:
+        raise InputError("--context-frames re-decodes each piece in this process; it cannot be combined with "
+                         "--codec-process (which decodes every frame once, in the other)")
     t0 = time.perf_counter()
     synth = Synthesizer(model_dir(args.checkpoint), threads=args.threads, device=args.device,
-                        precision=args.precision, log=lambda m: print(f"qtts: {m}", file=sys.stderr))
+                        precision=args.precision, log=lambda m: print(f"qtts: {m}", file=sys.stderr),
+                        codec_process=args.codec_process)
     if clip is None and args.speaker is None:
         raise InputError("this CustomVoice checkpoint speaks with a built-in voice: give --speaker "
                          f"({', '.join(synth.speakers)})" if synth.kind == "custom_voice" else

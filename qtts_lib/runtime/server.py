@@ -229,8 +229,11 @@ def serve(args) -> int:
         raise InputError(f"--queue must be 0 or more, not {args.queue}")
     if args.voices is not None and not args.voices.is_dir():
         raise InputError(f"--voices {args.voices} is not a directory")
+    if args.codec_process and args.context_frames is not None:
+        raise InputError("--context-frames re-decodes each piece in this process; it cannot be combined with "
+                         "--codec-process")
     synth = Synthesizer(directory, threads=args.threads, device=args.device, precision=args.precision,
-                        log=lambda m: print(f"qtts serve: {m}", file=sys.stderr))
+                        log=lambda m: print(f"qtts serve: {m}", file=sys.stderr), codec_process=args.codec_process)
     speaker = Speaker(synth, args.voices, args.max_frames, args.queue, args.chunk_frames, args.context_frames)
     release_threads()  # loading ran ncnn here; requests run it in other threads
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
@@ -256,4 +259,6 @@ def add_arguments(p, positive_int) -> None:
     p.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"],
                    help="weights of the talker and code predictor (chapter 10); fp32 is exact")
+    p.add_argument("--codec-process", action="store_true",
+                   help="decode in a second process on one more core while --threads generate (CPU only; chapter 10)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")

@@ -163,6 +163,8 @@ class _Tap:
     the final whole-utterance decode is skipped (the stream has decoded it piece by piece).
     `Synthesizer.synthesize` runs unchanged on it, so the stream is the product's one pipeline."""
 
+    codec_process = None  # synthesize on the tap runs the loop here; the stream's decoder does the decoding
+
     def __init__(self, synth, sink: Callable[[np.ndarray], None], stop: threading.Event):
         self._synth, self._sink, self._stop = synth, sink, stop
         self.codec = _NoDecode()
@@ -191,7 +193,12 @@ def stream_synthesis(synth, text: str, language: str, voice, chunk_frames: int =
     """`Synthesizer.stream`: yields float32 24 kHz pieces as frames are generated; returns the `Result`
     (codes, EOS step, warnings; its wav is None). The loop runs in a worker thread; closing the generator
     stops it at the next frame. kwargs go to `synthesize` (max_new_tokens, greedy, seed, on_frame, ...)."""
-    decoder = StreamDecoder(synth.codec, chunk_frames, context_frames, voice.codes)
+    if getattr(synth, "codec_process", None) is not None:  # decoded in a second process (runtime.pipeline)
+        if context_frames is not None:
+            raise ValueError("context_frames re-decodes in this process; a codec process decodes incrementally")
+        decoder = synth.codec_process.decoder(chunk_frames, voice.codes)
+    else:
+        decoder = StreamDecoder(synth.codec, chunk_frames, context_frames, voice.codes)
     out: queue.Queue = queue.Queue()
     stop = threading.Event()
 
@@ -226,6 +233,8 @@ def stream_synthesis(synth, text: str, language: str, voice, chunk_frames: int =
     finally:
         stop.set()
         worker.join()
+        if hasattr(decoder, "close"):
+            decoder.close()  # a remote decoder stops listening (what its process still sends is dropped)
 
 
 def drain(pieces: Iterator[np.ndarray], sink: Callable[[np.ndarray], None]):

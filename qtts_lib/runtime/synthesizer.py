@@ -99,17 +99,21 @@ class Synthesizer:
     """The deployable pipeline over a checkpoint directory and its `ncnn/` exports."""
 
     def __init__(self, model_dir: str | Path, threads: int = 2, device: str = "cpu", gpu_rewrites: bool = True,
-                 precision: str = "fp32", log: Callable[[str], None] | None = None):
+                 precision: str = "fp32", log: Callable[[str], None] | None = None, codec_process: bool = False):
         """`device` cpu, vulkan or vulkan:N. On a GPU, `gpu_rewrites` (default) runs the loop over the
         rewritten graphs of `runtime.vulkan` (fewer round trips; chapter 08); False keeps the landed loop.
         `precision` fp32 (default, the parity tier), fp16 or int8: the talker's and the code predictor's
-        weights (chapter 10, `runtime.precision`); `log` hears about one-time work (writing a tier)."""
+        weights (chapter 10, `runtime.precision`); `log` hears about one-time work (writing a tier).
+        `codec_process`: decode in a second process on one more core while this one generates on `threads`
+        (`runtime.pipeline`; CPU only; `close()` stops it). `synthesize` and `stream` then overlap the two."""
         from . import precision as tiers
         from .bpe import Tokenizer
         from .sampler import SamplerConfig
 
         self.model_dir = Path(model_dir)
         self.precision = tiers.check_tier(precision, device)
+        if codec_process and parse_device(device) is not None:
+            raise InputError("codec_process runs the codec on the CPU: it cannot be used with a GPU device")
         ncnn_dir = self.model_dir / "ncnn"
         if not (self.model_dir / "config.json").is_file():
             raise MissingArtifact(f"{self.model_dir} has no config.json; run notebooks/00_get_checkpoint.py")
@@ -149,8 +153,20 @@ class Synthesizer:
                                      device, precision=self.precision, log=log)
         self.predictor = KvCacheNet(ncnn_dir, "predictor_decoder", pred["head_dim"], pred["rope_theta"], threads,
                                     device, precision=self.precision, log=log)
-        self.codec = Codec(ncnn_dir, st_config["decoder_config"], threads, device)
+        self.codec_process = None
+        if codec_process:
+            from .pipeline import CodecProcess
+
+            self.codec_process = CodecProcess(ncnn_dir, st_config["decoder_config"], threads=1)
+            self.codec = self.codec_process  # decode_with_voice, in the child
+        else:
+            self.codec = Codec(ncnn_dir, st_config["decoder_config"], threads, device)
         self.SamplerConfig = SamplerConfig
+
+    def close(self) -> None:
+        """Stop the codec process, if there is one (nothing else needs closing)."""
+        if self.codec_process is not None:
+            self.codec_process.close()
 
     # ------------------------------------------------------------ vocabulary
     @property
@@ -399,11 +415,29 @@ class Synthesizer:
         for w in warnings:
             if on_warning:
                 on_warning(w)
+        if self.codec_process is not None:  # decoded in the child while the loop runs: a stream, drained
+            return self._synthesize_pipelined(text, language, voice, max_new_tokens, greedy, seed, non_streaming,
+                                              on_frame, warnings)
         result = self.generate(prompt, max_new_tokens, greedy=greedy, seed=seed, on_frame=on_frame)
         result.warnings = warnings
         t0 = time.perf_counter()
         result.wav = self.codec.decode_with_voice(result.codes, voice.codes)
         result.seconds["codec"] = time.perf_counter() - t0
+        return result
+
+    def _synthesize_pipelined(self, text, language, voice, max_new_tokens, greedy, seed, non_streaming, on_frame,
+                              warnings) -> Result:
+        from .stream import drain, stream_synthesis
+
+        pieces, ended = [], []
+        stream = stream_synthesis(self, text, language, voice, chunk_frames=0,  # 0: the child decodes when free
+                                  max_new_tokens=max_new_tokens, greedy=greedy, seed=seed,
+                                  non_streaming=non_streaming, on_frame=lambda n: (ended.append(time.perf_counter()),
+                                                                                    on_frame and on_frame(n)))
+        result = drain(stream, pieces.append)
+        result.warnings = warnings
+        result.wav = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+        result.seconds["codec"] = time.perf_counter() - ended[-1] if ended else 0.0  # what the loop did not hide
         return result
 
     def stream(self, text: str, language: str, voice: Voice, max_new_tokens: int = 2048, chunk_frames: int = 4,
@@ -413,6 +447,8 @@ class Synthesizer:
         the `Result` (wav None) when exhausted; kwargs as `synthesize`'s. Introduced in 11."""
         from .stream import stream_synthesis
 
+        if chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be at least 1, not {chunk_frames}")
         return stream_synthesis(self, text, language, voice, chunk_frames=chunk_frames,
                                 context_frames=context_frames, max_new_tokens=max_new_tokens, **kwargs)
 
