@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,3 +219,38 @@ def test_long_input_is_spoken_in_segments(server):
     assert any((len(pcm) - k * pause) % 1920 == 0 for k in (1, 2, 3))  # whole frames + one pause per boundary
     silent = np.flatnonzero(pcm != 0)
     assert np.diff(silent).max() > pause  # a run of silence at least a pause long between two segments
+
+
+def children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def test_codec_process_serves_the_same_audio_and_leaves_no_orphan(server, tmp_path):
+    """--codec-process: the child decodes; the answer is the in-process server's audio; stopping the server ends it."""
+    _, url = server
+    body = {"input": "Hello there.", "voice": "bob", "response_format": "pcm"}
+    status, _, ours = request(url, "/v1/audio/speech", body)
+    proc, piped = start_server(tmp_path, "--max-frames", str(MAX_FRAMES), "--threads", "1", "--codec-process")
+    try:
+        kids = children(proc.pid)
+        assert kids, "no codec process started"
+        status2, _, theirs = request(piped, "/v1/audio/speech", body)
+    finally:
+        stop_server(proc)
+    assert status == status2 == 200
+    a, b = np.frombuffer(ours, "<i2").astype(int), np.frombuffer(theirs, "<i2").astype(int)
+    assert len(a) == len(b) and np.abs(a - b).max() <= 2  # 1 vs 2 threads: float rounding, then 16 bits
+    deadline = time.time() + 10
+    while any(map(alive, kids)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(map(alive, kids)), "the codec process outlived the server"
+
+
+def alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
