@@ -4,14 +4,14 @@
 
 The codec could run in a second process, decoding chunk k while the loop generates chunk k+1 (the Python
 binding holds the GIL inside `extract`, so threads would not overlap). That pays only if the two together beat
-running them one after the other on all cores. Three arrangements, each in fresh processes, repeated:
+running them one after the other on all cores. Four arrangements, each in fresh processes, repeated:
 - sequential: generation on every core, then the codec on every core (what `Synthesizer.synthesize` does);
 - split: generation on one thread while a second process decodes continuously on one thread (a pipeline's
   throughput is the slower of the two);
 - oversubscribed: generation on every core while the codec process runs on one;
 - pipeline: the product's form of split, `Synthesizer(threads=cores - 1, codec_process=True).synthesize` timed whole
-  (`runtime.pipeline`: the codec process decodes pieces of 16 frames as the loop makes them; its "codec" is the
-  tail the loop did not hide).
+  (`runtime.pipeline`: the codec process decodes whatever frames have come whenever it is free; its "codec" is
+  the tail the loop did not hide).
 Numbers are ms per frame; a frame is 80 ms of audio.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _result(proc) -> dict:
 
 def measure(model_dir: Path, precision: str = "int8", cores: int | None = None, frames: int = FRAMES,
             repeats: int = 2) -> dict:
-    """The three arrangements (module docstring), `repeats` rounds interleaved, medians."""
+    """The four arrangements (module docstring), `repeats` rounds interleaved, medians."""
     cores = cores or os.cpu_count()
     runs: dict[str, list[dict]] = {"sequential": [], "split": [], "oversubscribed": [], "pipeline": []}
     for _ in range(repeats):

@@ -246,14 +246,18 @@ def _child(args: argparse.Namespace) -> None:
 def measure_once(runtime: str, model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int,
                  precision: str = "fp32") -> dict:
     """One run in a fresh Python; raises with its stderr if the child fails."""
+    return _run_child(runtime, model_dir, voice_wav, text, frames, threads, "--precision", precision)
+
+
+def _run_child(child: str, model_dir: Path, voice_wav: Path, text: str, frames: int, threads: int, *extra) -> dict:
+    """`python -m qtts_lib.perf --child CHILD ...` at `threads` threads: the dict it prints."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "qtts_lib.perf", "--child", runtime, "--model-dir", str(model_dir),
-           "--voice", str(voice_wav), "--text", text, "--frames", str(frames), "--threads", str(threads),
-           "--precision", precision]
+    cmd = [sys.executable, "-m", "qtts_lib.perf", "--child", child, "--model-dir", str(model_dir),
+           "--voice", str(voice_wav), "--text", text, "--frames", str(frames), "--threads", str(threads), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("QTTS_PERF ")), None)  # noqa: E741
     if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"{runtime} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{child} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(line.split(" ", 1)[1])
 
 
@@ -457,12 +461,7 @@ def stream_rounds(model_dir: Path, voice_wav: Path, text: str, frames: int, thre
             made = len(synth.synthesize(text, "english", voice, max_new_tokens=frames + 1).codes)
         else:
             pieces = synth.stream(text, "english", voice, max_new_tokens=frames + 1, chunk_frames=4)
-            while True:
-                try:
-                    next(pieces)
-                except StopIteration as done:
-                    made = len(done.value.codes)
-                    break
+            made = len(stream_mod.drain(pieces, lambda piece: None).codes)
         return (time.perf_counter() - t0) * 1000.0 / made
 
     codes = synth.synthesize(text, "english", voice, max_new_tokens=frames + 1).codes
@@ -495,17 +494,8 @@ def stream_rounds(model_dir: Path, voice_wav: Path, text: str, frames: int, thre
 def stream_benchmark(model_dir: Path, voice_wav: Path, text: str, frames: int, thread_counts: list[int],
                      repeats: int = 3) -> dict:
     """`stream_rounds` per thread count, each in a fresh child process (data/bench/stream/)."""
-    runs = []
-    for threads in thread_counts:
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-        cmd = [sys.executable, "-m", "qtts_lib.perf", "--child", "stream", "--model-dir", str(model_dir),
-               "--voice", str(voice_wav), "--text", text, "--frames", str(frames), "--threads", str(threads),
-               "--repeats", str(repeats)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("QTTS_PERF ")), None)  # noqa: E741
-        if proc.returncode != 0 or line is None:
-            raise RuntimeError(f"stream run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        runs.append(json.loads(line.split(" ", 1)[1]))
+    runs = [_run_child("stream", model_dir, voice_wav, text, frames, t, "--repeats", str(repeats))
+            for t in thread_counts]
     return {"what": "streaming with the ncnn runtime, fp32, greedy, x-vector: time to first audio per chunk size "
                     "(Synthesizer.stream to its first piece; loading and the voice outside), whole ms per frame "
                     "of synthesize vs stream with the caller's OpenMP pool kept vs stream (pieces of 4), and the "

@@ -37,30 +37,40 @@ HEADER = struct.Struct("<cII")  # kind, utterance id, payload bytes
 ADAPTIVE_MIN_FRAMES = 2  # synthesize's decodes in the child: at least this many frames at once (but the last)
 
 
-def _read_exact(f, n: int) -> bytes | None:
-    data = b""
-    while len(data) < n:
-        more = f.read(n - len(data))
-        if not more:
-            return None
-        data += more
-    return data
-
-
-def _read_message(f):
-    header = _read_exact(f, HEADER.size)
-    if header is None:
-        return None
-    kind, uid, size = HEADER.unpack(header)
-    payload = _read_exact(f, size) if size else b""
-    if payload is None:
-        return None
-    return kind, uid, payload
-
-
 def _write_message(f, kind: bytes, uid: int, payload: bytes = b"") -> None:
     f.write(HEADER.pack(kind, uid, len(payload)) + payload)
     f.flush()
+
+
+class _Inbox:
+    """A pipe's messages, read from its raw fd, with a look at whether another one is waiting (select); both
+    ends use it (the child's stdin, the parent's view of the child's stdout)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf, self.eof = fd, bytearray(), False
+
+    def _complete(self) -> bool:
+        if len(self.buf) < HEADER.size:
+            return False
+        return len(self.buf) >= HEADER.size + HEADER.unpack_from(self.buf)[2]
+
+    def waiting(self) -> bool:
+        """A whole message is here already, or bytes of one are readable without blocking."""
+        import select
+
+        return self._complete() or (not self.eof and bool(select.select([self.fd], [], [], 0)[0]))
+
+    def read(self):
+        while not self._complete():
+            data = os.read(self.fd, 1 << 16)
+            if not data:
+                self.eof = True
+                return None
+            self.buf += data
+        kind, uid, size = HEADER.unpack_from(self.buf)
+        payload = bytes(self.buf[HEADER.size:HEADER.size + size])
+        del self.buf[:HEADER.size + size]
+        return kind, uid, payload
 
 
 class CodecProcessError(RuntimeError):
@@ -79,7 +89,8 @@ class CodecProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "qtts_lib.runtime.pipeline", str(ncnn_dir), json.dumps(decoder_config),
              str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        first = _read_message(self.proc.stdout)
+        self._inbox = _Inbox(self.proc.stdout.fileno())
+        first = self._inbox.read()
         if first is None or first[0] != b"R":
             self.proc.kill()
             text = first[2].decode(errors="replace") if first else "it exited while loading"
@@ -92,7 +103,7 @@ class CodecProcess:
 
     def _read(self) -> None:
         while True:
-            message = _read_message(self.proc.stdout)
+            message = self._inbox.read()
             if message is None:
                 for q in list(self._queues.values()):
                     q.put((b"X", b"the codec process exited"))
@@ -185,36 +196,6 @@ class RemoteDecoder:
 
 
 # ---------------------------------------------------------------- the child
-class _Inbox:
-    """The child's stdin as messages, with a look at whether another one is waiting (select on the raw fd)."""
-
-    def __init__(self, fd: int):
-        self.fd, self.buf, self.eof = fd, bytearray(), False
-
-    def _complete(self) -> bool:
-        if len(self.buf) < HEADER.size:
-            return False
-        return len(self.buf) >= HEADER.size + HEADER.unpack_from(self.buf)[2]
-
-    def waiting(self) -> bool:
-        """A whole message is here already, or bytes of one are readable without blocking."""
-        import select
-
-        return self._complete() or (not self.eof and bool(select.select([self.fd], [], [], 0)[0]))
-
-    def read(self):
-        while not self._complete():
-            data = os.read(self.fd, 1 << 16)
-            if not data:
-                self.eof = True
-                return None
-            self.buf += data
-        kind, uid, size = HEADER.unpack_from(self.buf)
-        payload = bytes(self.buf[HEADER.size:HEADER.size + size])
-        del self.buf[:HEADER.size + size]
-        return kind, uid, payload
-
-
 def serve(ncnn_dir: Path, decoder_config: dict, threads: int, stdin_fd: int, stdout,
           min_piece: int = ADAPTIVE_MIN_FRAMES) -> None:
     """The child's loop: one `StreamDecoder` per utterance, fed frame by frame. Chunk 0 (what `synthesize` asks

@@ -405,6 +405,9 @@ class Synthesizer:
 
         `on_frame(n)` after each generated frame (progress bars); `on_warning(message)` as soon as
         a problem is known (e.g. text longer than the frame cap), also kept in `Result.warnings`."""
+        if self.codec_process is not None:  # decoded in the child while the loop runs: a stream, drained
+            return self._synthesize_pipelined(text, language, voice, max_new_tokens, greedy=greedy, seed=seed,
+                                              non_streaming=non_streaming, on_frame=on_frame, on_warning=on_warning)
         prompt = self.build_prompt(text, language, voice, non_streaming)
         warnings = []
         frames = max_new_tokens - 1
@@ -415,9 +418,6 @@ class Synthesizer:
         for w in warnings:
             if on_warning:
                 on_warning(w)
-        if self.codec_process is not None:  # decoded in the child while the loop runs: a stream, drained
-            return self._synthesize_pipelined(text, language, voice, max_new_tokens, greedy, seed, non_streaming,
-                                              on_frame, warnings)
         result = self.generate(prompt, max_new_tokens, greedy=greedy, seed=seed, on_frame=on_frame)
         result.warnings = warnings
         t0 = time.perf_counter()
@@ -425,17 +425,15 @@ class Synthesizer:
         result.seconds["codec"] = time.perf_counter() - t0
         return result
 
-    def _synthesize_pipelined(self, text, language, voice, max_new_tokens, greedy, seed, non_streaming, on_frame,
-                              warnings) -> Result:
+    def _synthesize_pipelined(self, text, language, voice, max_new_tokens, on_frame=None, **kwargs) -> Result:
+        """`synthesize` with a codec process: the stream (prompt, warnings and loop on the tap), drained."""
         from .stream import drain, stream_synthesis
 
         pieces, ended = [], []
         stream = stream_synthesis(self, text, language, voice, chunk_frames=0,  # 0: the child decodes when free
-                                  max_new_tokens=max_new_tokens, greedy=greedy, seed=seed,
-                                  non_streaming=non_streaming, on_frame=lambda n: (ended.append(time.perf_counter()),
-                                                                                    on_frame and on_frame(n)))
+                                  max_new_tokens=max_new_tokens, **kwargs,
+                                  on_frame=lambda n: (ended.append(time.perf_counter()), on_frame and on_frame(n)))
         result = drain(stream, pieces.append)
-        result.warnings = warnings
         result.wav = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
         result.seconds["codec"] = time.perf_counter() - ended[-1] if ended else 0.0  # what the loop did not hide
         return result
