@@ -36,7 +36,8 @@ import torch
 from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, paths, plots, reference, settings
-from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, AudioError, load_wav, save_wav
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
+from qtts_lib.runtime.errors import AudioError
 
 ckpt = settings.checkpoint()  # QTTS_CHECKPOINT, default tiny-base
 torch.set_num_threads(settings.threads())

@@ -36,7 +36,7 @@ import torch
 from IPython.display import HTML, display
 
 from qtts_lib import check, checkpoint, paths, reference, settings
-from qtts_lib.runtime.audio import SAMPLES_PER_FRAME, load_wav
+from qtts_lib.runtime.audio.wav import SAMPLES_PER_FRAME, load_wav
 
 ckpt = settings.checkpoint()
 torch.set_num_threads(settings.threads())

@@ -36,7 +36,7 @@ import torch
 from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, inputs, paths, plots, reference, settings
-from qtts_lib.runtime.audio import SAMPLE_RATE, load_wav
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, load_wav
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

@@ -38,8 +38,8 @@ import torch
 from IPython.display import HTML, display
 
 from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, probe, reference, settings
-from qtts_lib.runtime import rvq
-from qtts_lib.runtime.net import Net
+from qtts_lib.runtime.audio import rvq
+from qtts_lib.runtime.binding.net import Net
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

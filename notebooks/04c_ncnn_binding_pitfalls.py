@@ -40,7 +40,7 @@ import torch
 
 from qtts_lib import check, settings
 from qtts_lib.export import pitfalls
-from qtts_lib.runtime import net
+from qtts_lib.runtime.binding import net
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

@@ -38,9 +38,9 @@ import torch
 from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, probe, reference, settings
 from qtts_lib.export import kvcache
 from qtts_lib.modules import common
-from qtts_lib.runtime import rope
-from qtts_lib.runtime.kvcache import KvCacheNet
-from qtts_lib.runtime.net import from_mat, to_mat
+from qtts_lib.runtime.binding import rope
+from qtts_lib.runtime.binding.cached import KvCacheNet
+from qtts_lib.runtime.binding.net import from_mat, to_mat
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

@@ -38,9 +38,10 @@ from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
 from qtts_lib.isolation import qtts_without_torch
-from qtts_lib.runtime import bpe, sampler
-from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, save_wav
-from qtts_lib.runtime.synthesizer import Synthesizer
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, save_wav
+from qtts_lib.runtime.pipeline import sampling as sampler
+from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+from qtts_lib.runtime.text import bpe
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

@@ -38,9 +38,10 @@ from IPython.display import Audio, display
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, reference, settings
 from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.modules.speaker import MEL_ARGS
-from qtts_lib.runtime import mel, rvq
-from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
-from qtts_lib.runtime.synthesizer import InputError, Synthesizer
+from qtts_lib.runtime.audio import mel, rvq
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
+from qtts_lib.runtime.errors import InputError
+from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

@@ -40,11 +40,11 @@ import torch
 from IPython.display import display
 
 from qtts_lib import artifacts, bench, check, checkpoint, export, inputs, modules, paths, reference, settings
-from qtts_lib.runtime import vulkan
-from qtts_lib.runtime.audio import load_wav, save_wav
-from qtts_lib.runtime.kvcache import KvCacheNet
-from qtts_lib.runtime.net import Net, gpu_names
-from qtts_lib.runtime.synthesizer import Synthesizer
+from qtts_lib.runtime.audio.wav import load_wav, save_wav
+from qtts_lib.runtime.binding.cached import KvCacheNet
+from qtts_lib.runtime.binding.net import Net, gpu_names
+from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+from qtts_lib.runtime.rewrites import gpu as vulkan
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

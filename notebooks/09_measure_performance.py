@@ -231,7 +231,7 @@ for name, res in committed.items():
 import resource  # noqa: E402
 import time  # noqa: E402
 
-from qtts_lib.runtime import codec as runtime_codec  # noqa: E402
+from qtts_lib.runtime.codec import decoder as runtime_codec  # noqa: E402
 
 st_cfg = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
 fast_dir, desc = runtime_codec.fast_graph(paths.ncnn_dir(ckpt), st_cfg)
@@ -347,7 +347,7 @@ pd.DataFrame(rows)
 # `peak_rss_gb` column above). Same inputs through both forms:
 
 # %%
-from qtts_lib.runtime.kvcache import KvCacheNet  # noqa: E402
+from qtts_lib.runtime.binding.cached import KvCacheNet  # noqa: E402
 
 c = cfg
 step_ms, outs = {}, {}

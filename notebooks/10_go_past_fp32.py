@@ -37,11 +37,12 @@ import pandas as pd
 from IPython.display import display
 
 from qtts_lib import check, checkpoint, export, paths, perf, quality, reference, settings
-from qtts_lib.runtime import precision, speed
-from qtts_lib.runtime.audio import load_wav
-from qtts_lib.runtime.kvcache import KvCacheNet
-from qtts_lib.runtime.net import from_mat, make_net, to_mat
-from qtts_lib.runtime.synthesizer import Synthesizer
+from qtts_lib.runtime.audio.wav import load_wav
+from qtts_lib.runtime.binding.cached import KvCacheNet
+from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.pipeline import precision
+from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+from qtts_lib.runtime.rewrites import codec_cpu as speed
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

@@ -40,10 +40,10 @@ import pandas as pd
 from IPython.display import display
 
 from qtts_lib import check, checkpoint, export, paths, reference, settings
-from qtts_lib.runtime import stream
-from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
-from qtts_lib.runtime.codec import CHUNK_FRAMES, LEFT_CONTEXT_FRAMES
-from qtts_lib.runtime.synthesizer import Synthesizer
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
+from qtts_lib.runtime.codec import stream
+from qtts_lib.runtime.codec.decoder import CHUNK_FRAMES, LEFT_CONTEXT_FRAMES
+from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
@@ -156,7 +156,7 @@ check.snr(f"stream (chunks of 36) = Codec.decode, all {T} frames", streamed, chu
 # is that decode, fed a few frames at a time:
 
 # %%
-from qtts_lib.runtime import codec as codec_mod  # noqa: E402
+from qtts_lib.runtime.codec import decoder as codec_mod  # noqa: E402
 
 print(inspect.getsource(codec_mod.IncrementalDecode.push))
 
@@ -398,7 +398,8 @@ if not stream_files:
 # %%
 from starlette.testclient import TestClient
 
-from qtts_lib.runtime import longform, server
+from qtts_lib.runtime.app import server
+from qtts_lib.runtime.pipeline import longform
 
 voices_dir = paths.outputs_dir(ckpt) / "11_voices"
 voices_dir.mkdir(parents=True, exist_ok=True)

@@ -35,9 +35,11 @@ from IPython.display import Audio, display
 
 from qtts_lib import check, checkpoint, export, paths, reference, settings
 from qtts_lib.isolation import qtts_without_torch
-from qtts_lib.runtime import audio, longform, segment
-from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
-from qtts_lib.runtime.synthesizer import Synthesizer
+from qtts_lib.runtime.audio import wav as audio
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
+from qtts_lib.runtime.pipeline import longform
+from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+from qtts_lib.runtime.text import segment
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()

@@ -125,7 +125,7 @@ def write_text_tokenizer(out: Path) -> None:
             if line:
                 tok, rank = line.split()
                 ranks[base64.b64decode(tok)] = int(rank)
-        from .runtime.bpe import BYTE_TO_CHAR as b2u
+        from .runtime.text.bpe import BYTE_TO_CHAR as b2u
 
         enc = lambda b: "".join(b2u[x] for x in b)  # noqa: E731
         vocab = {enc(t): r for t, r in ranks.items()}

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from . import paths
-from .runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME
+from .runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME
 
 VOICE_TEXT = "Good morning. This short sentence is the reference voice for the qtts tutorial."
 TARGET_TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."

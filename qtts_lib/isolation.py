@@ -25,4 +25,4 @@ def run_without_torch(code: str, *args: str) -> subprocess.CompletedProcess:
 
 def qtts_without_torch(*args: str) -> subprocess.CompletedProcess:
     """The `qtts` CLI (`qtts say ...`) in a process where torch cannot be imported."""
-    return run_without_torch("from qtts_lib.runtime.cli import main\nsys.exit(main(sys.argv[1:]))", *args)
+    return run_without_torch("from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))", *args)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .runtime.audio import SAMPLE_RATE
+from .runtime.audio.wav import SAMPLE_RATE
 
 
 def waveform(wavs: dict[str, np.ndarray], sr: int = SAMPLE_RATE, title: str = ""):

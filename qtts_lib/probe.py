@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .runtime.net import NO_BATCH, from_mat, parse_device, to_mat
-from .runtime.param import ParamInfo, ParamLayer, parse_param, read_param
+from .runtime.binding.net import NO_BATCH, from_mat, parse_device, to_mat
+from .runtime.binding.param import ParamInfo, ParamLayer, parse_param, read_param
 
 # torch module class name -> the ncnn layer types pnnx writes for it
 PAIRS: dict[str, tuple[str, ...]] = {

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from qtts_lib.runtime.audio import AudioError, load_wav
+from qtts_lib.runtime.audio.wav import load_wav
+from qtts_lib.runtime.errors import AudioError
 
 
 def test_native_24k_mono_is_untouched(tmp_path):

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from qtts_lib import checkpoint, paths  # noqa: E402
-from qtts_lib.runtime import bpe  # noqa: E402
+from qtts_lib.runtime.text import bpe  # noqa: E402
 
 CORPUS = paths.INPUTS / "tokenizer_corpus.txt"
 SEPARATORS = ["\n", "\n\n", "\r\n"]

@@ -6,7 +6,7 @@ import pytest
 import soundfile as sf
 
 from qtts_lib import paths
-from qtts_lib.runtime.cli import main
+from qtts_lib.runtime.app.cli import main
 
 CKPT = "tiny-base"
 
@@ -119,7 +119,7 @@ def test_base_checkpoint_needs_a_voice(exported, tmp_path, capsys):
 
 
 def test_vulkan_without_a_device(exported, tmp_path, capsys, monkeypatch):
-    from qtts_lib.runtime import net
+    from qtts_lib.runtime.binding import net
 
     monkeypatch.setattr(net, "gpu_names", lambda: [])  # what ncnn reports on a machine with no Vulkan driver
     assert say("--device", "vulkan", "--voice", str(paths.voice_wav()), "--text", "Hello.",
@@ -128,7 +128,7 @@ def test_vulkan_without_a_device(exported, tmp_path, capsys, monkeypatch):
 
 
 def test_vulkan_index_out_of_range(exported, tmp_path, capsys, monkeypatch):
-    from qtts_lib.runtime import net
+    from qtts_lib.runtime.binding import net
 
     monkeypatch.setattr(net, "gpu_names", lambda: ["llvmpipe (LLVM 15.0.6, 256 bits)"])
     assert say("--device", "vulkan:3", "--voice", str(paths.voice_wav()), "--text", "Hello.",

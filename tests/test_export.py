@@ -6,7 +6,7 @@ import pytest
 
 from qtts_lib import export
 from qtts_lib.export import kvcache
-from qtts_lib.runtime.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
 
 SMALL = """7767517
 5 7

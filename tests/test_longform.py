@@ -6,9 +6,9 @@ import pytest
 import soundfile as sf
 
 from qtts_lib import paths
-from qtts_lib.runtime import longform
-from qtts_lib.runtime.audio import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav
-from qtts_lib.runtime.cli import main
+from qtts_lib.runtime.app.cli import main
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav
+from qtts_lib.runtime.pipeline import longform
 
 CKPT = "tiny-base"
 PAUSE = int(round(longform.PAUSE_SECONDS * SAMPLE_RATE))
@@ -20,7 +20,7 @@ PARAGRAPH = ("The tutorial ports a speech model to a small runtime. Each chapter
 @pytest.fixture(scope="module")
 def synth(tts):
     from qtts_lib import export
-    from qtts_lib.runtime.synthesizer import Synthesizer
+    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
     export.ensure(tts, CKPT)
     return Synthesizer(paths.model_dir(CKPT), threads=2)

@@ -4,7 +4,7 @@ import pytest
 import soundfile as sf
 
 from qtts_lib.paths import ROOT
-from qtts_lib.runtime import mel as M
+from qtts_lib.runtime.audio import mel as M
 
 VOICE_WAV = ROOT / "data" / "inputs" / "voice.wav"
 

@@ -11,8 +11,8 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from qtts_lib import check
 from qtts_lib.modules import _REGISTRY, codec, common, mimi, speaker  # noqa: F401  (they register their specs)
-from qtts_lib.runtime.audio import SAMPLES_PER_FRAME
-from qtts_lib.runtime.codec import pack_codes
+from qtts_lib.runtime.audio.wav import SAMPLES_PER_FRAME
+from qtts_lib.runtime.codec.parts import pack_codes
 
 SNR_DB = 60.0  # codec_decoder waveform
 COS = 0.99999  # speaker_encoder x-vector

@@ -56,7 +56,7 @@ def test_read_bandwidth_is_positive():
 def test_stream_rounds_reports_first_audio_and_whole_streams(tts):
     """The streaming harness runs on tiny and leaves `release_threads` as it found it (no timing asserted)."""
     from qtts_lib import export
-    from qtts_lib.runtime import stream
+    from qtts_lib.runtime.codec import stream
 
     export.ensure(tts, "tiny-base")
     before = stream.release_threads

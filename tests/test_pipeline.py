@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from qtts_lib import paths
-from qtts_lib.runtime.audio import load_wav
-from qtts_lib.runtime.pipeline import CodecProcessError
-from qtts_lib.runtime.stream import snr_db
-from qtts_lib.runtime.synthesizer import InputError, Synthesizer
+from qtts_lib.check import snr_db
+from qtts_lib.runtime.audio.wav import load_wav
+from qtts_lib.runtime.errors import InputError
+from qtts_lib.runtime.experimental.codec_process import CodecProcessError
+from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
 CKPT = "tiny-base"
 TEXT = "Two processes, one voice."

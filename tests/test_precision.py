@@ -8,8 +8,9 @@ import pytest
 import soundfile as sf
 
 from qtts_lib import paths, quality
-from qtts_lib.runtime import precision, speed
-from qtts_lib.runtime.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.pipeline import precision
+from qtts_lib.runtime.rewrites import codec_cpu as speed
 
 RNG = np.random.default_rng(0)
 CKPT = "tiny-base"
@@ -88,7 +89,7 @@ def exported(tts):
 
 
 def _decoder(model_dir, tier):
-    from qtts_lib.runtime.kvcache import KvCacheNet
+    from qtts_lib.runtime.binding.cached import KvCacheNet
 
     cfg = json.loads((model_dir / "config.json").read_text())["talker_config"]
     return cfg["hidden_size"], KvCacheNet(model_dir / "ncnn", "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2,
@@ -133,8 +134,8 @@ def test_int8_files_are_written_once(exported):
 
 
 def test_synthesizer_and_cli_take_a_precision(exported, tmp_path, capsys):
-    from qtts_lib.runtime.cli import main
-    from qtts_lib.runtime.synthesizer import Synthesizer
+    from qtts_lib.runtime.app.cli import main
+    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
     with pytest.raises(precision.PrecisionError):
         Synthesizer(exported, precision="fp8")
@@ -179,7 +180,7 @@ def test_weight_bytes_shrink_with_the_tier(exported):
 
 def test_fusing_shared_input_gemms_changes_nothing(exported, tmp_path):
     """q/k/v and gate/up fused into one int8 Gemm + Slice: the same numbers bit for bit, fewer layers."""
-    from qtts_lib.runtime.kvcache import KvCacheNet
+    from qtts_lib.runtime.binding.cached import KvCacheNet
 
     ncnn_dir = exported / "ncnn"
     cfg = json.loads((exported / "config.json").read_text())["talker_config"]

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from qtts_lib import check, checkpoint, export, inputs, paths, reference
-from qtts_lib.runtime.audio import load_wav
-from qtts_lib.runtime.synthesizer import Synthesizer, Voice
+from qtts_lib.runtime.audio.wav import load_wav
+from qtts_lib.runtime.pipeline.prompt import Voice
+from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
 VOICE_TEXT = inputs.VOICE_TEXT
 
@@ -62,7 +63,7 @@ def test_builtin_speaker(custom, language, non_streaming):
 
 def test_voice_needs_exactly_one_source(base):
     _, synth = base
-    from qtts_lib.runtime.synthesizer import InputError
+    from qtts_lib.runtime.errors import InputError
 
     with pytest.raises(InputError, match="exactly one voice"):
         synth.voice()

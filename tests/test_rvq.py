@@ -1,7 +1,7 @@
 """The numpy split RVQ on hand-made codebooks."""
 import numpy as np
 
-from qtts_lib.runtime import rvq
+from qtts_lib.runtime.audio import rvq
 
 
 def test_residual_chain_picks_nearest_then_subtracts():

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from qtts_lib import checkpoint
-from qtts_lib.runtime import sampler
-from qtts_lib.runtime.sampler import SamplerConfig
+from qtts_lib.runtime.pipeline import sampling as sampler
+from qtts_lib.runtime.pipeline.sampling import SamplerConfig
 
 torch = pytest.importorskip("torch")
 from transformers import GenerationConfig  # noqa: E402

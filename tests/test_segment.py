@@ -2,7 +2,7 @@
 import pytest
 
 from qtts_lib import paths
-from qtts_lib.runtime import segment
+from qtts_lib.runtime.text import segment
 
 CASES = segment.read_cases(paths.INPUTS / "segment_corpus.txt")
 LANGUAGES = {"english", "chinese", "japanese", "korean", "german", "french", "spanish", "italian", "portuguese",
@@ -58,7 +58,7 @@ def test_short_sentences_are_packed_and_cjk_joins_without_spaces():
 
 
 def test_a_token_bound():
-    from qtts_lib.runtime.bpe import Tokenizer
+    from qtts_lib.runtime.text.bpe import Tokenizer
 
     tok = Tokenizer.from_dir(paths.model_dir("tiny-base"))
     count = lambda s: len(tok.encode(s))  # noqa: E731

@@ -55,7 +55,7 @@ def start_server(tmp_path, *extra):
     shutil.copy(paths.INPUTS / "voice.txt", voices / "bob.txt")   # bob clones in ICL mode
     port = free_port()
     log = open(tmp_path / "server.log", "w")  # a file, not a pipe nobody reads (a full pipe blocks the server)
-    code = "from qtts_lib.runtime.cli import main\nsys.exit(main(sys.argv[1:]))"
+    code = "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code, "serve", "--checkpoint", str(paths.model_dir(CKPT)),
                              "--port", str(port), "--voices", str(voices), "--threads", "2", *extra],
                             stdout=log, stderr=subprocess.STDOUT)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from qtts_lib import export
-from qtts_lib.runtime import speed
-from qtts_lib.runtime.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.rewrites import codec_cpu as speed
 
 RNG = np.random.default_rng(0)
 
@@ -205,7 +205,7 @@ def tiny_ncnn(tts):
 
 
 def _codec_inputs(model_dir, T):
-    from qtts_lib.runtime import rope
+    from qtts_lib.runtime.binding import rope
 
     cfg = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
     codes = np.random.default_rng(3).integers(0, cfg["codebook_size"], (T, 16))
@@ -248,7 +248,7 @@ def test_tiny_codec_time_tiles_at_one_frame(tiny_ncnn, tmp_path):
 
 
 def test_part_time_tiles():
-    from qtts_lib.runtime.codec import part_time_tiles
+    from qtts_lib.runtime.codec.cpu_form import part_time_tiles
 
     full = {"decoder_dim": 1536, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2]}
     assert part_time_tiles(full, 0, 384, None) == 0                       # the head runs whole: never tiled
@@ -291,7 +291,7 @@ def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
 
 
 def test_tiny_decode_step_graph_matches(tiny_ncnn, tmp_path):
-    from qtts_lib.runtime.kvcache import KvCacheNet
+    from qtts_lib.runtime.binding.cached import KvCacheNet
 
     cfg = json.loads((tiny_ncnn.parent / "config.json").read_text())["talker_config"]
     assert "InnerProduct" in speed.decode_step((tiny_ncnn / "talker_decoder_kv.param").read_text())
@@ -363,7 +363,7 @@ def test_conv_split_input_leaves_fused_activations_whole():
 def test_codec_fast_graph_cache(tiny_ncnn, tmp_path):
     import shutil
 
-    from qtts_lib.runtime import codec
+    from qtts_lib.runtime.codec import decoder as codec
 
     src = tmp_path / "ncnn"
     src.mkdir()
@@ -394,7 +394,7 @@ def test_codec_fast_graph_cache(tiny_ncnn, tmp_path):
 def test_tiny_codec_parts_chunked_equal_whole(tiny_ncnn):
     """The parts chained over whole inputs equal the exported graph; chunked (the runtime's way) they equal the
     unchunked parts exactly, at lengths that are and are not multiples of the chunks, from one frame up."""
-    from qtts_lib.runtime import codec
+    from qtts_lib.runtime.codec import decoder as codec
 
     cfg = json.loads((tiny_ncnn.parent / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
     fast, whole = codec.Codec(tiny_ncnn, cfg, 2), codec.Codec(tiny_ncnn, cfg, 2)
@@ -435,7 +435,7 @@ def test_cut_graph_refuses_a_blob_that_does_not_cut():
 def test_reach_of_a_causal_convolution(tmp_path):
     """`codec.reach` finds a dilated causal convolution's left reach: dilation x (kernel - 1) input samples (plus
     the one the measurement adds for safety), through a stride-1 layer (up = 1)."""
-    from qtts_lib.runtime.codec import Part, reach
+    from qtts_lib.runtime.codec.parts import Part, reach
 
     ci, co, k, dil = 4, 3, 5, 3
     text = _conv3d_text(co, ci, k, dil).replace(" in ", " in0 ").replace(" out ", " out0 ").replace(" in\n", " in0\n")

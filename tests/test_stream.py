@@ -10,15 +10,10 @@ import pytest
 import soundfile as sf
 
 from qtts_lib import paths
-from qtts_lib.runtime.audio import SAMPLES_PER_FRAME, load_wav
-from qtts_lib.runtime.stream import (
-    StreamDecoder,
-    WavFile,
-    context_snr,
-    receptive_field,
-    snr_db,
-    wav_header,
-)
+from qtts_lib.bench.stream import context_snr
+from qtts_lib.check import snr_db
+from qtts_lib.runtime.audio.wav import SAMPLES_PER_FRAME, WavFile, load_wav, wav_header
+from qtts_lib.runtime.codec.stream import StreamDecoder, receptive_field
 
 CKPT = "tiny-base"
 TEXT = "Streaming speech, one piece at a time."
@@ -27,7 +22,7 @@ TEXT = "Streaming speech, one piece at a time."
 @pytest.fixture(scope="module")
 def synth(tts):
     from qtts_lib import export
-    from qtts_lib.runtime.synthesizer import Synthesizer
+    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
     export.ensure(tts, CKPT)
     return Synthesizer(paths.model_dir(CKPT), threads=2)
@@ -74,7 +69,7 @@ def test_stream_decoder_equals_codec_decode_across_the_300_frame_chunk(synth, co
 def test_incremental_decode_equals_decode_once_and_needs_the_cpu_form(synth):
     """Codec.incremental fed 1, 3 or 8 frames at a time gives decode_once's samples; the exported graph (the GPU's
     form) has no parts, so the stream re-decodes there."""
-    from qtts_lib.runtime.codec import Codec
+    from qtts_lib.runtime.codec.decoder import Codec
 
     codes = np.random.default_rng(2).integers(0, 2048, size=(37, 16))
     once = synth.codec.decode_once(codes)
@@ -116,7 +111,7 @@ def test_closing_the_stream_stops_the_loop(synth, voices):
 
 
 def test_errors_reach_the_consumer(synth, voices):
-    from qtts_lib.runtime.synthesizer import InputError
+    from qtts_lib.runtime.errors import InputError
 
     with pytest.raises(InputError, match="unknown language"):
         next(synth.stream(TEXT, "klingon", voices["xvector"], max_new_tokens=5))
@@ -144,7 +139,7 @@ def test_cli_stream_and_stdout(synth, tmp_path):
     assert qtts_without_torch(*args, "--stream", "-o", str(tmp_path / "s.wav")).returncode == 0
     whole, streamed = sf.read(tmp_path / "n.wav")[0], sf.read(tmp_path / "s.wav")[0]
     assert len(whole) == len(streamed) == 10 * SAMPLES_PER_FRAME and snr_db(streamed, whole) >= 60
-    piped = subprocess.run([sys.executable, "-m", "qtts_lib.runtime.cli", *args, "-o", "-"], capture_output=True)
+    piped = subprocess.run([sys.executable, "-m", "qtts_lib.runtime.app.cli", *args, "-o", "-"], capture_output=True)
     assert piped.returncode == 0 and piped.stdout[:4] == b"RIFF"
     pcm = np.frombuffer(piped.stdout[44:], "<i2") / 32767.0
     assert len(pcm) == len(whole) and np.abs(pcm - whole).max() < 2 / 32767

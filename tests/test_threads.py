@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from qtts_lib import paths
-from qtts_lib.runtime.kvcache import KvCacheNet
-from qtts_lib.runtime.net import release_threads
+from qtts_lib.runtime.binding.cached import KvCacheNet
+from qtts_lib.runtime.binding.net import release_threads
 
 CKPT = "tiny-base"
 

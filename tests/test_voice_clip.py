@@ -5,9 +5,10 @@ import pytest
 import soundfile as sf
 
 from qtts_lib import paths
-from qtts_lib.runtime import audio
-from qtts_lib.runtime.audio import AudioError, check_voice_clip, prepare_voice_clip, trim_voice_clip
-from qtts_lib.runtime.cli import main
+from qtts_lib.runtime.app.cli import main
+from qtts_lib.runtime.audio import wav as audio
+from qtts_lib.runtime.audio.clips import check_voice_clip, prepare_voice_clip, trim_voice_clip
+from qtts_lib.runtime.errors import AudioError
 
 SR = audio.SAMPLE_RATE
 

@@ -1,5 +1,5 @@
 """The .param rewrites of runtime.vulkan (chapter 08), on small hand-written graphs."""
-from qtts_lib.runtime import vulkan
+from qtts_lib.runtime.rewrites import gpu as vulkan
 
 KV = """7767517
 5 9

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.net import NO_BATCH
-from ..runtime.param import ParamInfo, ParamLayer, format_param, parse_param, read_param  # noqa: F401
+from ..runtime.binding.net import NO_BATCH
+from ..runtime.binding.param import ParamInfo, ParamLayer, format_param, parse_param, read_param  # noqa: F401
 
 
 class ExportError(RuntimeError):

@@ -9,13 +9,15 @@ with `7=1` it takes two more inputs (the past keys and values) and produces two 
 - the header's layer and blob counts recomputed.
 
 The weights (.bin) are unchanged, so the cached and uncached graphs share one .bin. The rewrite itself lives in
-`qtts_lib.runtime.kvcache` (the runtime applies it to the codec's transformer too); this module writes the files.
+`qtts_lib.runtime.rewrites.kv_cache` (the runtime applies it to the codec's transformer too); this module writes the
+files.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..runtime.kvcache import add_kv_cache, cache_blob_names, count_caches  # noqa: F401 - the rewrite lives in the runtime
+from ..runtime.binding.cached import cache_blob_names  # noqa: F401 - chapter 05 shows the blob names from here
+from ..runtime.rewrites.kv_cache import add_kv_cache, count_caches
 
 CACHED = ("talker_decoder", "predictor_decoder")  # the graphs that run one position per step
 

@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..check import rel_err
-from ..runtime.net import from_mat, make_net, to_mat
+from ..runtime.binding.net import from_mat, make_net, to_mat
 from . import ParamLayer, _batch_axes, export_module, pnnx_binary, read_param
 
 LENGTHS = (7, 11)  # every export sees both, except where a single length is the point

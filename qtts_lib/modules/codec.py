@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime.codec import pack_codes
+from ..runtime.codec.parts import pack_codes
 from . import ModuleSpec, common, register
 
 N_ACOUSTIC = 15

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..runtime import rope
+from ..runtime.binding import rope
 
 
 def rope_tables(head_dim: int, theta: float, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime import rvq
-from ..runtime.audio import SAMPLES_PER_FRAME
+from ..runtime.audio import rvq
+from ..runtime.audio.wav import SAMPLES_PER_FRAME
 from . import ModuleSpec, codec, common, register
 
 HOP = SAMPLES_PER_FRAME // 2  # samples per step of the encoder transformer (25 Hz)

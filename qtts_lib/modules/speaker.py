@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime import mel as mel_recipe
+from ..runtime.audio import mel as mel_recipe
 from . import ModuleSpec, common, register
 
 # The arguments `Qwen3TTSForConditionalGeneration.extract_speaker_embedding` passes to mel_spectrogram,

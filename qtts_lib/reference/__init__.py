@@ -32,8 +32,9 @@ def import_qwen_tts():
     return qwen_tts
 
 
-def load(model_dir: str | Path, threads: int | None = None, attn: str = "sdpa"):
-    """Load a checkpoint directory with qwen_tts's own loader, CPU fp32, offline."""
+def load(model_dir: str | Path, threads: int | None = None, attn: str = "sdpa", device: str = "cpu"):
+    """Load a checkpoint directory with qwen_tts's own loader, fp32, offline, on `device` (cpu, or cuda for the GPU
+    benchmark)."""
     import os
 
     import torch
@@ -47,8 +48,9 @@ def load(model_dir: str | Path, threads: int | None = None, attn: str = "sdpa"):
     if threads is not None:
         torch.set_num_threads(threads)
     qwen_tts = import_qwen_tts()
+    placed = {} if device == "cpu" else {"device_map": device}
     tts = qwen_tts.Qwen3TTSModel.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation=attn, local_files_only=True
+        str(model_dir), dtype=torch.float32, attn_implementation=attn, local_files_only=True, **placed
     )
     tts.model.eval()
     return tts
@@ -80,7 +82,7 @@ def capture_generation(tts, text: str, language: str, voice_wav=None, voice_text
     import numpy as np
     import torch
 
-    from ..runtime.audio import SAMPLE_RATE
+    from ..runtime.audio.wav import SAMPLE_RATE
 
     model = tts.model
     got: dict = {}

@@ -1,5 +1,37 @@
-"""The torch-free runtime: numpy + ncnn (+ soundfile) only.
+"""The torch-free runtime: numpy + ncnn (+ soundfile) only. The deployable product of the tutorial.
 
-This subpackage is the deployable product of the tutorial. It must import with
-torch, transformers and qwen_tts unavailable (tests/test_runtime_imports.py).
+    from qtts_lib.runtime import Synthesizer, load_wav
+    synth = Synthesizer("models/tiny-base")
+    voice = synth.voice(wav=load_wav("data/inputs/voice.wav"))
+    result = synth.synthesize("Hello.", "english", voice)        # result.wav: float32 at 24 kHz
+
+Layers, from the bottom (a module imports only from layers below its own, and from `errors`):
+
+    binding/     ncnn through its Python binding: Mats and nets (`net`), the `.param` text (`param`), the `.bin`
+                 weights (`weights`), graph editing (`graph`), rope tables and masks (`rope`), cached decoders
+                 (`cached`)
+    rewrites/    pure transforms of a graph's text and weights: the KV cache (`kv_cache`), decode steps
+                 (`decode_step`), int8 (`int8`), the codec's CPU form (`codec_cpu`), the GPU forms (`gpu`)
+    text/        the BPE tokenizer (`bpe`), the sentence segmenter (`segment`)
+    audio/       wav I/O and the wire formats (`wav`), voice-clip checks (`clips`), the mel frontend (`mel`),
+                 the split RVQ (`rvq`)
+    codec/       codes to waveform: the decoder (`decoder`), its CPU form on disk (`cpu_form`) in parts (`parts`),
+                 streaming (`stream`)
+    pipeline/    the model: config, embeddings, prompt, voices, sampling, precision tiers, the generation loop
+                 (`loop`), the `Synthesizer` façade (`synthesizer`), long texts (`longform`)
+    app/         the front ends: shared options (`options`), `qtts say` (`cli`), `qtts serve` (`server`)
+    experimental/  measured ideas that are not part of the product (`codec_process`)
+
+It must import with torch, transformers and qwen_tts unavailable (tests/test_runtime_imports.py).
 """
+from .audio.clips import prepare_voice_clip
+from .audio.wav import SAMPLE_RATE, load_wav, save_wav
+from .errors import AudioError, DeviceError, InputError, MissingArtifact, PrecisionError, QttsError
+from .pipeline.longform import stream_long, synthesize_long
+from .pipeline.prompt import Voice
+from .pipeline.sampling import Sampling
+from .pipeline.synthesizer import Result, Stream, Synthesizer
+
+__all__ = ["Synthesizer", "Voice", "Sampling", "Result", "Stream", "load_wav", "save_wav", "prepare_voice_clip",
+           "synthesize_long", "stream_long", "SAMPLE_RATE", "QttsError", "InputError", "AudioError",
+           "MissingArtifact", "DeviceError", "PrecisionError"]

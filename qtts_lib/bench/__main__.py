@@ -1,0 +1,107 @@
+"""`python -m qtts_lib.bench WHAT ...`: every measurement of `qtts_lib.bench` from one command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def thread_counts(text: str) -> list[int]:
+    return sorted({os.cpu_count() if t == "all" else int(t) for t in text.split(",")})
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .. import paths
+    from .results import write_result
+
+    p = argparse.ArgumentParser(prog="python -m qtts_lib.bench", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+
+    def measurement(name: str, help: str, frames: int = 40):
+        s = sub.add_parser(name, help=help)
+        s.add_argument("--checkpoint", default="full-base", help="a name under models/ or a checkpoint directory")
+        s.add_argument("--frames", type=int, default=frames)
+        s.add_argument("-o", "--output", type=Path)
+        return s
+
+    loop = measurement("loop", "PyTorch vs ncnn end to end")
+    loop.add_argument("--threads", default="1,2", help="comma-separated thread counts; 'all' = every core")
+    loop.add_argument("--repeats", type=int, default=3)
+    loop.add_argument("--runtimes", default="pytorch,ncnn", help="comma-separated: pytorch, ncnn")
+    loop.add_argument("--devices", default="cpu", help="comma-separated: cpu, vulkan (ncnn), cuda (PyTorch)")
+    loop.add_argument("--precision", default="fp32", help="comma-separated ncnn tiers (fp32, fp16, int8)")
+    codec = measurement("codec", "the codec alone, ncnn vs PyTorch in one process")
+    codec.add_argument("--threads", default="1,2")
+    codec.add_argument("--rounds", type=int, default=9)
+    stream = measurement("stream", "time to first audio; stream vs synthesize")
+    stream.add_argument("--threads", default="1,2")
+    stream.add_argument("--repeats", type=int, default=3)
+    quality = measurement("quality", "what a precision tier costs against fp32", frames=200)
+    quality.add_argument("--precision", default="fp32,fp16,int8")
+    quality.add_argument("--threads", type=int, default=2)
+    overlap = measurement("overlap", "decoding on one core while the other generates")
+    overlap.add_argument("--precision", default="int8")
+    overlap.add_argument("--threads", type=int, default=0, help="cores for the sequential run (default: all)")
+    overlap.add_argument("--repeats", type=int, default=2)
+    zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
+    zeros.add_argument("dir")
+    profile = sub.add_parser("profile", help="where a Vulkan frame's time goes")
+    profile.add_argument("model_dir")
+    profile.add_argument("output", type=Path)
+    profile.add_argument("--device", default="vulkan")
+    merge = sub.add_parser("merge", help="one result file from several")
+    merge.add_argument("output")
+    merge.add_argument("parts", nargs="+")
+    merge.add_argument("--note", default="")
+    a = p.parse_args(argv)
+
+    if a.what == "zeros":
+        from .gpu import write_zero_bins
+
+        write_zero_bins(a.dir)
+        return 0
+    if a.what == "profile":
+        from .gpu import profile_vulkan
+
+        print(write_result(profile_vulkan(a.model_dir, a.device), a.output))
+        return 0
+    if a.what == "merge":
+        from .results import merge as merge_results
+
+        merge_results(a.output, a.parts, a.note)
+        return 0
+    model_dir = paths.checkpoint_dir(a.checkpoint)
+    if a.what == "loop":
+        from .loop import benchmark
+
+        split = lambda s: tuple(x.strip() for x in s.split(","))  # noqa: E731
+        result = benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats, split(a.runtimes),
+                           split(a.precision), split(a.devices))
+    elif a.what == "codec":
+        from .codec import codec_benchmark
+
+        result = codec_benchmark(model_dir, thread_counts(a.threads), a.frames, a.rounds)
+    elif a.what == "stream":
+        from .stream import stream_benchmark
+
+        result = stream_benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats)
+    elif a.what == "quality":
+        from .quality import measure
+
+        result = measure(model_dir, tuple(t.strip() for t in a.precision.split(",")), a.frames, a.threads)
+        summary = {t: {k: v for k, v in r.items() if k != "layer_errors"} for t, r in result["tiers"].items()}
+        print(json.dumps(summary, indent=1))
+    else:
+        from .overlap import measure
+
+        result = measure(model_dir, a.precision, a.threads or None, a.frames, a.repeats)
+    text = write_result(result, a.output)
+    if a.what != "quality":
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""For a GPU host: zero-filled weights for full-size timings, and where a Vulkan frame's time goes. Introduced in 08.
+
+    python -m qtts_lib.bench zeros DIR             # zero-filled .bin files of the sizes in DIR/bin_sizes.json
+    python -m qtts_lib.bench profile DIR OUT.json --device vulkan
+
+Full-size checkpoints are GBs; a GPU host that cannot receive them gets the small files and the sizes of the big
+ones: fp32 kernels take the same time whatever the weights, so zeros time like real weights (parity is proven on the
+CPU, and on lavapipe in CI).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def write_zero_bins(directory: str | Path) -> None:
+    """Zero-filled `.bin` files of the sizes in bin_sizes.json (sparse: instant, no disk)."""
+    directory = Path(directory)
+    for name, size in json.loads((directory / "bin_sizes.json").read_text()).items():
+        with (directory / name).open("wb") as f:
+            f.truncate(size)
+
+
+def stub_missing(*names: str) -> None:
+    """Modules the 12 Hz generate path imports but never calls (librosa, soundfile), stubbed where a GPU host has
+    none: calling them raises."""
+    import importlib
+    import importlib.machinery
+    import types
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            def missing(*a, _n=name, **k):
+                raise RuntimeError(f"{_n} is not installed here")
+            for part in (name, name + ".filters"):
+                mod = types.ModuleType(part)
+                mod.__spec__ = importlib.machinery.ModuleSpec(part, None)
+                mod.mel = mod.load = mod.resample = missing
+                sys.modules[part] = mod
+
+
+def _ms(fn, repeats: int = 20) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return round(float(np.median(times)) * 1e3, 3)
+
+
+def profile_vulkan(model_dir: str | Path, device: str = "vulkan", threads: int = 2) -> dict:
+    """Where a GPU frame's time goes on `device`: ms per call of each piece, medians of 20.
+
+    floor: a one-layer graph (upload + submission + download); the fused predictor at 2/9/17 positions; the talker
+    step at past 100 with and without downloading the packed caches; the codec head."""
+    from ..runtime.binding import rope
+    from ..runtime.binding.net import Net, net_from_text, run
+    from ..runtime.pipeline.config import ModelConfig
+    from ..runtime.pipeline.embeddings import Embeddings
+    from ..runtime.pipeline.loop import Loop
+
+    cfg = ModelConfig.load(model_dir)
+    t, p = cfg.talker, cfg.predictor
+    loop = Loop.load(cfg, Embeddings(cfg, threads, "cpu"), threads, device)
+    rng = np.random.default_rng(0)
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "e.bin").write_bytes(b"")
+        tiny = net_from_text("7767517\n2 2\nInput in0 0 1 in0\nAbsVal a 1 1 in0 out0\n", Path(tmp) / "e.bin",
+                             threads, device)
+    x = rng.standard_normal((1, t["hidden_size"])).astype(np.float32)
+    out["floor: 1-layer graph"] = _ms(lambda: run(tiny, {"in0": x}, ["out0"]))
+    for length in (2, 9, 17):
+        seq = rng.standard_normal((length, p["hidden_size"])).astype(np.float32)
+        out[f"predictor fused call, {length} positions"] = _ms(lambda seq=seq: loop.predictor.logits(seq, 3))
+    head = Net(cfg.ncnn_dir, "talker_codec_head", threads, device)
+    out["talker codec head"] = _ms(lambda: head(x))
+    talker = loop.talker
+    _, cache = talker.prefill(rng.standard_normal((1, 100, t["hidden_size"])).astype(np.float32))
+    e = rng.standard_normal((1, 1, t["hidden_size"])).astype(np.float32)
+    cos, sin = rope.tables(t["head_dim"], t["rope_theta"], 100, 1)
+    inputs = {"in0": e, "in1": rope.causal_mask(1, 100), "in2": cos, "in3": sin} | cache.blobs
+
+    def step(with_cache: bool):
+        names = ["out0", "cache_all_out"] if with_cache else ["out0"]
+        return run(talker.step_net, inputs, names, axes={"in0": 0, "out0": 0}, raw=names[1:])
+
+    out["talker step at past 100, hidden only"] = _ms(lambda: step(False))
+    out["talker step at past 100, hidden + caches"] = _ms(lambda: step(True))
+    packed = cache.blobs["cache_all_in"]
+    out["packed cache MB at past 100"] = round(packed.c * packed.cstep * packed.elemsize / 2**20, 2)
+    return out

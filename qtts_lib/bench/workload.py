@@ -1,0 +1,31 @@
+"""What every benchmark speaks: one text, one voice clip, one language, greedy. Introduced in 09.
+
+The CPU and the GPU harness, the codec, streaming, quality and overlap measurements all take their prompt from
+here, so rows of different files describe the same work: an x-vector clone of data/inputs/voice.wav saying `TEXT`
+in English, greedy (random weights practically never emit EOS, so a run makes exactly the frames asked for; a real
+checkpoint stops earlier and every time is divided by the frames made).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import paths
+from ..runtime.pipeline.precision import weight_bytes
+
+TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
+LANGUAGE = "english"
+
+
+def voice_wav() -> Path:
+    return paths.voice_wav()
+
+
+def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16, precision: str = "fp32") -> int:
+    """Weights one frame reads: the talker decoder and codec head once, the code predictor's decoder
+    and one of its heads per predicted codebook (15). Embedding lookups read a few rows only. A precision
+    tier (chapter 10) stores the two decoders in fewer bytes per weight; the heads stay fp32."""
+    size = lambda name: (ncnn_dir / f"{name}.bin").stat().st_size  # noqa: E731
+    shrink = weight_bytes(precision) / 4.0
+    per_head = size("predictor_heads") / (groups - 1)
+    return int(shrink * size("talker_decoder") + size("talker_codec_head")
+               + (groups - 1) * (shrink * size("predictor_decoder") + per_head))

@@ -1,0 +1,157 @@
+"""Chapter 08's lab: the Vulkan gate, ncnn's conventions tested on small graphs, fp16 forced on, extracts counted.
+Introduced in 08.
+
+Nothing here is part of the runtime: these are the probes the chapter runs to show what the GPU does and costs.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import ncnn
+import numpy as np
+
+from ..runtime.binding.net import gpu_names
+
+REQUIRE = "QTTS_REQUIRE_VULKAN"  # set by .ci/run: a missing Vulkan device is then a failure, not a skip
+
+
+class VulkanRequired(RuntimeError):
+    """QTTS_REQUIRE_VULKAN is set and ncnn sees no Vulkan device: chapter 08 and the GPU tests must not pass as
+    skips there."""
+
+
+def vulkan_or_skip(gpu_count: int | None = None, required: str | None = None) -> tuple[bool, str]:
+    """(True, device names) when ncnn sees a Vulkan device; (False, why) when not. Introduced in 08.
+
+    Where the environment variable QTTS_REQUIRE_VULKAN is set (`.ci/run` sets it, after installing lavapipe) a
+    missing device raises `VulkanRequired` instead: a skip there would mean the set-up broke."""
+    if gpu_count is None:
+        gpu_count = ncnn.get_gpu_count()
+    required = os.environ.get(REQUIRE, "") if required is None else required
+    if gpu_count > 0:
+        return True, ", ".join(gpu_names()) or f"{gpu_count} Vulkan device(s)"
+    reason = ("ncnn sees no Vulkan device (get_gpu_count() == 0): install a Vulkan driver, e.g. Mesa's "
+              "lavapipe (apt-get install mesa-vulkan-drivers libvulkan1), or run on a GPU")
+    if required and required.lower() not in ("0", "false", "no"):
+        raise VulkanRequired(f"{REQUIRE}={required}: {reason}. .ci/run installs lavapipe when it runs as root.")
+    return False, reason
+
+
+def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int = 16, rewritten: bool = False) -> int:
+    """Blocking extracts (each one GPU submission + download in the pip binding) per generated frame."""
+    if rewritten:  # talker: hidden + packed caches; codec head; one fused graph per codebook
+        return 2 + 1 + (groups - 1)
+    kv = lambda layers: 1 + 2 * layers  # noqa: E731  (output, then K and V of every layer)
+    talker = kv(talker_layers) + 1  # + codec head
+    predictor = 1 + kv(predictor_layers) + 2 * (groups - 1) + (groups - 2) * kv(predictor_layers)
+    return talker + predictor
+
+
+# ---------------------------------------------------------------- small graphs and probes
+def small_graph(text: str, device: str, threads: int = 2, weights: bytes = b"", fp16: bool = False):
+    """An ncnn.Net from .param text without its magic line (and .bin bytes), with every fp16 option on or off
+    (the runtime keeps them off: `runtime.binding.net`); the chapter's own probe. Introduced in 08."""
+    net = ncnn.Net()
+    o = net.opt
+    o.num_threads = threads
+    o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = fp16
+    o.use_bf16_storage = False
+    o.use_vulkan_compute = device != "cpu"
+    with tempfile.TemporaryDirectory() as tmp:  # load_model_mem keeps pointers into a buffer Python frees
+        (Path(tmp) / "g.param").write_text("7767517\n" + text)
+        (Path(tmp) / "g.bin").write_bytes(weights)
+        if net.load_param(str(Path(tmp) / "g.param")) != 0 or net.load_model(str(Path(tmp) / "g.bin")) != 0:
+            raise RuntimeError("ncnn could not load the graph")
+    return net
+
+
+def run_graph(net, **arrays) -> np.ndarray:
+    """Blob `out` of `net` for named numpy inputs (each held, then cloned into a Mat)."""
+    held = {k: np.ascontiguousarray(a) for k, a in arrays.items()}
+    mats = {k: ncnn.Mat(a).clone() for k, a in held.items()}
+    ex = net.create_extractor()
+    for k, m in mats.items():
+        ex.input(k, m)
+    _, out = ex.extract("out")
+    return np.array(out.numpy(), copy=True)
+
+
+ROPE = "4 4\nInput x 0 1 x\nInput cos 0 1 cos\nInput sin 0 1 sin\nRotaryEmbed rope 3 1 x cos sin out 0=0\n"
+SDPA = "5 5\nInput q 0 1 q\nInput k 0 1 k\nInput v 0 1 v\nInput m 0 1 m\nSDPA sdpa 4 1 q k v m out 5=1\n"
+
+
+def convention_rows(devices: list[str], threads: int = 2) -> list[dict]:
+    """Rope with half- and full-width tables, SDPA with 2-D and 3-D masks, on each device, against numpy
+    (max |diff|). The seed found full width and 3-D masks wrong on Vulkan; chapter 08 shows this version."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 5, 8)).astype(np.float32)  # (heads, seq, head_dim): ncnn's c, h, w
+    ang = np.arange(5, dtype=np.float32)[:, None] / 10000 ** (np.arange(0, 8, 2, dtype=np.float32) / 8)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)  # (seq, head_dim/2)
+    rope_ref = np.concatenate([x[..., :4] * cos - x[..., 4:] * sin, x[..., 4:] * cos + x[..., :4] * sin], -1)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3, 8), (2, 6, 8), (2, 6, 8)))
+
+    def sdpa_ref(mask: np.ndarray) -> np.ndarray:  # GQA: 4 query heads over 2 kv heads
+        s = q @ np.repeat(k, 2, 0).transpose(0, 2, 1) / np.sqrt(8) + mask
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ np.repeat(v, 2, 0)
+
+    masks = {"2-D (L, S)": rng.standard_normal((3, 6)), "3-D (1, L, S)": rng.standard_normal((1, 3, 6)),
+             "3-D (heads, L, S)": rng.standard_normal((4, 3, 6))}
+    rows = []
+    for dev in devices:
+        for width, c, s in (("half", cos, sin), ("full", np.tile(cos, 2), np.tile(sin, 2))):
+            y = run_graph(small_graph(ROPE, dev, threads), x=x, cos=c, sin=s)
+            rows.append({"test": f"rope, {width}-width tables", "device": dev,
+                         "max_abs": float(np.abs(y - rope_ref).max())})
+        for label, m in masks.items():
+            y = run_graph(small_graph(SDPA, dev, threads), q=q, k=k, v=v, m=m.astype(np.float32))
+            rows.append({"test": f"SDPA mask {label}", "device": dev, "max_abs": float(np.abs(y - sdpa_ref(m)).max())})
+    return rows
+
+
+class Counted:
+    """An extractor that counts its `extract` calls."""
+
+    def __init__(self, ex, counter: list):
+        self.ex, self.counter = ex, counter
+
+    def input(self, *args):
+        return self.ex.input(*args)
+
+    def extract(self, *args):
+        self.counter[0] += 1
+        return self.ex.extract(*args)
+
+
+@contextlib.contextmanager
+def patched_ncnn(fp16: bool = False, counter: list | None = None):
+    """Nets created inside: fp16 forced on at load time (the runtime turns it off), extracts counted.
+    Introduced in 08."""
+    real = ncnn.Net
+
+    class Patched(real):
+        def _opts(self):
+            if fp16:
+                o = self.opt
+                o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = True
+
+        def load_param(self, path):
+            self._opts()
+            return super().load_param(path)
+
+        def load_param_mem(self, text):
+            self._opts()
+            return super().load_param_mem(text)
+
+        def create_extractor(self):
+            ex = super().create_extractor()
+            return ex if counter is None else Counted(ex, counter)
+
+    ncnn.Net = Patched
+    try:
+        yield
+    finally:
+        ncnn.Net = real

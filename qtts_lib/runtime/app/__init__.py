@@ -1,0 +1,1 @@
+"""The front ends: `qtts say`, `qtts serve`, and the options they share."""

@@ -1,0 +1,218 @@
+"""`qtts say ...`: text to a wav file with numpy + ncnn only; `qtts serve`: the speech server. Introduced in 06.
+
+    qtts say --checkpoint models/tiny-base --voice data/inputs/voice.wav --text "Hello." -o out.wav
+    qtts say --voice clip.wav --voice-text "what clip.wav says" ...     (ICL cloning)
+    qtts say --checkpoint tiny-customvoice --speaker serena ...        (built-in voice)
+    qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 12; - reads stdin)
+    qtts say ... --temperature 0.7 --top-k 30 --seed 3                 (sampling; --greedy for the argmax)
+
+`--checkpoint` is a checkpoint directory (with its `ncnn/` exports), or a name looked up
+under `$QTTS_MODELS` and then `./models`. Every user mistake ends in one line on stderr and
+exit status 2 (bad input) or 3 (missing artifacts), never in a traceback from inside ncnn.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ..audio.clips import prepare_voice_clip
+from ..audio.wav import SAMPLE_RATE, WavFile, load_wav, pcm16, save_wav, wav_header
+from ..errors import InputError, MissingArtifact, QttsError
+from ..pipeline.longform import PAUSE_SECONDS, plan, synthesize_long
+from .options import add_generation_options, add_model_options, load_synthesizer, sampling_of
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage mistakes end in one line and exit status 2, like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"qtts: error: {message} (see {self.prog} --help)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import server
+
+    p = Parser(prog="qtts", description="Qwen3-TTS on ncnn (no torch).")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    say = sub.add_parser("say", help="synthesize speech into a wav file",
+                         description="Base checkpoints clone a voice clip (--voice, plus --voice-text for ICL); "
+                                     "CustomVoice checkpoints speak with a built-in --speaker.")
+    text = say.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="the text to speak")
+    text.add_argument("--text-file", help="a UTF-8 text file to speak, of any length (- reads stdin)")
+    say.add_argument("--language", default="auto", help="a language of the checkpoint, or auto")
+    voice = say.add_mutually_exclusive_group()
+    voice.add_argument("--voice", type=Path,
+                       help="24 kHz mono voice clip to clone (x-vector); needed by Base checkpoints")
+    voice.add_argument("--speaker", help="a built-in speaker; needed by CustomVoice checkpoints")
+    say.add_argument("--voice-text", "--ref-text", dest="voice_text",
+                     help="transcript of --voice: clone in ICL mode (x-vector only without it)")
+    say.add_argument("--resample", action="store_true", help="accept a wav at another rate/channels and convert it")
+    say.add_argument("--keep-long-voice", action="store_true",
+                     help="use all of a voice clip longer than 15 s instead of trimming it at a quiet point")
+    say.add_argument("-o", "--output", type=Path, required=True,
+                     help="wav file; - writes to stdout as it is generated (16-bit PCM, WAV header of unknown length)")
+    say.add_argument("--stream", action="store_true",
+                     help="write the wav piece by piece as frames are generated (a complete wav after each piece)")
+    add_model_options(say)
+    add_generation_options(say, "cap on generated frames per segment (12.5 per second); each segment's own cap "
+                                "also scales with its text")
+    server.add_arguments(sub.add_parser("serve", help="a local HTTP speech server (OpenAI's /v1/audio/speech), "
+                                        "streamed", description="Needs the serve extra: pip install 'qtts[serve]'."))
+    return p
+
+
+def say(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    text = read_text(args.text, args.text_file)
+    if not text.strip():
+        raise InputError("the text is empty")
+    if args.voice_text is not None and args.voice is None:
+        raise InputError("--voice-text needs --voice (the clip it transcribes)")
+    clip = load_wav(args.voice, strict=not args.resample) if args.voice else None
+    if clip is not None:
+        clip, notes = prepare_voice_clip(clip, args.voice_text, args.keep_long_voice)
+        for note in notes:
+            print(f"qtts: {note}", file=sys.stderr)
+    t0 = time.perf_counter()
+    synth = load_synthesizer(args, log=lambda m: print(f"qtts: {m}", file=sys.stderr))
+    if clip is None and args.speaker is None:
+        raise InputError("this CustomVoice checkpoint speaks with a built-in voice: give --speaker "
+                         f"({', '.join(synth.speakers)})" if synth.kind == "custom_voice" else
+                         "this Base checkpoint clones a voice: give --voice CLIP.wav (x-vector), and add "
+                         "--voice-text 'what the clip says' for ICL cloning")
+    voice = synth.voice(wav=clip, text=args.voice_text, speaker=args.speaker)
+    sampling = sampling_of(synth, args)
+    todo = plan(synth, text, max_frames=args.max_frames)
+    if len(todo) > 1:
+        return say_long(args, synth, voice, sampling, text, len(todo), t0)
+    cap = todo[0].cap
+
+    streamed = args.stream or str(args.output) == "-"
+    with tqdm(total=cap, unit="frame", desc="generating", file=sys.stderr) as bar:
+        kwargs = dict(sampling=sampling, max_frames=cap, on_frame=lambda n: bar.update(1),
+                      on_warning=lambda m: bar.write(f"qtts: warning: {m} (raise --max-frames)", file=sys.stderr))
+        if streamed:
+            stream = synth.stream(text, args.language, voice, chunk_frames=args.chunk_frames, **kwargs)
+            samples = write_pieces(args.output, stream)
+            result = stream.result
+        else:
+            result = synth.synthesize(text, args.language, voice, **kwargs)
+            save_wav(args.output, result.wav)
+            samples = len(result.wav)
+    seconds = time.perf_counter() - t0
+    audio_s = samples / SAMPLE_RATE
+    stop = "EOS" if result.stopped == "eos" else f"the {cap}-frame cap"
+    print(f"{args.output}: {len(result.codes)} frames, {audio_s:.2f} s of audio, stopped at {stop}; "
+          f"{seconds:.2f} s wall, RTF {seconds / max(audio_s, 1e-9):.2f}",
+          file=sys.stderr if str(args.output) == "-" else sys.stdout)
+    return 0
+
+
+def read_text(text: str | None, text_file: str | None) -> str:
+    """--text, or the UTF-8 text of --text-file (- is stdin)."""
+    if text_file is None:
+        return text
+    if text_file == "-":
+        return sys.stdin.read()
+    try:
+        return Path(text_file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"text file not found: {text_file}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {text_file} as UTF-8 text: {e}") from None
+
+
+class PieceWriter:
+    """Pieces written as they come: to a `WavFile` (a complete float32 wav after every piece), or with output "-" to
+    stdout as 16-bit PCM behind a WAV header of unknown length (for piping into a player)."""
+
+    def __init__(self, output: Path):
+        self.to_stdout = str(output) == "-"
+        self.file = None if self.to_stdout else WavFile(output)
+        if self.to_stdout:
+            sys.stdout.buffer.write(wav_header())
+        self.samples = 0
+
+    def write(self, piece: np.ndarray) -> None:
+        if self.to_stdout:
+            sys.stdout.buffer.write(pcm16(piece))
+            sys.stdout.buffer.flush()
+        else:
+            self.file.write(piece)
+        self.samples += len(piece)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def write_pieces(output: Path, pieces: Iterable[np.ndarray]) -> int:
+    """Write every piece (`PieceWriter`); returns the samples written."""
+    writer = PieceWriter(output)
+    try:
+        for piece in pieces:
+            writer.write(piece)
+    finally:
+        writer.close()
+    return writer.samples
+
+
+def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segments: int, t0: float) -> int:
+    """A text of several segments (`longform.synthesize_long`): a progress bar over segments; with
+    --stream or -o -, each segment is written as soon as it is spoken. Introduced in 12."""
+    from tqdm import tqdm
+
+    writer = PieceWriter(args.output) if args.stream or str(args.output) == "-" else None
+    pause = int(round(PAUSE_SECONDS * SAMPLE_RATE))
+    with tqdm(total=segments, unit="segment", desc="speaking", file=sys.stderr) as bar:
+        def done(i, n, seg, wav):
+            if writer:
+                writer.write(np.concatenate([np.zeros(pause if i else 0, np.float32), wav]))
+            bar.update(1)
+
+        try:
+            result = synthesize_long(synth, text, args.language, voice, sampling, max_frames=args.max_frames,
+                                     on_segment=done,
+                                     on_frame=lambda n: bar.set_postfix_str(f"frame {n}", refresh=n % 8 == 0),
+                                     on_warning=lambda m: bar.write(f"qtts: warning: {m} (raise --max-frames)",
+                                                                    file=sys.stderr))
+        finally:
+            if writer:
+                writer.close()
+    if writer is None:
+        save_wav(args.output, result.wav)
+    seconds, audio_s = time.perf_counter() - t0, len(result.wav) / SAMPLE_RATE
+    n = len(result.segments)
+    at_eos = sum(s.stopped == "eos" for s in result.segments)
+    print(f"{args.output}: {n} segments, {sum(s.frames for s in result.segments)} frames, {audio_s:.2f} s "
+          f"of audio with {n - 1} pauses of {result.pause_samples / SAMPLE_RATE:.2f} s; {at_eos} stopped "
+          f"at EOS, {n - at_eos} at their caps; {seconds:.2f} s wall, RTF {seconds / max(audio_s, 1e-9):.2f}",
+          file=sys.stderr if str(args.output) == "-" else sys.stdout)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            from .server import serve
+
+            return serve(args)
+        return say(args)
+    except MissingArtifact as e:
+        print(f"qtts: error: {e}", file=sys.stderr)
+        return 3
+    except QttsError as e:
+        print(f"qtts: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

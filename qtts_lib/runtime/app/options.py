@@ -1,0 +1,84 @@
+"""What `qtts say` and `qtts serve` share: the checkpoint, the machine, the sampling. Introduced in 06.
+
+Each option is declared once here, with one help text, and both front ends add the groups they need (llama.cpp's
+`common/arg.cpp` in spirit). The choices come from where they are defined (the tiers from `pipeline.precision`,
+the sampling fields from `pipeline.sampling.Sampling`), never listed by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..errors import MissingArtifact
+from ..pipeline.precision import TIERS
+from ..pipeline.sampling import Sampling
+from ..pipeline.synthesizer import Synthesizer
+
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "repetition_penalty")  # exposed beside --greedy and --seed
+
+
+def model_dir(checkpoint: str) -> Path:
+    """A checkpoint directory, or a name under $QTTS_MODELS or ./models."""
+    p = Path(checkpoint)
+    if p.is_dir():
+        return p
+    roots = [Path(r) for r in (os.environ.get("QTTS_MODELS"), "models") if r]
+    for root in roots:
+        if (root / checkpoint).is_dir():
+            return root / checkpoint
+    found = sorted({d.name for r in roots if r.is_dir()
+                    for d in r.iterdir() if d.is_dir() and not d.name.startswith(".")})
+    raise MissingArtifact(f"no checkpoint {checkpoint!r}: not a directory, and not under {' or '.join(map(str, roots))}"
+                          f" (found: {', '.join(found) or 'none'}); pass a checkpoint directory, or run"
+                          " notebooks/00_get_checkpoint.py with QTTS_CHECKPOINT set")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """--checkpoint, --threads, --device, --precision."""
+    g = p.add_argument_group("model")
+    g.add_argument("--checkpoint", default="tiny-base",
+                   help="checkpoint directory (with its ncnn/ exports), or a name under $QTTS_MODELS or ./models")
+    g.add_argument("--threads", type=positive_int, default=2, help="CPU threads for ncnn (at least 1)")
+    g.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
+    g.add_argument("--precision", default="fp32", choices=TIERS,
+                   help="weights of the talker and code predictor: fp32 (exact) or fewer bytes (faster, approximate;"
+                        " CPU only; chapter 10 measures the cost)")
+
+
+def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> None:
+    """--max-frames, --chunk-frames and the sampling parameters (defaults: the checkpoint's generation_config)."""
+    g = p.add_argument_group("generation")
+    g.add_argument("--max-frames", type=positive_int, default=600, help=max_frames_help)
+    g.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece (80 ms each)")
+    g.add_argument("--greedy", action="store_true", help="argmax instead of sampling (what the parity tests use)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (equal seeds, equal audio)")
+    g.add_argument("--temperature", type=float, help="sampling temperature (default: the checkpoint's, 0.9)")
+    g.add_argument("--top-k", type=int, help="keep the k most likely codes (default: the checkpoint's, 50; 0: all)")
+    g.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1] (default: the checkpoint's, 1.0)")
+    g.add_argument("--repetition-penalty", type=float,
+                   help="penalty on codebook-0 codes already spoken (default: the checkpoint's, 1.05)")
+
+
+def sampling_of(synth: Synthesizer, args: argparse.Namespace) -> Sampling:
+    """The checkpoint's sampling with the options given on the command line (an `InputError` when invalid)."""
+    given = {k: getattr(args, k) for k in SAMPLING_OPTIONS if getattr(args, k) is not None}
+    if args.greedy:
+        given["greedy"] = True
+    return synth.sampling.replace(seed=args.seed, **given)
+
+
+def load_synthesizer(args: argparse.Namespace, log) -> Synthesizer:
+    """The Synthesizer the model options describe."""
+    return Synthesizer(model_dir(args.checkpoint), threads=args.threads, device=args.device,
+                       precision=args.precision, log=log)

@@ -1,0 +1,110 @@
+"""Reading and writing wavs for the model: 24 kHz mono float32; the 16-bit wire format. Introduced in 00.
+
+The reference model only accepts 24 kHz (`extract_speaker_embedding` asserts it), and
+librosa's resampler cannot be reproduced bit for bit elsewhere, so we never resample
+silently: a wav at another rate or with several channels is converted with a note on
+stderr (never stdout: `qtts say -o -` writes the audio there), or refused with `strict=True`.
+
+The wire formats (stdout, HTTP; introduced in 11): 16-bit little-endian PCM at 24 kHz mono, raw (`pcm`, as
+OpenAI's speech API) or behind a WAV header whose sizes say "unknown length" (0xFFFFFFFF, `wav`), which players
+that read a pipe (ffplay, sox, aplay, mpv) accept; and `WavFile`, a float32 wav written piece by piece.
+"""
+from __future__ import annotations
+
+import struct
+import sys
+from math import gcd
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import AudioError
+
+SAMPLE_RATE = 24000           # Hz: the codec's output rate and the only rate the encoders take
+SAMPLES_PER_FRAME = 1920      # one 12.5 Hz codec frame (the codec upsamples each frame 1920x)
+FRAME_RATE = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5 frames per second of audio
+UNKNOWN_SIZE = 0xFFFFFFFF  # a WAV size field meaning "streamed, length not known"
+
+
+def load_wav(path: str | Path, strict: bool = False, quiet: bool = False) -> np.ndarray:
+    """A wav file as float32 mono at 24 kHz, shape (n,). Another rate or several channels are converted with a note
+    on stderr (`quiet`: none), or refused (`strict`)."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.is_file():
+        raise AudioError(f"reference wav not found: {path}")
+    try:
+        wav, sr = sf.read(str(path), dtype="float32", always_2d=True)
+    except Exception as e:  # soundfile raises several types for unreadable files
+        raise AudioError(f"cannot read {path} as audio: {e}") from None
+    if wav.shape[0] == 0:
+        raise AudioError(f"{path} holds no samples")
+    if wav.shape[1] > 1:
+        if strict:
+            raise AudioError(f"{path} has {wav.shape[1]} channels; the model takes mono")
+        if not quiet:
+            print(f"note: {path.name} has {wav.shape[1]} channels; averaging them to mono", file=sys.stderr)
+    wav = wav.mean(axis=1).astype(np.float32)
+    if sr != SAMPLE_RATE:
+        if strict:
+            raise AudioError(f"{path} is {sr} Hz; the model takes {SAMPLE_RATE} Hz")
+        if not quiet:
+            print(f"note: {path.name} is {sr} Hz; resampling to {SAMPLE_RATE} Hz (polyphase)", file=sys.stderr)
+        wav = resample(wav, sr, SAMPLE_RATE)
+    return wav
+
+
+def resample(wav: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
+    from scipy.signal import resample_poly
+
+    g = gcd(sr_in, sr_out)
+    return resample_poly(wav, sr_out // g, sr_in // g).astype(np.float32)
+
+
+def save_wav(path: str | Path, wav: np.ndarray, sr: int = SAMPLE_RATE) -> Path:
+    import soundfile as sf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), np.asarray(wav, dtype=np.float32), sr, subtype="FLOAT")
+    return path
+
+
+# ---------------------------------------------------------------- wire formats
+def wav_header(sample_rate: int = SAMPLE_RATE, data_bytes: int = UNKNOWN_SIZE) -> bytes:
+    """A 44-byte header for 16-bit mono PCM; the default sizes say "length unknown" (streaming)."""
+    riff = UNKNOWN_SIZE if data_bytes == UNKNOWN_SIZE else 36 + data_bytes
+    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate,
+            sample_rate * 2, 2, 16) + b"data" + struct.pack("<I", data_bytes))
+
+
+def pcm16(wav: np.ndarray) -> bytes:
+    """float samples in [-1, 1] -> 16-bit little-endian PCM bytes (rounded, clipped)."""
+    return (np.clip(np.asarray(wav, np.float32), -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+
+
+class WavFile:
+    """A float32 wav (the format `save_wav` writes) written piece by piece: the sizes in the header are
+    rewritten after every piece, so the file is a complete wav whenever a player opens it."""
+
+    def __init__(self, path, sample_rate: int = SAMPLE_RATE):
+        self.file, self.sample_rate, self.samples = open(path, "wb"), sample_rate, 0
+        self._header()
+
+    def _header(self) -> None:
+        data = self.samples * 4
+        self.file.seek(0)
+        self.file.write(b"RIFF" + struct.pack("<I", 50 + data) + b"WAVEfmt "
+                        + struct.pack("<IHHIIHHH", 18, 3, 1, self.sample_rate, self.sample_rate * 4, 4, 32, 0)
+                        + b"fact" + struct.pack("<II", 4, self.samples) + b"data" + struct.pack("<I", data))
+        self.file.seek(0, 2)
+
+    def write(self, wav: np.ndarray) -> None:
+        self.file.write(np.asarray(wav, "<f4").tobytes())
+        self.samples += len(wav)
+        self._header()
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,1 @@
+"""The codec: codes (T, 16) to a 24 kHz waveform, whole or streamed."""

@@ -1,0 +1,143 @@
+"""The codec decoder over its exported graph: codes (T, 16) -> 24 kHz waveform. Introduced in 06.
+
+The graph (chapter 04) takes the 16 codebooks packed for one fused embedding table
+(`pack_codes`), a sliding-window causal mask and rope tables. The reference decodes long
+outputs in chunks (`chunked_decode(chunk_size=300, left_context_size=25)`): each chunk is
+decoded with up to 25 frames of left context whose samples are then dropped. The first
+chunk equals a one-shot decode, later ones do not (25 frames is far less than the
+transformer's reach), so matching the reference means chunking exactly as it does.
+
+On the CPU the graph runs in a faster equivalent form (`codec.cpu_form`, chapter 09), cut in
+parts at the input of each upsampling stage. Part 0 (codebooks, transformer, ConvNeXt upsampler) runs over
+all frames; the stages after it are causal convolutions that reach only a few input samples back
+(`reach` measures how many), so each runs over chunks of a few frames with that much left context, and a
+chunk goes on to the next stage as soon as it is made (`run_parts`). A decode of any length then holds no
+stage whole: at full size the codec's working memory stays in the low hundreds of MB instead of growing
+by about 10 MB per frame, which also matters for speed where fresh memory is slow to touch (a VM).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..audio.wav import SAMPLES_PER_FRAME
+from ..binding import rope
+from ..binding.cached import KvCache, layer_cache_outputs
+from ..binding.net import Net, make_net, parse_device, run
+from ..errors import InputError
+from .cpu_form import fast_graph, manifest_axes
+from .parts import Part, PartChain, attention_inputs, pack_codes, run_codes, run_parts
+
+CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 300, 25  # the reference's chunked_decode defaults
+
+
+class Codec:
+    """`decode(codes)` as the reference does it; `decode_once` for one graph call's worth of frames.
+
+    `form` "cpu" (the default on the CPU) loads the faster equivalent form of `codec.cpu_form` (1-D convolutions as
+    2-D ones with h = 1, which reach ncnn's packed kernels, polyphase upsampling, long convolutions cut along time,
+    other wide ones along input channels) in parts whose upsampling stages run chunk by chunk; "exported" (the only
+    form on a GPU) the graph pnnx wrote, as chapter 04 aligned it."""
+
+    def __init__(self, ncnn_dir: str | Path, config: dict, threads: int = 2, device: str = "cpu",
+                 form: str | None = None):
+        self.config = config  # speech_tokenizer/config.json's decoder_config
+        self.groups = int(config["num_quantizers"])
+        form = ("cpu" if parse_device(device) is None else "exported") if form is None else form
+        if form not in ("cpu", "exported"):
+            raise InputError(f"unknown codec form {form!r}; use cpu or exported")
+        self.form, self.threads, self.device = form, threads, device
+        self.parts: list[Part] | None = None
+        self.net = None
+        if form == "cpu":
+            self.directory, desc = fast_graph(ncnn_dir, config)
+            self.in_axes = manifest_axes(self.directory / "manifest.json")
+            self.parts = [Part(make_net(self.directory / p["files"][0], self.directory / p["files"][1], threads,
+                                        device), p.get("spf", 1), p.get("up", 1), p.get("context", 0),
+                               p.get("chunk_frames")) for p in desc["parts"]]
+            self.transformer_kv = self.directory / desc["transformer_kv"]
+        else:
+            self.net = Net(ncnn_dir, "codec_decoder", threads, device)
+
+    def decode_once(self, codes: np.ndarray) -> np.ndarray:
+        """codes (T, groups) -> wav (1920·T,): the exported graph's one call over all T frames (no chunking of the
+        reference's kind). The CPU form computes the same samples part by part, the upsampling stages over
+        chunks with the left context each needs (equal to the whole call to float rounding)."""
+        c = self.config
+        T = len(codes)
+        if self.parts is not None:
+            return run_parts(self.parts[2:], self.transformer_output(codes)).reshape(-1)
+        semantic, acoustic = pack_codes(codes, c["codebook_size"])
+        mask = rope.causal_mask(T, window=c["sliding_window"])
+        cos, sin = rope.tables(c["head_dim"], c["rope_theta"], 0, T)
+        return self.net(semantic, acoustic, mask, cos, sin)[0].reshape(-1)
+
+    def transformer_output(self, codes: np.ndarray) -> np.ndarray:
+        """Parts 0 and 1 (codebooks, pre_conv, transformer) over all of `codes` (T, groups): what the upsampling
+        parts (`parts[2:]`) are fed, (channels, T). The CPU form only."""
+        x = run_codes(self.parts[0], codes, self.config, self.in_axes)
+        return self.parts[1](x, **attention_inputs(self.config, len(codes)))
+
+    def incremental(self) -> IncrementalDecode:
+        """A decode fed a few frames at a time (`IncrementalDecode`; the CPU form only)."""
+        if self.parts is None:
+            raise ValueError("incremental decoding needs the codec's CPU form (form='cpu', device cpu)")
+        return IncrementalDecode(self)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """codes (T, groups) -> wav (1920·T,), chunked exactly as the reference's chunked_decode."""
+        if len(codes) == 0:
+            return np.zeros(0, np.float32)
+        parts, start, T = [], 0, len(codes)
+        while start < T:
+            end = min(start + CHUNK_FRAMES, T)
+            context = LEFT_CONTEXT_FRAMES if start - LEFT_CONTEXT_FRAMES > 0 else start
+            wav = self.decode_once(codes[start - context : end])
+            parts.append(wav[context * SAMPLES_PER_FRAME :])
+            start = end
+        return np.concatenate(parts)
+
+    def decode_with_voice(self, codes: np.ndarray, voice_codes: np.ndarray | None = None) -> np.ndarray:
+        """Decode; with the voice clip's codes (ICL), decode them in front and cut their share of
+        the samples by frame ratio, as the reference does."""
+        if voice_codes is None or len(voice_codes) == 0:
+            return self.decode(codes)
+        total = np.concatenate([voice_codes, codes])
+        wav = self.decode(total)
+        cut = int(len(voice_codes) / max(len(total), 1) * len(wav))
+        return wav[cut:]
+
+
+class IncrementalDecode:
+    """`decode_once` of a growing code sequence, a few frames at a time: `push(codes)` returns the samples of
+    those frames, equal (to float rounding) to what one `decode_once` over everything pushed so far gives there.
+
+    Nothing is decoded twice. Part 0 (codebooks and pre_conv) is rerun on the new frames with its few frames of
+    left context; the transformer runs only the new positions, with a KV cache (its `_kv` form, chapter 05's
+    rewrite) and a mask that keeps the sliding window; the upsampling parts continue from their kept left
+    context (`PartChain`). The caches grow with the positions pushed; `Codec.decode`'s reference chunks
+    (300 frames) bound them in `stream.StreamDecoder`, which starts a new one per chunk."""
+
+    def __init__(self, codec: Codec):
+        self.codec, self.config = codec, codec.config
+        self.net = make_net(codec.transformer_kv, codec.directory / "codec_decoder.part1.bin", codec.threads,
+                            codec.device)
+        layers = sum(1 for line in codec.transformer_kv.read_text().splitlines() if line.startswith("SDPA"))
+        self.cache, self.cache_outputs = KvCache(layers), layer_cache_outputs(layers)
+        self.chain = PartChain(codec.parts[2:])
+        self.codes = np.zeros((0, codec.groups), np.int64)
+
+    def push(self, codes: np.ndarray) -> np.ndarray:
+        codes = np.asarray(codes, np.int64).reshape(-1, self.codec.groups)
+        if len(codes) == 0:
+            return np.zeros(0, np.float32)
+        ctx = min(self.codec.parts[0].context, len(self.codes))
+        window = np.concatenate([self.codes[len(self.codes) - ctx:], codes])
+        x = run_codes(self.codec.parts[0], window, self.config, self.codec.in_axes)[..., ctx:]
+        self.codes = window[len(window) - min(self.codec.parts[0].context, len(window)):]  # the next push's context
+        inputs = {"in0": x} | attention_inputs(self.config, len(codes), self.cache.past) | self.cache.blobs
+        out, *mats = run(self.net, inputs, ["out0", *self.cache_outputs], raw=self.cache_outputs,
+                         name="codec transformer")
+        self.cache.grow(self.cache_outputs, mats, len(codes))
+        return self.chain.push(out).reshape(-1)

@@ -1,0 +1,136 @@
+"""The codec's CPU form in parts, and running them chunk by chunk. Introduced in 09.
+
+`rewrites.codec_cpu.codec_fast_parts` cuts the codec graph at the input of each upsampling stage: part 0 (codes
+to the pre_conv), part 1 (the transformer), parts 2.. (one upsampling stage each). The stages after the transformer
+are causal convolutions that reach only a few input samples back, so each can run over chunks of a few frames with
+that much left context (`reach` measures how many) and pass a chunk on as soon as it is made (`PartChain`): a decode
+of any length then never holds a stage whole.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..binding import rope
+from ..binding.net import run
+
+
+def pack_codes(codes: np.ndarray, codebook_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """codes (T, 16) -> semantic (1, T) int32 and acoustic (15·T,) int32.
+
+    Codebooks 1..15 share one fused table in the graph, so codebook g+1 is offset by
+    g·codebook_size, and the rows are flattened group-major (index g·T + t)."""
+    codes = np.asarray(codes, np.int64)
+    semantic = codes[:, 0][None].astype(np.int32)
+    offsets = np.arange(codes.shape[1] - 1)[:, None] * codebook_size
+    acoustic = (codes[:, 1:].T + offsets).reshape(-1).astype(np.int32)
+    return semantic, acoustic
+
+
+def attention_inputs(config: dict, length: int, past: int = 0) -> dict[str, np.ndarray]:
+    """The transformer's mask and rope tables for `length` positions after `past` (in2, in3, in4)."""
+    cos, sin = rope.tables(config["head_dim"], config["rope_theta"], past, length)
+    return {"in2": rope.causal_mask(length, past, window=config["sliding_window"]), "in3": cos, "in4": sin}
+
+
+@dataclass
+class Part:
+    """One part of the codec's CPU form (`rewrites.codec_cpu.codec_fast_parts`). The upsampling parts (2..) run over
+    chunks of `chunk_frames` frames, each with `context` input samples of left context whose output is dropped; `spf`:
+    input samples per frame, `up`: output samples per input sample."""
+    net: object
+    spf: int = 1
+    up: int = 1
+    context: int = 0
+    chunk_frames: int | None = None
+
+    def __call__(self, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        """One graph call: `x` as in0 (a (channels, 1, samples) or (channels, samples) array), `inputs` by name."""
+        return run(self.net, {"in0": x} | inputs, ["out0"], name="codec part")[0]
+
+
+class PartStream:
+    """A part fed its input piece by piece: `push(x)` returns the part's output for the samples of `x`, exactly
+    what one call over the whole input would give there. The last `context` input samples are kept as the next
+    piece's left context; before the first piece there is none, as at the start of the whole input."""
+
+    def __init__(self, part: Part):
+        self.part, self.tail = part, None
+
+    def push(self, x: np.ndarray) -> np.ndarray:
+        inp = x if self.tail is None else np.concatenate([self.tail, x], axis=-1)
+        y = self.part(inp)
+        drop = 0 if self.tail is None else self.tail.shape[-1] * self.part.up
+        self.tail = inp[..., inp.shape[-1] - min(self.part.context, inp.shape[-1]):].copy()  # not a view of inp
+        return y[..., drop:]
+
+
+class PartChain:
+    """The upsampling parts in a row, fed piece by piece (`push`): each part's chunks (`chunk_frames` frames of
+    its input) go on to the next part as soon as they are made, so no stage is ever held whole; `push` returns
+    the last part's output for what it was given. Every call gets whole frames (a time-tiled convolution needs at
+    least one), so pushes must be whole frames too."""
+
+    def __init__(self, parts: list[Part]):
+        self.streams = [PartStream(p) for p in parts]
+
+    def push(self, x: np.ndarray) -> np.ndarray:
+        pieces: list[np.ndarray] = []
+
+        def feed(level: int, piece: np.ndarray) -> None:
+            if level == len(self.streams):
+                pieces.append(piece)
+                return
+            p = self.streams[level].part
+            step = piece.shape[-1] if p.chunk_frames is None else p.chunk_frames * p.spf
+            for start in range(0, piece.shape[-1], step):
+                feed(level + 1, self.streams[level].push(piece[..., start : start + step]))
+
+        feed(0, x)
+        return np.concatenate(pieces, axis=-1)
+
+
+def run_parts(parts: list[Part], x: np.ndarray) -> np.ndarray:
+    """The upsampling parts over all of `x` (the transformer's output): `PartChain` fed once."""
+    return PartChain(parts).push(x)
+
+
+def reach(part: Part, x: np.ndarray, positions=(0.4, 0.5, 0.63)) -> int:
+    """Input samples of left context a part's output needs, measured: one input sample at a time is changed,
+    and the output samples that change at all (bitwise) mark its reach. Convolutions are shift-invariant, so
+    a few positions in the middle of `x` (channels, 1, samples) give it; checked causal on the way."""
+    rng = np.random.default_rng(0)
+    base = part(x)
+    n, span = x.shape[-1], 0
+    for f in positions:
+        p = int(f * n)
+        y = x.copy()
+        y[..., p] += rng.standard_normal(y.shape[:-1]).astype(np.float32)
+        changed = np.nonzero((part(y) != base).reshape(-1, base.shape[-1]).any(axis=0))[0]
+        if len(changed) == 0 or changed[0] < p * part.up:
+            raise ValueError("codec part: the output does not depend causally on its input")
+        span = max(span, int(changed[-1]) - p * part.up)
+    return -(-span // part.up) + 1
+
+
+def codes_reach(part: Part, codes: np.ndarray, config: dict, in_axes: list[int]) -> int:
+    """`reach` for part 0 (codes in): the frames of left context its output needs, measured by changing every
+    code of one frame at a time."""
+    base = run_codes(part, codes, config, in_axes)
+    span = 0
+    for p in (len(codes) // 2, len(codes) // 2 + 3):
+        other = codes.copy()
+        other[p] = (other[p] + 1) % config["codebook_size"]
+        changed = np.nonzero((run_codes(part, other, config, in_axes) != base).reshape(-1, base.shape[-1]).any(0))[0]
+        if len(changed) == 0 or changed[0] < p:
+            raise ValueError("codec part 0: the output does not depend causally on the codes")
+        span = max(span, int(changed[-1]) - p)
+    return span + 1
+
+
+def run_codes(part: Part, codes: np.ndarray, config: dict, in_axes: list[int]) -> np.ndarray:
+    """Part 0 on codes (T, groups): the codebook sums through the pre_conv, (channels, T)."""
+    semantic, acoustic = pack_codes(codes, config["codebook_size"])
+    return run(part.net, {"in0": semantic, "in1": acoustic}, ["out0"], axes={"in0": in_axes[0], "in1": in_axes[1]},
+               name="codec part 0")[0]

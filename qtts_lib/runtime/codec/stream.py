@@ -1,0 +1,161 @@
+"""Streaming decode: audio for each few frames as they are generated, equal to the whole decode. Introduced in 11.
+
+The codec decoder is causal: causal convolutions, and a transformer whose sliding window (72 frames, so 71
+frames back per layer) only looks left. A sample of frame k therefore depends on frames k-R..k only, with R
+the *receptive field* (`receptive_field`): pre-conv 2 + layers x 71 + about 10 frames of the conv stack.
+Decoding frames [a, b) with c frames of left context (`codes[a-c:b]`, then dropping the first c·1920
+samples) gives the one-shot samples of [a, b) to float rounding once c >= R; with less context it is an
+approximation whose error falls as c grows (`qtts_lib.bench.stream.context_snr` measures it; chapter 11 plots it).
+
+On the CPU, `StreamDecoder` does not decode anything twice: `Codec.incremental` continues one decode as frames
+arrive (the transformer with a KV cache, the convolution stages from their kept left context), which is exact
+and costs about one whole decode. Decoding each piece again with its left context (below) is the way on a GPU,
+and the way to trade exactness for time when asked (`context_frames`).
+
+`StreamDecoder` reproduces `Codec.decode`, the runtime's (and the reference's) whole-utterance decode:
+- up to 300 frames `Codec.decode` is one graph call over all frames (the one-shot decode);
+- past 300 frames the reference decodes chunks of 300 frames, each with only 25 frames of left context
+  (`chunked_decode(300, 25)`), which is *not* the one-shot decode. The stream follows the same chunk
+  boundaries: its left context never reaches back past the start of the reference chunk's context, so it
+  reproduces the reference's long decode too, not a one-shot decode that the reference never makes.
+Within one reference chunk, each emitted piece [a, b) is decoded from max(a - context_frames, chunk's context
+start). When that is the chunk's context start, the piece *is* the reference's computation cut at b
+(causality); when context_frames >= R (the default), the frames it leaves out are beyond every sample's
+reach. Either way it equals the reference's samples to float rounding (~120 dB measured). With less context
+it is within the SNR that `context_snr` measures for that context.
+
+Both decoders here share one protocol, which every consumer of the generation loop uses: `push(frame)` returns the
+pieces of audio that are ready, `finish()` the rest. `WholeDecoder` is `synthesize`'s (nothing until the end, then
+the reference's whole decode); `StreamDecoder` is `stream`'s.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..audio.wav import SAMPLES_PER_FRAME
+from .decoder import CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, Codec
+
+
+# ------------------------------------------------------------ how much left context
+def receptive_field(config: dict) -> int:
+    """Frames of left context after which a decoded sample cannot change (from decoder_config).
+
+    Each term is a layer's left reach in samples at its own rate, divided by that rate's samples per frame:
+    pre_conv (kernel 3) at 1/frame; the transformer, (window - 1) per layer; per upsampling ratio a
+    transposed conv with kernel = stride (no reach) and a ConvNeXt depthwise kernel 7 (6 back); the
+    decoder's kernel-7 input conv; per upsample rate r a transposed conv of kernel 2r (1 input sample back)
+    and residual units of kernel 7 at dilations 1, 3, 9 (6·13 back); the kernel-7 output conv."""
+    reach = 2.0 + config["num_hidden_layers"] * (config["sliding_window"] - 1)
+    per_frame = 1
+    for f in config["upsampling_ratios"]:
+        per_frame *= f
+        reach += 6 / per_frame
+    reach += 6 / per_frame
+    for r in config["upsample_rates"]:
+        reach += 1 / per_frame
+        per_frame *= r
+        reach += 6 * (1 + 3 + 9) / per_frame
+    reach += 6 / per_frame
+    return math.ceil(reach)
+
+
+# ------------------------------------------------------------ the streaming decoder
+class StreamDecoder:
+    """Feed frames one at a time (`push`); get back the samples of every full chunk of `chunk_frames`
+    frames; `finish` returns the rest. Concatenated, the pieces equal `codec.decode(prefix + frames)`
+    minus the prefix's samples (see the module docstring for exactly how equal).
+
+    `prefix`: frames decoded in front but never emitted (an ICL voice clip's codes, as the reference does).
+
+    Two ways to decode a piece:
+    - incremental (the default on the CPU, `context_frames=None`): one `Codec.incremental` decode per reference
+      chunk, fed each piece once. Nothing is decoded twice, so streaming costs about what one whole decode
+      costs, and every piece is exact.
+    - re-decode (`context_frames` given, or a codec without the CPU form, e.g. on a GPU): each piece is decoded
+      again with `context_frames` frames of left context (default `receptive_field`, exact); less is cheaper and
+      approximate (chapter 11 measures how approximate; the product streams with the default, exact, on every
+    device)."""
+
+    def __init__(self, codec: Codec, chunk_frames: int = 4, context_frames: int | None = None,
+                 prefix: np.ndarray | None = None):
+        if chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be at least 1, not {chunk_frames}")
+        self.codec, self.chunk = codec, chunk_frames
+        self.incremental = context_frames is None and getattr(codec, "parts", None) is not None
+        self.context = receptive_field(codec.config) if context_frames is None else context_frames
+        self.frames: list[np.ndarray] = [] if prefix is None else list(np.asarray(prefix, np.int64))
+        self.emitted = len(self.frames)  # frames whose samples are out (or never will be: the prefix)
+        self._inc, self._inc_chunk, self._fed = None, None, 0  # the incremental decode of the current chunk
+
+    def push(self, frame: np.ndarray) -> list[np.ndarray]:
+        self.frames.append(np.asarray(frame, np.int64))
+        out = []
+        while len(self.frames) - self.emitted >= self.chunk:
+            out.append(self._decode(self.emitted, self.emitted + self.chunk))
+        return out
+
+    def finish(self) -> np.ndarray:
+        """The samples of every frame pushed since the last piece (the decoder can go on after it)."""
+        return self._decode(self.emitted, len(self.frames))
+
+    def close(self) -> None:
+        pass
+
+    def _decode(self, a: int, b: int) -> np.ndarray:
+        codes = np.stack(self.frames[:b]) if b > 0 else np.zeros((0, self.codec.groups), np.int64)
+        parts = []
+        while a < b:  # split at the reference's 300-frame chunk boundaries
+            chunk_start = a // CHUNK_FRAMES * CHUNK_FRAMES
+            end = min(b, chunk_start + CHUNK_FRAMES)
+            floor = chunk_start - LEFT_CONTEXT_FRAMES if chunk_start - LEFT_CONTEXT_FRAMES > 0 else 0
+            if self.incremental:
+                if self._inc_chunk != chunk_start:  # a new reference chunk: decoded from its own context start
+                    self._inc, self._inc_chunk, self._fed = self.codec.incremental(), chunk_start, floor
+                if self._fed < a:  # context (or prefix) frames: decoded, not emitted
+                    self._inc.push(codes[self._fed:a])
+                parts.append(self._inc.push(codes[a:end]))
+                self._fed = end
+            else:
+                lo = max(floor, a - self.context)
+                parts.append(self.codec.decode_once(codes[lo:end])[(a - lo) * SAMPLES_PER_FRAME:])
+            a = end
+        self.emitted = b
+        return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+class WholeDecoder:
+    """The decoder protocol over one whole decode: frames are kept as they are pushed, and `finish` decodes them all
+    (with the voice clip's codes in front, for ICL) exactly as the reference does (`Codec.decode_with_voice`)."""
+
+    def __init__(self, codec: Codec, prefix: np.ndarray | None = None):
+        self.codec, self.prefix, self.frames = codec, prefix, []
+
+    def push(self, frame: np.ndarray) -> list[np.ndarray]:
+        self.frames.append(np.asarray(frame, np.int64))
+        return []
+
+    def finish(self) -> np.ndarray:
+        codes = np.stack(self.frames) if self.frames else np.zeros((0, self.codec.groups), np.int64)
+        return self.codec.decode_with_voice(codes, self.prefix).astype(np.float32)
+
+    def close(self) -> None:
+        pass
+
+
+class Decoders:
+    """This process's codec as a synthesizer's decoders: `decoder(None, prefix)` a `WholeDecoder` (synthesize),
+    `decoder(chunk_frames, prefix)` a `StreamDecoder` (stream). `experimental.codec_process` offers the same in a
+    second process."""
+
+    def __init__(self, codec: Codec):
+        self.codec = codec
+
+    def decoder(self, chunk_frames: int | None, prefix: np.ndarray | None = None):
+        if chunk_frames is None:
+            return WholeDecoder(self.codec, prefix)
+        return StreamDecoder(self.codec, chunk_frames, prefix=prefix)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""The model: config, embeddings, prompt, voices, sampling, precision tiers, the generation loop, the Synthesizer."""

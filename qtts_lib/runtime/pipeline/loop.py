@@ -1,0 +1,207 @@
+"""The generation loop: codebook 0 from the talker, codebooks 1..15 from the code predictor, frame by frame.
+Introduced in 06.
+
+This is `Qwen3TTSForConditionalGeneration.generate` and the talker's `forward`, re-expressed over the exported
+graphs (chapters 04-05), with numpy for everything between them; the order of operations is the reference's, step
+for step. Per frame:
+
+1. the talker's hidden state at the last position goes through the codec head; the logits give codebook 0
+   (`Sampler.first`): EOS ends the sequence;
+2. the code predictor prefills [talker hidden, embed(c0)] and reads head 0 for codebook 1, then takes 14 cached
+   steps, embedding codebook s with table s-1 and reading head s for codebook s+1 (`CodePredictor.frame`);
+3. the frame is complete only then, so the talker's next input, embed(c0) + Σ tables(c1..c15) + the next row of
+   trailing text (`Prompt.text_at`), is one step late: the talker steps once and the next frame begins.
+
+Everything one utterance carries from step to step lives in its `Sequence` (its prompt, sampler, talker cache,
+hidden state, codes so far), so the loop itself holds only the graphs: one `Loop` serves any number of sequences,
+and `frames` is a generator every consumer shares (`synthesize` decodes at the end, `stream` as frames come, the
+server's engine thread and long texts one segment at a time).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..binding import rope
+from ..binding.cached import KvCache, KvCacheNet
+from ..binding.net import Net, net_from_text, parse_device, run
+from ..rewrites.gpu import fused_predictor_param, packed_cache_params
+from . import precision
+from .config import ModelConfig
+from .embeddings import Embeddings
+from .prompt import Prompt
+from .sampling import Sampler
+
+
+@dataclass
+class Frame:
+    """One frame: its codes (groups,) and its embedding (the codec table at c0 plus the acoustic tables at
+    c1..c15: what the talker is fed next, before the text)."""
+    codes: np.ndarray
+    embed: np.ndarray
+
+
+@dataclass
+class Sequence:
+    """One utterance in the loop: what it was asked (prompt, sampler, frame cap) and where it is."""
+    prompt: Prompt
+    sampler: Sampler
+    max_frames: int
+    cache: KvCache | None = None
+    hidden: np.ndarray | None = None          # the talker's last hidden state (H,)
+    tokens: list[int] = field(default_factory=list)       # every codebook-0 token sampled, EOS included
+    codes: list[np.ndarray] = field(default_factory=list)  # the frames so far, (groups,) each
+    stopped: str | None = None                # "eos" or "cap" once it has ended
+    seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "talker": 0.0, "predictor": 0.0})
+
+
+class CodePredictor:
+    """Codebooks 1..15 of a frame on the CPU: a cached decoder, its 15 heads and the acoustic tables."""
+
+    def __init__(self, decoder: KvCacheNet, heads: Net, embeddings: Embeddings):
+        self.decoder, self.heads, self.embed = decoder, heads, embeddings
+
+    def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
+        """A 2-position prefill, then 14 steps (table s-1, head s); each code is looked up once."""
+        groups = self.embed.groups
+        codes = [c0]
+        embed = self.embed.codec([c0])[0]
+        h, cache = self.decoder.prefill(np.stack([hidden, embed])[None].astype(np.float32))
+        h = h[0, -1]
+        for s in range(groups - 1):
+            logits = self.heads.run([h[None]], [s])[0][0]
+            codes.append(sampler.code(logits, codes[1:], s))
+            e = self.embed.acoustic(s, codes[-1])
+            embed = embed + e
+            if s < groups - 2:
+                h = self.decoder.forward(e[None, None].astype(np.float32), cache)[0, -1]
+        return Frame(np.array(codes, np.int64), embed)
+
+
+class FusedCodePredictor:
+    """`CodePredictor` for a GPU, over `rewrites.gpu.fused_predictor_param`: the decoder over the whole (at most
+    17-position) sequence, no cache, and head s, one graph call per codebook (chapter 08)."""
+
+    def __init__(self, net, head_dim: int, theta: float, embeddings: Embeddings):
+        self.net, self.head_dim, self.theta, self.embed = net, head_dim, theta, embeddings
+
+    def logits(self, seq: np.ndarray, s: int) -> np.ndarray:
+        """seq (L, hidden) -> head s's logits (vocab,) at position L-1."""
+        length = len(seq)
+        cos, sin = rope.tables(self.head_dim, self.theta, 0, length)
+        inputs = {"in0": seq[None].astype(np.float32), "in1": rope.causal_mask(length), "in2": cos, "in3": sin}
+        return run(self.net, inputs, [f"logits_{s}"], axes={"in0": 0}, name="fused predictor")[0][-1]
+
+    def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
+        codes, embed = [c0], self.embed.codec([c0])[0]
+        seq = [hidden, embed]
+        for s in range(self.embed.groups - 1):
+            codes.append(sampler.code(self.logits(np.stack(seq), s), codes[1:], s))
+            seq.append(self.embed.acoustic(s, codes[-1]))
+            embed = embed + seq[-1]
+        return Frame(np.array(codes, np.int64), embed)
+
+
+class Loop:
+    """The graphs of the generation loop, and the loop over them (module docstring)."""
+
+    def __init__(self, talker: KvCacheNet, head: Net, predictor: CodePredictor | FusedCodePredictor):
+        self.talker, self.head, self.predictor = talker, head, predictor
+
+    @classmethod
+    def load(cls, cfg: ModelConfig, embeddings: Embeddings, threads: int = 2, device: str = "cpu",
+             precision_tier: str = "fp32", gpu_forms: bool = True, log=None) -> Loop:
+        """The loop as the runtime runs it on `device` in `precision_tier`. On a GPU, `gpu_forms` (default) runs the
+        graphs of `rewrites.gpu` (caches in one blob, the predictor fused with its heads: fewer round trips,
+        chapter 08); False keeps the CPU's graphs there too (the chapter's comparison)."""
+        d, t, p = cfg.ncnn_dir, cfg.talker, cfg.predictor
+        head = Net(d, "talker_codec_head", threads, device)
+        if parse_device(device) is not None and gpu_forms:
+            return cls(_packed_decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device), head,
+                       FusedCodePredictor(_fused_predictor_net(d, threads, device), p["head_dim"], p["rope_theta"],
+                                          embeddings))
+        talker = precision.decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device,
+                                   precision_tier, log=log)
+        decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
+                                    precision_tier, log=log)
+        return cls(talker, head, CodePredictor(decoder, Net(d, "predictor_heads", threads, device), embeddings))
+
+    # ------------------------------------------------------------ one sequence
+    def start(self, prompt: Prompt, sampler: Sampler, max_frames: int) -> Sequence:
+        """A new sequence, its prompt prefilled."""
+        if max_frames < 1:
+            raise ValueError(f"max_frames must be at least 1, not {max_frames}")
+        seq = Sequence(prompt, sampler, max_frames)
+        t0 = time.perf_counter()
+        hidden, seq.cache = self.talker.prefill(prompt.embeds[None])
+        seq.hidden = hidden[0, -1]
+        seq.seconds["prefill"] = time.perf_counter() - t0
+        return seq
+
+    def step(self, seq: Sequence) -> Frame | None:
+        """The sequence's next frame, or None when it has ended (EOS, or `max_frames` frames made)."""
+        if seq.stopped:
+            return None
+        t0 = time.perf_counter()
+        token = seq.sampler.first(self.head(seq.hidden[None])[0][0], seq.tokens)
+        seq.tokens.append(token)
+        t1 = time.perf_counter()
+        seq.seconds["talker"] += t1 - t0
+        if token == seq.sampler.eos_id:
+            seq.stopped = "eos"
+            return None
+        frame = self.predictor.frame(seq.hidden, token, seq.sampler)
+        seq.codes.append(frame.codes)
+        t2 = time.perf_counter()
+        seq.seconds["predictor"] += t2 - t1
+        if len(seq.codes) >= seq.max_frames:
+            seq.stopped = "cap"  # no talker step for a frame that will not come
+        else:
+            x = frame.embed + seq.prompt.text_at(len(seq.codes) - 1)
+            seq.hidden = self.talker.forward(x[None, None].astype(np.float32), seq.cache)[0, -1]
+            seq.seconds["talker"] += time.perf_counter() - t2
+        return frame
+
+    def frames(self, prompt: Prompt, sampler: Sampler, max_frames: int) -> Iterator[Frame]:
+        """Every frame of one sequence as it is made; the generator's return value is the ended `Sequence`.
+        Closing the generator early stops the sequence there."""
+        seq = self.start(prompt, sampler, max_frames)
+        while (frame := self.step(seq)) is not None:
+            yield frame
+        return seq
+
+    def run(self, prompt: Prompt, sampler: Sampler, max_frames: int) -> Sequence:
+        """One sequence to its end (no audio): what the parity checks compare."""
+        seq = self.start(prompt, sampler, max_frames)
+        while self.step(seq) is not None:
+            pass
+        return seq
+
+
+def _packed_decoder(ncnn_dir: Path, name: str, head_dim: int, theta: float, threads: int, device: str) -> KvCacheNet:
+    """A cached decoder on a GPU with every layer's cache in one blob (`rewrites.gpu.packed_cache_params`)."""
+    prefill, step = packed_cache_params((ncnn_dir / f"{name}_kv.param").read_text())
+    nets = [net_from_text(text, ncnn_dir / f"{name}.bin", threads, device) for text in (prefill, step)]
+    return KvCacheNet(nets[0], precision.cached_layers(ncnn_dir, name), head_dim, theta, step=nets[1], packed=True,
+                      name=name)
+
+
+def _fused_predictor_net(ncnn_dir: Path, threads: int, device: str):
+    """The code predictor's decoder and heads as one graph (`rewrites.gpu.fused_predictor_param`), its weights the
+    two `.bin` files one after the other (a file: the binding cannot load weights from memory safely)."""
+    text = fused_predictor_param((ncnn_dir / "predictor_decoder.param").read_text(),
+                                 (ncnn_dir / "predictor_heads.param").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / "predictor_fused.bin"
+        with merged.open("wb") as out:
+            for part in ("predictor_decoder.bin", "predictor_heads.bin"):
+                with (ncnn_dir / part).open("rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 24)
+        return net_from_text(text, merged, threads, device)
+

@@ -1,0 +1,151 @@
+"""Precision tiers: fewer bytes per weight for the two cached decoders. Introduced in 10.
+
+The generation loop reads every weight of the talker once per frame and every weight of the code
+predictor 15 times (6.6 GB per frame in fp32 at full size): it is memory-bound, so the only way
+below its fp32 floor is fewer bytes per weight. A tier changes the talker's and the predictor's
+transformer layers only; embeddings, the two heads and the codec stay fp32 in every tier.
+
+    fp32  the exported weights; one-position steps run `decode_step` (InnerProduct on a
+          1-D input). The parity default.
+    fp16  the same step graph with ncnn's fp16 weight storage on the InnerProducts (x86 F16C:
+          weights held as fp16, converted while they are read, fp32 arithmetic). Every other
+          layer is masked back to fp32 (`31=2`), so only the weights are rounded. Same .bin.
+    int8  every projection (constant-B Gemm) as ncnn's int8 Gemm: weights int8 with a per-row
+          scale, activations quantized per row at run time (dynamic, absmax) and multiplied on
+          VNNI; the per-row weight scale is applied by a BinaryOp after the Gemm (ncnn's int8
+          Gemm has one scale per weight tensor, so the rows are normalised to |max| = 1 first).
+          One graph serves prefill and steps. Written once from numpy into `ncnn/int8/`.
+
+The graphs are rewrites (`rewrites.decode_step`, `rewrites.int8`); this module decides which a tier loads and
+keeps the int8 files current. Nothing here imports torch: the runtime writes the int8 files itself the first time
+a tier is asked for (`ensure_int8`), and `qtts_lib.export` calls the same function as an export step.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..binding.cached import KvCacheNet
+from ..binding.net import make_net
+from ..errors import MissingArtifact, PrecisionError
+from ..rewrites.decode_step import decode_step, fp16_step
+from ..rewrites.int8 import int8_graph
+
+TIERS = ("fp32", "fp16", "int8")
+DECODERS = ("talker_decoder", "predictor_decoder")
+INT8_FORMAT = 2          # bump when the written files change meaning
+
+
+def check_tier(precision: str, device: str = "cpu") -> str:
+    tier = (precision or "fp32").strip().lower()
+    if tier not in TIERS:
+        raise PrecisionError(f"unknown precision {precision!r}; use one of {', '.join(TIERS)}")
+    if tier != "fp32" and (device or "cpu").strip().lower() != "cpu":
+        raise PrecisionError(f"precision {tier} runs on the CPU only; on {device} use fp32")
+    return tier
+
+
+def _stamp(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "format": INT8_FORMAT}
+
+
+def int8_paths(ncnn_dir: str | Path, name: str) -> tuple[Path, Path]:
+    d = Path(ncnn_dir) / "int8"
+    return d / f"{name}_kv.param", d / f"{name}.bin"
+
+
+def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
+    """`ncnn/int8/<name>_kv.param` + `<name>.bin`, written from the exported fp32 files unless already
+    there for exactly those files (size, mtime and format recorded in `int8/stamp.json`)."""
+    ncnn_dir = Path(ncnn_dir)
+    src_param, src_bin = ncnn_dir / f"{name}_kv.param", ncnn_dir / f"{name}.bin"
+    param, bin_ = int8_paths(ncnn_dir, name)
+    stamps_file = param.parent / "stamp.json"
+    stamps = json.loads(stamps_file.read_text()) if stamps_file.is_file() else {}
+    want = {"param": _stamp(src_param), "bin": _stamp(src_bin)}
+    have = stamps.get(name, {})
+    if {k: have.get(k) for k in want} == want and param.is_file() and bin_.is_file():
+        return param, bin_
+    if log:
+        log(f"writing the int8 tier of {name} (once; {src_bin.stat().st_size / 1e9:.2f} GB of fp32 weights)")
+    text, data, stats = int8_graph(src_param.read_text(), src_bin.read_bytes())
+    param.parent.mkdir(parents=True, exist_ok=True)
+    tmp = bin_.with_suffix(".bin.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(bin_)
+    param.write_text(text)
+    stamps[name] = want | {"gemms": stats["gemms"], "fused_away": stats["fused_away"], "weights": stats["weights"],
+                           "weight_rel_rms": float(np.mean(stats["rel_rms"])) if stats["rel_rms"] else 0.0}
+    stamps_file.write_text(json.dumps(stamps, indent=1))
+    return param, bin_
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """How a tier runs a decoder's one-position steps: a .param, an optional rewrite of its text, a .bin and
+    whether ncnn's fp16 weight storage is on. `KvCacheNet` loads it; `qtts_lib.quality` probes it."""
+    param: Path
+    bin: Path
+    rewrite: Callable[[str], str] | None
+    fp16_weights: bool
+
+    def net(self, threads: int = 2, device: str = "cpu"):
+        return make_net(self.param, self.bin, threads, device, self.rewrite, fp16_weights=self.fp16_weights)
+
+    def probe_options(self, ncnn_dir: str | Path, threads: int = 2) -> dict:
+        """The same graph as `qtts_lib.probe.probe_ncnn` options (paths relative to `ncnn_dir`)."""
+        rel = self.param.relative_to(Path(ncnn_dir)).with_suffix("")
+        opts = {"param": str(rel), "bin": self.bin, "threads": threads, "use_fp16_storage": self.fp16_weights}
+        return opts | ({"rewrite": self.rewrite} if self.rewrite else {})
+
+
+def step_graph(ncnn_dir: str | Path, name: str, tier: str, log=None) -> StepGraph:
+    """The step graph of decoder `name` in `tier`: fp32 `decode_step` and fp16 `fp16_step` over the exported
+    `<name>_kv.param` and `.bin`; int8 the files of `ensure_int8` (written on first use), which also serve prefill."""
+    ncnn_dir, tier = Path(ncnn_dir), check_tier(tier)
+    if tier == "int8":
+        return StepGraph(*ensure_int8(ncnn_dir, name, log), None, False)
+    rewrite = fp16_step if tier == "fp16" else decode_step
+    return StepGraph(ncnn_dir / f"{name}_kv.param", ncnn_dir / f"{name}.bin", rewrite, tier == "fp16")
+
+
+def weight_bytes(tier: str) -> float:
+    """Bytes per weight of the decoders' projections in a tier (the loop's floor scales with it)."""
+    return {"fp32": 4.0, "fp16": 2.0, "int8": 1.0}[tier]
+
+
+def cached_layers(ncnn_dir: str | Path, name: str) -> int:
+    """The number of cached attention layers of `<name>_kv.param`, from the export manifest (chapter 05)."""
+    manifest = Path(ncnn_dir) / "manifest.json"
+    entry = json.loads(manifest.read_text()).get(f"{name}_kv.param") if manifest.is_file() else None
+    if entry is None:
+        raise MissingArtifact(f"{Path(ncnn_dir) / (name + '_kv.param')} is not exported; "
+                              "run notebooks/05_inject_kv_cache.py")
+    return entry["cached_layers"]
+
+
+def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, threads: int = 2, device: str = "cpu",
+            precision: str = "fp32", fast_steps: bool | None = None, log=None) -> KvCacheNet:
+    """Cached decoder `name` as `precision` runs it. int8: one graph for prefill and steps (its Gemms are threaded
+    at one row). fp32 and fp16 on the CPU: the exported graph for prefill and `step_graph` for one-position steps,
+    two nets over the same `.bin` (each holds its own copy of the weights: the memory this speed costs);
+    `fast_steps=False` keeps the exported graph for steps too (chapter 09 compares them). On a GPU, fp32 only,
+    the exported graph for both."""
+    ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
+    layers = cached_layers(ncnn_dir, name)
+    param = ncnn_dir / f"{name}_kv.param"
+    if not param.is_file():
+        raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
+    if tier == "int8":
+        return KvCacheNet(step_graph(ncnn_dir, name, "int8", log).net(threads, device), layers, head_dim, theta,
+                          name=name)
+    prefill = make_net(param, ncnn_dir / f"{name}.bin", threads, device)
+    on_cpu = (device or "cpu").strip().lower() == "cpu"
+    fast = on_cpu if fast_steps is None else fast_steps
+    step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast else None
+    return KvCacheNet(prefill, layers, head_dim, theta, step=step, name=name)

@@ -1,0 +1,258 @@
+"""Text to speech with ncnn alone: the product's one pipeline. Introduced in 06.
+
+    synth = Synthesizer("models/tiny-base")                     # a checkpoint directory with its ncnn/ exports
+    voice = synth.voice(wav=load_wav("clip.wav"))                # x-vector clone (add text=... for ICL)
+    result = synth.synthesize("Hello.", "english", voice)        # result.wav: float32 at 24 kHz
+    for piece in synth.stream("Hello.", "english", voice): ...   # the same audio, as it is generated
+
+A `Synthesizer` is made of parts, each its own module: the checkpoint's config (`pipeline.config`), the tokenizer
+and prompt builder (`pipeline.prompt`), the voice encoders (`pipeline.voices`), the generation loop
+(`pipeline.loop`) and the codec (`codec`). `synthesize` and `stream` are one path: the loop's frames are pushed
+into a decoder, which returns audio when it has some (`codec.stream`): at the end for `synthesize` (the reference's
+whole decode), every `chunk_frames` frames for `stream`.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..audio.wav import FRAME_RATE
+from ..codec.decoder import Codec
+from ..codec.stream import Decoders
+from ..errors import InputError, MissingArtifact
+from ..text.bpe import Tokenizer
+from .config import ModelConfig
+from .embeddings import Embeddings
+from .loop import Loop, Sequence
+from .precision import check_tier
+from .prompt import Prompt, PromptBuilder, Voice, frame_cap
+from .sampling import Sampler, Sampling
+from .voices import VoiceEncoder
+
+GRAPHS = ["talker_text_embed", "talker_codec_embed", "talker_decoder", "talker_codec_head",
+          "predictor_decoder", "predictor_embeds", "predictor_heads", "codec_decoder"]
+CACHED_GRAPHS = ["talker_decoder", "predictor_decoder"]
+
+
+@dataclass
+class Result:
+    """What one utterance produced.
+
+    codes: (T, 16) int64, the frames; tokens: every codebook-0 token sampled (EOS included if it came);
+    stopped: "eos" or "cap" (the frame cap was reached); wav: float32 at 24 kHz (None for a stream, whose audio
+    went out in pieces); seconds: wall time of "prefill", "talker", "predictor" and "codec"; warnings: problems
+    found on the way (also told to `on_warning` as soon as they are known)."""
+    codes: np.ndarray
+    tokens: list[int]
+    stopped: str
+    wav: np.ndarray | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def eos_step(self) -> int:
+        """Index of EOS in `tokens`, -1 if it never came."""
+        return len(self.tokens) - 1 if self.stopped == "eos" else -1
+
+    @classmethod
+    def of(cls, seq: Sequence, groups: int) -> Result:
+        codes = np.stack(seq.codes).astype(np.int64) if seq.codes else np.zeros((0, groups), np.int64)
+        return cls(codes, list(seq.tokens), seq.stopped or "cap", seconds=dict(seq.seconds))
+
+
+class Stream:
+    """`Synthesizer.stream`'s answer: iterate it for float32 pieces at 24 kHz; `result` is the `Result` once it is
+    exhausted (its wav None). `close()` (or leaving a `with` block) stops the generation at once."""
+
+    def __init__(self, pieces: Iterator[np.ndarray]):
+        self._pieces, self.result = pieces, None
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        try:
+            return next(self._pieces)
+        except StopIteration as end:
+            self.result = end.value
+            raise
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Synthesizer:
+    """The deployable pipeline over a checkpoint directory and its `ncnn/` exports (module docstring)."""
+
+    def __init__(self, model_dir: str | Path, threads: int = 2, device: str = "cpu", precision: str = "fp32",
+                 log: Callable[[str], None] | None = None, decoders=None):
+        """`threads`: CPU threads for ncnn; `device`: cpu, vulkan or vulkan:N; `precision`: fp32 (the default, the
+        parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 10). `log` hears
+        about one-time work (writing a tier's files). `decoders`: where frames become audio, if not this
+        process's codec (`experimental.codec_process`)."""
+        self.config = cfg = ModelConfig.load(model_dir)
+        self.precision = check_tier(precision, device)
+        missing_graphs(cfg.ncnn_dir, raise_error=True)
+        self.tokenizer = Tokenizer.from_dir(cfg.directory)
+        self.embeddings = Embeddings(cfg, threads, device)
+        self.prompts = PromptBuilder(cfg, self.tokenizer, self.embeddings)
+        self.voices = VoiceEncoder(cfg, threads, device)
+        self.loop = Loop.load(cfg, self.embeddings, threads, device, self.precision, log=log)
+        self.codec = Codec(cfg.ncnn_dir, cfg.codec, threads, device) if decoders is None else None
+        self.decoders = Decoders(self.codec) if decoders is None else decoders
+        self.sampling = Sampling.from_generation_config(cfg.generation)
+
+    def close(self) -> None:
+        """Stop what runs beside this process (a codec process); nothing else needs closing."""
+        self.decoders.close()
+
+    def __enter__(self) -> Synthesizer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ what it can do
+    @property
+    def languages(self) -> list[str]:
+        return self.config.languages
+
+    @property
+    def speakers(self) -> list[str]:
+        return self.config.speakers
+
+    @property
+    def kind(self) -> str:
+        """"base" (clones a voice clip) or "custom_voice" (built-in speakers)."""
+        return self.config.kind
+
+    # ------------------------------------------------------------ voice
+    def voice(self, wav: np.ndarray | None = None, text: str | None = None, speaker: str | None = None,
+              xvector: np.ndarray | None = None) -> Voice:
+        """A `Voice` from a voice clip (x-vector; ICL with its transcript `text`), a built-in
+        `speaker`, or a precomputed `xvector`. Compute it once and reuse it for many texts."""
+        if sum(x is not None for x in (wav, speaker, xvector)) != 1:
+            options = (f"a built-in speaker ({', '.join(self.speakers)})" if self.kind == "custom_voice"
+                       else "a voice clip to clone (x-vector; add its transcript for ICL)")
+            raise InputError(f"give exactly one voice: {options}")
+        if text is not None and wav is None:
+            raise InputError("a voice transcript needs the voice clip it transcribes")
+        if text is not None and not text.strip():
+            raise InputError("the voice transcript is empty")
+        if speaker is not None:
+            spk_id = self.config.talker.get("spk_id") or {}
+            if speaker.lower() not in spk_id:
+                valid = ", ".join(self.speakers) or "(none in this checkpoint)"
+                raise InputError(f"unknown speaker {speaker!r}; valid: {valid}")
+            return Voice(self.embeddings.codec([spk_id[speaker.lower()]])[0], speaker=speaker.lower())
+        if xvector is not None:
+            return Voice(np.asarray(xvector, np.float32).reshape(-1))
+        return Voice(self.voices.xvector(wav), codes=self.voices.codes(wav) if text is not None else None, text=text)
+
+    # ------------------------------------------------------------ speech
+    def synthesize(self, text: str, language: str, voice: Voice, sampling: Sampling | None = None,
+                   max_frames: int | None = None, non_streaming: bool | None = None,
+                   on_frame: Callable[[int], None] | None = None,
+                   on_warning: Callable[[str], None] | None = None) -> Result:
+        """Prompt, loop, decode: the whole utterance at once. Introduced in 06.
+
+        `sampling`: the checkpoint's defaults (`self.sampling`) unless given; `max_frames`: the most frames to
+        generate (12.5 per second), by default the text's own cap (`prompt.frame_cap`); `non_streaming`: the
+        prompt's layout (`PromptBuilder.build`). `on_frame(n)` after each frame (progress bars); `on_warning` as
+        soon as a problem is known (text longer than the cap), also kept in `Result.warnings`."""
+        job = self._job(text, language, voice, sampling, max_frames, non_streaming, on_warning)
+        stream = Stream(self._speak(job, self.decoders.decoder(None, voice.codes), on_frame))
+        wav = list(stream)
+        result = stream.result
+        result.wav = np.concatenate(wav).astype(np.float32) if wav else np.zeros(0, np.float32)
+        return result
+
+    def stream(self, text: str, language: str, voice: Voice, sampling: Sampling | None = None,
+               max_frames: int | None = None, chunk_frames: int = 4, non_streaming: bool | None = None,
+               on_frame: Callable[[int], None] | None = None,
+               on_warning: Callable[[str], None] | None = None) -> Stream:
+        """`synthesize`, streamed: float32 pieces of `chunk_frames` frames (80 ms each) as they are generated;
+        concatenated they are `synthesize`'s wav (`codec.stream.StreamDecoder` says how exactly). Bad input is
+        refused here, before any piece; the generation runs in the caller's thread, a frame per `next`.
+        Introduced in 11."""
+        if not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool) or chunk_frames < 1:
+            raise InputError(f"chunk_frames must be a whole number, at least 1, not {chunk_frames!r}")
+        job = self._job(text, language, voice, sampling, max_frames, non_streaming, on_warning)
+        return Stream(self._speak(job, self.decoders.decoder(chunk_frames, voice.codes), on_frame))
+
+    def prompt(self, text: str, language: str, voice: Voice, non_streaming: bool | None = None) -> Prompt:
+        """The talker's prompt for `text` (what `synthesize` builds first)."""
+        return self.prompts.build(text, language, voice, non_streaming)
+
+    def _job(self, text, language, voice, sampling, max_frames, non_streaming, on_warning) -> _Job:
+        """Everything checked and built before the first frame: prompt, sampling, frame cap, warnings."""
+        if not isinstance(voice, Voice):
+            raise InputError(f"voice must be a Voice (from Synthesizer.voice), not {type(voice).__name__}")
+        if sampling is not None and not isinstance(sampling, Sampling):
+            raise InputError(f"sampling must be a Sampling, not {type(sampling).__name__}")
+        prompt = self.prompt(text, language, voice, non_streaming)
+        cap = frame_cap(prompt.text_tokens) if max_frames is None else max_frames
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise InputError(f"max_frames must be a whole number, at least 1, not {max_frames!r}")
+        warnings = []
+        if len(prompt.trailing) > cap:
+            warnings.append(f"the text has {prompt.text_tokens} tokens but at most {cap} frames "
+                            f"({cap / FRAME_RATE:.0f} s) will be generated: the end of the text will not be spoken")
+        for w in warnings:
+            if on_warning:
+                on_warning(w)
+        return _Job(prompt, self.sampling if sampling is None else sampling, cap, warnings)
+
+    def _speak(self, job: _Job, decoder, on_frame):
+        """The one path: the loop's frames pushed into `decoder`, its pieces yielded as they come; returns the
+        `Result`. Closed early, the loop stops at once and the decoder is closed."""
+        seq = self.loop.start(job.prompt, Sampler(job.sampling, self.config.talker), job.max_frames)
+        codec_s = 0.0
+        try:
+            while (frame := self.loop.step(seq)) is not None:
+                t0 = time.perf_counter()
+                ready = decoder.push(frame.codes)
+                codec_s += time.perf_counter() - t0
+                if on_frame:
+                    on_frame(len(seq.codes))
+                yield from ready
+            t0 = time.perf_counter()
+            last = decoder.finish()
+            codec_s += time.perf_counter() - t0
+        finally:
+            decoder.close()
+        if len(last):
+            yield last
+        result = Result.of(seq, self.config.groups)
+        result.warnings = job.warnings
+        result.seconds["codec"] = codec_s
+        return result
+
+
+@dataclass
+class _Job:
+    prompt: Prompt
+    sampling: Sampling
+    max_frames: int
+    warnings: list[str]
+
+
+def missing_graphs(ncnn_dir: Path, raise_error: bool = False) -> list[str]:
+    """The exported graphs the synthesizer needs that `ncnn_dir` lacks (with the chapter to run)."""
+    missing = [g for g in GRAPHS if not (ncnn_dir / f"{g}.param").is_file()]
+    missing += [f"{g}_kv" for g in CACHED_GRAPHS if not (ncnn_dir / f"{g}_kv.param").is_file()]
+    if missing and raise_error:
+        first = "04_export_align" if any(not m.endswith("_kv") for m in missing) else "05_inject_kv_cache"
+        raise MissingArtifact(f"missing ncnn graphs in {ncnn_dir}: {', '.join(missing)}; run notebooks/{first}.py"
+                              " (and the chapters after it)")
+    return missing

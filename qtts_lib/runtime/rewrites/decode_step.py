@@ -1,0 +1,56 @@
+"""Decode-step graphs: a cached decoder's `.param` rewritten for one-position steps. Introduced in 09.
+
+- `decode_step` (`gemm_decode_as_innerproduct`): for a graph that only ever sees one position, every constant-B Gemm
+  becomes Reshape(1-D) -> InnerProduct -> Reshape(1 x N) over the same `.bin`: InnerProduct's 1-D path uses all
+  threads at one row, where Gemm and a 2-D InnerProduct run one row on one thread. Prefill keeps the original.
+- `fp16_step` (chapter 10's fp16 tier): the same step graph with every layer but the InnerProducts masked out of
+  ncnn's fp16 storage (`31=2`), so that only the weights are rounded.
+"""
+from __future__ import annotations
+
+from ..binding.graph import Graph, int_param, params_dict
+from ..binding.param import ParamLayer
+
+
+def gemm_decode_as_innerproduct(text: str) -> str:
+    """Constant-B Gemm (transB = 1, no transA, no constant A) -> Reshape(1-D) -> InnerProduct ->
+    Reshape(w=N, h=1), for a graph that only ever sees one position (a decode step).
+
+    Gemm's B (N, K) is stored exactly as InnerProduct's weight, so the .bin is shared; a Gemm with a
+    constant C is left alone (Gemm stores C with a 4-byte storage tag, InnerProduct its bias raw; the
+    talker and predictor projections have no bias). With a 2-D input InnerProduct runs its per-row path on one
+    thread at S = 1;
+    the 1-D input takes the threaded GEMV path.
+    """
+    g = Graph(text)
+    for layer in [lyr for lyr in g.layers if lyr.type == "Gemm"]:
+        d = params_dict(layer)
+        if (int_param(d, "4", 0) or not int_param(d, "5", 0) or not int_param(d, "3", 0) or int_param(d, "2", 0)
+                or int_param(d, "14", 0) or int_param(d, "18", 0) or len(layer.inputs) != 1
+                or float(d.get("0", "1")) != 1.0 or float(d.get("1", "1")) != 1.0):
+            continue
+        bt = int_param(d, "10", -1) if int_param(d, "6", 0) else -1
+        if bt != -1:
+            continue  # Gemm stores C with a storage tag, InnerProduct its bias without: .bin differs
+        N, K = int_param(d, "8", 0), int_param(d, "9", 0)
+        i = g.layers.index(layer)
+        a, b = g.fresh(layer.name + "_flat"), g.fresh(layer.name + "_ip")
+        new = [ParamLayer("Reshape", g.fresh(layer.name + "_r0"), [layer.inputs[0]], [a], [f"0={K}"]),
+               ParamLayer("InnerProduct", layer.name, [a], [b], [f"0={N}", "1=0", f"2={N * K}"]),
+               ParamLayer("Reshape", g.fresh(layer.name + "_r1"), [b], list(layer.outputs), [f"0={N}", "1=1"])]
+        g.layers[i : i + 1] = new
+    return g.text()
+
+
+def decode_step(text: str) -> str:
+    """A cached decoder's `_kv.param` for one-position steps: Gemm -> InnerProduct on a 1-D input. Same .bin."""
+    return gemm_decode_as_innerproduct(text)
+
+
+def fp16_step(text: str) -> str:
+    """The decode-step graph with every layer but the InnerProducts masked out of fp16 storage (31=2)."""
+    g = Graph(decode_step(text))
+    for layer in g.layers:
+        if layer.type not in ("InnerProduct", "Input"):
+            layer.params = [p for p in layer.params if not p.startswith("31=")] + ["31=2"]
+    return g.text()

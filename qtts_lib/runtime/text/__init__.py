@@ -1,0 +1,1 @@
+"""Text: the BPE tokenizer and the sentence segmenter (stdlib only)."""
