@@ -28,6 +28,7 @@
 # `data/reports/<ckpt>/03_make_golden.json`.
 
 # %%
+import inspect
 import time
 
 import matplotlib.pyplot as plt
@@ -35,20 +36,20 @@ import numpy as np
 import torch
 from IPython.display import Audio, display
 
-from qtts_lib import artifacts, check, checkpoint, inputs, paths, plots, reference, settings
-from qtts_lib.runtime.audio.wav import SAMPLE_RATE, load_wav
+from qtts_lib import artifacts, check, checkpoint, golden, inputs, paths, plots, reference, settings
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("03_make_golden", ckpt)
-golden = paths.golden_dir(ckpt)
+golden_dir = paths.golden_dir(ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)
 EOS = cfg["talker_config"]["codec_eos_token_id"]
 custom_voice = cfg["tts_model_type"] == "custom_voice"
-voice = reference.default_voice(tts, load_wav(paths.voice_wav()))
-SPEAKER, voice_wav = voice.get("speaker"), voice.get("voice_wav")
+voice = golden.voice_of(tts)
+SPEAKER = voice.get("speaker")
 print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector clone of data/inputs/voice.wav'}, "
       f"{THREADS} threads")
 
@@ -56,20 +57,15 @@ print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector cl
 # ## 1. Generate the main golden: greedy, fp32, CPU, fixed threads
 # A forward hook on `codec_head` records the talker's logits at every step: they tell us later how close each
 # argmax decision was. `reference.capture_generation` wraps three methods of the loaded model for one call to capture
-# the prompt embeddings going into the talker, the x-vector, and the codes going into the codec.
+# the prompt embeddings going into the talker, the x-vector, and the codes going into the codec. Both live in
+# `qtts_lib.golden`, because tests/test_golden.py makes the same files when this chapter has not run yet:
 
 # %%
+print(inspect.getsource(golden.run_with_logits))
+
+
 def run_with_logits(model_tts, **kw):
-    logits = []
-    h = model_tts.model.talker.codec_head.register_forward_hook(
-        lambda m, a, out: logits.append(out[0, -1].detach().clone()))
-    try:
-        out = reference.capture_generation(model_tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice_wav,
-                                           speaker=SPEAKER, **kw)
-    finally:
-        h.remove()
-    out["logits"] = torch.stack(logits).numpy()  # (steps, 3072)
-    return out
+    return golden.run_with_logits(model_tts, voice, **kw)
 
 
 t0 = time.perf_counter()
@@ -106,22 +102,9 @@ check.tokens_equal("early stop: codes = prefix of the main golden", early["codes
 # fingerprint. `artifacts.load_npz` refuses a file whose entry does not match and names this chapter.
 
 # %%
-common = {"text": inputs.TARGET_TEXT, "language": inputs.LANGUAGE, "max_new_tokens": inputs.GOLDEN_MAX_NEW_TOKENS,
-          "voice": SPEAKER or f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}"}
-extra = {"threads": THREADS, "dtype": "float32", "device": "cpu", "attn": "sdpa", "greedy": True}
-
-
 def save(name, run, eos_id, **more_inputs):
-    seq = run["talker_sequences"]
-    hit = np.flatnonzero(seq == eos_id)
-    arrays = {key: run[key] for key in ("codes", "wav", "inputs_embeds", "trailing_text_hidden", "tts_pad_embed",
-                                        "talker_sequences", "logits", "voice_codes") if key in run}
-    if "xvector" in run:
-        arrays["xvector"] = run["xvector"]
-    arrays["eos_step"] = np.array(int(hit[0]) if hit.size else -1)
-    arrays["eos_id"] = np.array(eos_id)
-    path = artifacts.save_npz(golden / f"{name}.npz", "03_make_golden", ckpt,
-                              dict(common, eos_id=eos_id, **more_inputs), extra, **arrays)
+    path = golden.save(ckpt, name, run, eos_id, voice, THREADS, **more_inputs)
+    arrays, _ = artifacts.load_npz(path, ckpt)
     print(f"{path.name:22} {path.stat().st_size / 1024:8.1f} KiB  "
           + ", ".join(f"{k}{tuple(v.shape)}" for k, v in arrays.items()))
 
@@ -146,10 +129,10 @@ else:
     print("skipped the ICL golden because a CustomVoice checkpoint has no speaker/Mimi cloning path")
 
 # %%
-for name in sorted(p.name for p in golden.glob("*.npz")):
-    arrays, entry = artifacts.load_npz(golden / name, ckpt)
+for name in sorted(p.name for p in golden_dir.glob("*.npz")):
+    arrays, entry = artifacts.load_npz(golden_dir / name, ckpt)
     check.equal(f"{name} reloads through its manifest", "sha256 ok",
-                entry["sha256"] == artifacts.sha256(golden / name), True)
+                entry["sha256"] == artifacts.sha256(golden_dir / name), True)
 
 # %%
 display(Audio(main["wav"], rate=SAMPLE_RATE))

@@ -142,13 +142,24 @@ def test_bad_device_name(exported, tmp_path, capsys):
     assert "unknown device 'tpu'" in capsys.readouterr().err
 
 
-def test_codec_process_writes_the_same_wav(exported, tmp_path, capsys):
-    args = ["--voice", str(paths.voice_wav()), "--text", "Hello there.", "--language", "english", "--greedy",
-            "--max-frames", "6", "--threads", "1"]
-    assert say(*args, "-o", str(tmp_path / "a.wav")) == 0
-    assert say(*args, "--codec-process", "-o", str(tmp_path / "b.wav")) == 0
-    a, b = sf.read(tmp_path / "a.wav")[0], sf.read(tmp_path / "b.wav")[0]
-    assert len(a) == len(b) == 6 * 1920 and np.abs(a - b).max() < 1e-3  # 16-bit files of the same audio
-    capsys.readouterr()
-    assert say(*args, "--codec-process", "--stream", "--context-frames", "8", "-o", str(tmp_path / "c.wav")) == 2
-    assert "--codec-process" in capsys.readouterr().err
+def test_sampling_options_reach_the_loop(exported, tmp_path, capsys):
+    """Without --greedy `say` samples (the checkpoint's defaults): a seed repeats, another seed differs; the sampling
+    options change what is drawn."""
+    args = ["--voice", str(paths.voice_wav()), "--text", "Hello there.", "--language", "english", "--max-frames", "8"]
+    wavs = {}
+    for name, extra in [("a", ["--seed", "1"]), ("b", ["--seed", "1"]), ("c", ["--seed", "2"]),
+                        ("d", ["--seed", "1", "--temperature", "0.3", "--top-k", "3", "--top-p", "0.9",
+                               "--repetition-penalty", "1.3"]), ("g", ["--greedy"])]:
+        assert say(*args, *extra, "-o", str(tmp_path / f"{name}.wav")) == 0
+        wavs[name] = sf.read(tmp_path / f"{name}.wav")[0]
+    assert np.array_equal(wavs["a"], wavs["b"])
+    assert not np.array_equal(wavs["a"], wavs["c"]) and not np.array_equal(wavs["a"], wavs["d"])
+    assert not np.array_equal(wavs["a"], wavs["g"])
+
+
+@pytest.mark.parametrize("option, value", [("--temperature", "0"), ("--top-p", "1.5"), ("--top-k", "-2"),
+                                           ("--repetition-penalty", "-1")])
+def test_bad_sampling_options_are_one_line(exported, tmp_path, capsys, option, value):
+    assert say("--voice", str(paths.voice_wav()), "--text", "Hi.", option, value, "-o", str(tmp_path / "o.wav")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and option.lstrip("-").replace("-", "_") in err

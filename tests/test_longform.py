@@ -6,9 +6,10 @@ import pytest
 import soundfile as sf
 
 from qtts_lib import paths
+from qtts_lib.runtime import Sampling
 from qtts_lib.runtime.app.cli import main
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav
-from qtts_lib.runtime.pipeline import longform
+from qtts_lib.runtime.pipeline import longform, prompt
 
 CKPT = "tiny-base"
 PAUSE = int(round(longform.PAUSE_SECONDS * SAMPLE_RATE))
@@ -27,10 +28,10 @@ def synth(tts):
 
 
 def test_frame_cap_scales_with_tokens_and_respects_max_frames():
-    assert longform.frame_cap(10) == 10 * longform.FRAMES_PER_TOKEN + longform.MARGIN_FRAMES
-    assert longform.frame_cap(20) - longform.frame_cap(10) == 10 * longform.FRAMES_PER_TOKEN
-    assert longform.frame_cap(60, max_frames=100) == 100
-    assert longform.frame_cap(3, frames_per_token=1.5, margin=0) == 5
+    assert prompt.frame_cap(10) == 10 * prompt.FRAMES_PER_TOKEN + prompt.MARGIN_FRAMES
+    assert prompt.frame_cap(20) - prompt.frame_cap(10) == 10 * prompt.FRAMES_PER_TOKEN
+    assert prompt.frame_cap(60, max_frames=100) == 100
+    assert prompt.frame_cap(3, frames_per_token=1.5, margin=0) == 5
 
 
 def test_join_lengths_starts_and_fades():
@@ -46,13 +47,15 @@ def test_plan_bounds_tokens_and_caps(synth):
     todo = longform.plan(synth, PARAGRAPH * 4, max_tokens=40, max_frames=100)
     assert len(todo) > 3 and all(s.tokens <= 40 for s in todo)
     assert all(s.tokens == len(synth.tokenizer.encode(s.text)) for s in todo)
-    assert all(s.cap == min(100, longform.frame_cap(s.tokens)) for s in todo)
+    assert all(s.cap == min(100, prompt.frame_cap(s.tokens)) for s in todo)
 
 
 def test_one_voice_for_every_segment_and_exact_lengths(synth, monkeypatch):
     voice = synth.voice(wav=load_wav(paths.voice_wav()))
-    for name in ("voice", "xvector", "encode_voice"):  # the voice is the caller's, computed once
-        monkeypatch.setattr(synth, name, lambda *a, **k: pytest.fail("recomputed the voice"))
+    fail = lambda *a, **k: pytest.fail("recomputed the voice")  # noqa: E731 - the voice is the caller's, made once
+    monkeypatch.setattr(synth, "voice", fail)
+    for name in ("xvector", "codes"):
+        monkeypatch.setattr(synth.voices, name, fail)
     seen = []
     result = longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, frames_per_token=0.1,
                                       margin=2, on_segment=lambda i, n, seg, wav: seen.append((i, n, len(wav))))
@@ -97,7 +100,7 @@ def test_cli_stdin_equals_the_library(synth, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     assert say("--text-file", "-", "--max-frames", "3", "-o", str(tmp_path / "o.wav")) == 0
     voice = synth.voice(wav=load_wav(paths.voice_wav()))
-    ours = longform.synthesize_long(synth, text, "english", voice, max_frames=3)
+    ours = longform.synthesize_long(synth, text, "english", voice, Sampling(greedy=True), max_frames=3)
     assert len(ours.segments) > 1 and f"{len(ours.segments)} segments" in capsys.readouterr().out
     np.testing.assert_allclose(sf.read(tmp_path / "o.wav", dtype="float32")[0], ours.wav, atol=1e-6)
 
@@ -135,12 +138,13 @@ def test_streamed_fades_equal_the_whole_fade(sizes):
 
 
 def test_stream_long_equals_synthesize_long(synth):
+    """Both sample (the checkpoint's defaults), each segment with its own seed: the same audio."""
     voice = synth.voice(wav=load_wav(paths.voice_wav()))
     todo = longform.plan(synth, PARAGRAPH, max_tokens=20, max_frames=6)
     assert len(todo) >= 3
-    whole = longform.synthesize_long(synth, [longform.Segment(s.text, s.tokens, s.cap) for s in todo], "english",
-                                     voice).wav
-    pieces = list(longform.stream_long(synth, todo, "english", voice, chunk_frames=2))
+    whole = longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=6).wav
+    pieces = list(longform.stream_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=6,
+                                       chunk_frames=2))
     streamed = np.concatenate(pieces)
     assert len(streamed) == len(whole)
     snr = 10 * np.log10(np.sum(whole.astype(np.float64) ** 2) / max(np.sum((streamed - whole) ** 2), 1e-30))

@@ -1,5 +1,5 @@
-"""Precision tiers (qtts_lib.runtime.precision, chapter 10): the int8 arithmetic against a numpy model of it, the
-tiers on tiny-base against fp32, the cached int8 files, the runtime and CLI options, the quality harness."""
+"""Precision tiers (runtime.pipeline.precision, runtime.rewrites.int8; chapter 10): the int8 arithmetic against a
+numpy model of it, the tiers on tiny-base against fp32, the cached int8 files, the runtime and CLI options."""
 import json
 import os
 
@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from qtts_lib import paths, quality
-from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
+from qtts_lib import paths
+from qtts_lib.runtime.binding import weights
+from qtts_lib.runtime.binding.net import make_net, run
+from qtts_lib.runtime.errors import PrecisionError
 from qtts_lib.runtime.pipeline import precision
-from qtts_lib.runtime.rewrites import codec_cpu as speed
+from qtts_lib.runtime.rewrites import int8
 
 RNG = np.random.default_rng(0)
 CKPT = "tiny-base"
@@ -19,11 +21,11 @@ CKPT = "tiny-base"
 def test_quantize_rows_error_is_half_a_step():
     w = RNG.standard_normal((64, 96)).astype(np.float32) * RNG.uniform(0.01, 3, (64, 1)).astype(np.float32)
     w[5] = 0
-    q, scale = precision.quantize_rows(w)
+    q, scale = int8.quantize_rows(w)
     assert q.dtype == np.int8 and np.abs(q).max() == 127
-    err = np.abs(precision.dequantize_rows(q, scale) - w)
+    err = np.abs(int8.dequantize_rows(q, scale) - w)
     assert (err <= 0.5 / 127 * scale[:, None] * (1 + 1e-5)).all()
-    assert (precision.dequantize_rows(q, scale)[5] == 0).all()
+    assert (int8.dequantize_rows(q, scale)[5] == 0).all()
 
 
 GEMM = """7767517
@@ -37,19 +39,14 @@ def test_int8_gemm_is_what_we_think_it_is(tmp_path):
     """ncnn's int8 Gemm + our row scales against a numpy model: activations quantized per row (absmax -> 127),
     int8 products summed exactly, then both scales undone."""
     w = RNG.standard_normal((24, 40)).astype(np.float32)
-    text, data, stats = precision.int8_graph(GEMM, speed.FP32_TAG + w.tobytes())
+    text, data, stats = int8.int8_graph(GEMM, weights.FP32_TAG + w.tobytes())
     assert stats["gemms"] == 1 and "18=2" in text and "MemoryData" in text
     (tmp_path / "g.param").write_text(text)
     (tmp_path / "g.bin").write_bytes(data)
     x = RNG.standard_normal((3, 40)).astype(np.float32)
     net = make_net(tmp_path / "g.param", tmp_path / "g.bin", 2)
-    ex = net.create_extractor()
-    m = to_mat(x)
-    ex.input("in", m)
-    ret, y = ex.extract("out")
-    assert ret == 0
-    y = from_mat(y)
-    q, scale = precision.quantize_rows(w)
+    (y,) = run(net, {"in": x}, ["out"])
+    q, scale = int8.quantize_rows(w)
     a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
     xq = np.clip(np.rint(x * a_scale), -127, 127)
     model = (xq @ q.T.astype(np.float64)) / (a_scale * 127) * scale
@@ -60,22 +57,22 @@ def test_int8_gemm_is_what_we_think_it_is(tmp_path):
 
 
 def test_int8_bin_walks_like_any_other():
-    """speed.split_bin knows the int8 Gemm's loads (int8-tagged weights padded to 4 bytes, then a raw scale), so
+    """weights.split_bin knows the int8 Gemm's loads (int8-tagged weights padded to 4 bytes, then a raw scale), so
     an int8 .bin splits and joins back to the same bytes; odd N*K exercises the padding."""
     w = RNG.standard_normal((7, 5)).astype(np.float32)
-    text, data, _ = precision.int8_graph(GEMM.replace("8=24 9=40", "8=7 9=5"), speed.FP32_TAG + w.tobytes())
-    segs = speed.split_bin(text, data)
-    gemm = next(name for name, s in segs.items() if s[0].data[:4] == speed.INT8_TAG)
+    text, data, _ = int8.int8_graph(GEMM.replace("8=24 9=40", "8=7 9=5"), weights.FP32_TAG + w.tobytes())
+    segs = weights.split_bin(text, data)
+    gemm = next(name for name, s in segs.items() if s[0].data[:4] == weights.INT8_TAG)
     assert [(s.count, s.tagged, len(s.data)) for s in segs[gemm]] == [(35, True, 4 + 36), (1, False, 4)]
-    assert speed.join_bin(text, segs) == data
+    assert weights.join_bin(text, segs) == data
     with pytest.raises(ValueError, match="weight blocks"):
-        speed.split_bin(text.replace("18=2", "18=802"), data)
+        weights.split_bin(text.replace("18=2", "18=802"), data)
 
 
 def test_bad_tiers_are_refused():
-    with pytest.raises(precision.PrecisionError, match="fp32, fp16, int8"):
+    with pytest.raises(PrecisionError, match="fp32, fp16, int8"):
         precision.check_tier("int4")
-    with pytest.raises(precision.PrecisionError, match="CPU only"):
+    with pytest.raises(PrecisionError, match="CPU only"):
         precision.check_tier("int8", "vulkan")
     assert precision.check_tier(" INT8 ") == "int8"
 
@@ -89,11 +86,9 @@ def exported(tts):
 
 
 def _decoder(model_dir, tier):
-    from qtts_lib.runtime.binding.cached import KvCacheNet
-
     cfg = json.loads((model_dir / "config.json").read_text())["talker_config"]
-    return cfg["hidden_size"], KvCacheNet(model_dir / "ncnn", "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2,
-                                          precision=tier)
+    return cfg["hidden_size"], precision.decoder(model_dir / "ncnn", "talker_decoder", cfg["head_dim"],
+                                                 cfg["rope_theta"], 2, precision=tier)
 
 
 @pytest.mark.parametrize("tier,low,high", [("fp16", 1e-6, 5e-3), ("int8", 1e-4, 0.1)])
@@ -102,10 +97,11 @@ def test_tiers_stay_close_to_fp32(exported, tier, low, high):
     _, net = _decoder(exported, tier)
     rng = np.random.default_rng(1)
     x0 = rng.standard_normal((1, 9, hidden)).astype(np.float32)
-    outs = [(ref.prefill(x0), net.prefill(x0))]
+    (a, ref_cache), (b, cache) = ref.prefill(x0), net.prefill(x0)
+    outs = [(a, b)]
     for _ in range(6):
         x = rng.standard_normal((1, 1, hidden)).astype(np.float32)
-        outs.append((ref.step(x), net.step(x)))
+        outs.append((ref.forward(x, ref_cache), net.forward(x, cache)))
     rel = [np.linalg.norm(b - a) / np.linalg.norm(a) for a, b in outs[1:]]   # the steps
     assert max(rel) < high, rel
     assert min(rel) > low, rel                                              # the tier really is another graph
@@ -137,7 +133,7 @@ def test_synthesizer_and_cli_take_a_precision(exported, tmp_path, capsys):
     from qtts_lib.runtime.app.cli import main
     from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
-    with pytest.raises(precision.PrecisionError):
+    with pytest.raises(PrecisionError):
         Synthesizer(exported, precision="fp8")
     out = tmp_path / "int8.wav"
     rc = main(["say", "--checkpoint", str(exported), "--voice", str(paths.voice_wav()), "--text", "Hello there.",
@@ -151,33 +147,6 @@ def test_synthesizer_and_cli_take_a_precision(exported, tmp_path, capsys):
     assert "int3" in capsys.readouterr().err
 
 
-def test_quality_harness_on_tiny(exported):
-    r = quality.measure(exported, ("fp32", "int8"), frames=6, progress=False)
-    assert r["frames"] == 6 and r["codebooks"] == 16
-    assert r["tiers"]["fp32"]["agreement"] == [1.0] * 16           # teacher forcing reproduces greedy exactly
-    assert r["tiers"]["fp32"]["first_divergent_frame"] is None
-    int8 = r["tiers"]["int8"]
-    assert len(int8["agreement"]) == 16 and all(0 <= a <= 1 for a in int8["agreement"])
-    errs = int8["layer_errors"]["talker_decoder"]
-    assert errs["worst_rel"] > 0 and len(errs["rel"]) == len(errs["labels"]) > 10
-
-
-def test_first_divergence():
-    a = np.zeros((5, 16), int)
-    b = a.copy()
-    assert quality.first_divergence(a, b) is None
-    b[3, 7] = 1
-    assert quality.first_divergence(a, b) == 3
-    assert quality.first_divergence(a, a[:4]) == 4
-
-
-def test_weight_bytes_shrink_with_the_tier(exported):
-    from qtts_lib import perf
-
-    sizes = [perf.weight_bytes_per_frame(exported / "ncnn", precision=t) for t in ("fp32", "fp16", "int8")]
-    assert sizes[0] > sizes[1] > sizes[2] > 0
-
-
 def test_fusing_shared_input_gemms_changes_nothing(exported, tmp_path):
     """q/k/v and gate/up fused into one int8 Gemm + Slice: the same numbers bit for bit, fewer layers."""
     from qtts_lib.runtime.binding.cached import KvCacheNet
@@ -185,31 +154,19 @@ def test_fusing_shared_input_gemms_changes_nothing(exported, tmp_path):
     ncnn_dir = exported / "ncnn"
     cfg = json.loads((exported / "config.json").read_text())["talker_config"]
     text, data = (ncnn_dir / "talker_decoder_kv.param").read_text(), (ncnn_dir / "talker_decoder.bin").read_bytes()
-    plain, plain_bin, plain_stats = precision.int8_graph(text, data, fuse=False)
-    fused, _, stats = precision.int8_graph(text, data)
+    plain, plain_bin, plain_stats = int8.int8_graph(text, data, fuse=False)
+    fused, _, stats = int8.int8_graph(text, data)
     layers = cfg["num_hidden_layers"]
     assert plain_stats["fused_away"] == 0 and stats["fused_away"] == 3 * layers   # q,k,v -> 1 and gate,up -> 1
     assert fused.count("Slice") == 2 * layers and len(fused.splitlines()) < len(plain.splitlines())
     (tmp_path / "p.param").write_text(plain)
     (tmp_path / "p.bin").write_bytes(plain_bin)
-    a = KvCacheNet(ncnn_dir, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, precision="int8")
-    b = KvCacheNet(ncnn_dir, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, precision="int8")
-    b.net = make_net(tmp_path / "p.param", tmp_path / "p.bin", 2)
+    a = precision.decoder(ncnn_dir, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, precision="int8")
+    b = KvCacheNet(make_net(tmp_path / "p.param", tmp_path / "p.bin", 2), a.layers, cfg["head_dim"], cfg["rope_theta"])
     rng = np.random.default_rng(2)
     x0 = rng.standard_normal((1, 7, cfg["hidden_size"])).astype(np.float32)
-    np.testing.assert_array_equal(a.prefill(x0), b.prefill(x0))
+    (ya, ca), (yb, cb) = a.prefill(x0), b.prefill(x0)
+    np.testing.assert_array_equal(ya, yb)
     for _ in range(4):
         x = rng.standard_normal((1, 1, cfg["hidden_size"])).astype(np.float32)
-        np.testing.assert_array_equal(a.step(x), b.step(x))
-
-
-def test_overlap_study_runs(exported):
-    from qtts_lib import overlap
-
-    r = overlap.measure(exported, "int8", cores=2, frames=8, repeats=1)
-    assert set(r["ms_per_frame"]) == {"sequential", "split", "oversubscribed", "pipeline"}
-    assert r["ms_per_frame"]["pipeline"]["per_frame"] > 0 and "machine" in r
-    seq = r["ms_per_frame"]["sequential"]
-    assert seq["per_frame"] == round(seq["generate"] + seq["codec"], 1) and seq["generate"] > 0
-    for name in ("split", "oversubscribed"):   # the codec really ran while the loop generated
-        assert r["ms_per_frame"][name]["codec"] > 0
+        np.testing.assert_array_equal(a.forward(x, ca), b.forward(x, cb))

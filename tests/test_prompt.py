@@ -1,4 +1,5 @@
-"""`Synthesizer.build_prompt` against the prompt the reference builds, for every way a voice enters it.
+"""`Synthesizer.prompt` (`pipeline.prompt.PromptBuilder`) against the prompt the reference builds, for every way a
+voice enters it.
 
 The reference run is captured (`reference.capture_generation`, two new tokens) and the runtime is
 given the same x-vector and voice codes, so only the prompt assembly is under test."""
@@ -44,7 +45,7 @@ def test_cloned_voice(base, text, non_streaming, icl):
                                        max_new_tokens=2, non_streaming=non_streaming)
     voice = Voice(run["xvector"], codes=run["voice_codes"] if icl else None, text=VOICE_TEXT if icl else None)
     assert voice.mode == ("icl" if icl else "xvector")
-    assert_same_prompt(synth.build_prompt(text, "english", voice, non_streaming=non_streaming), run)
+    assert_same_prompt(synth.prompt(text, "english", voice, non_streaming=non_streaming), run)
 
 
 @pytest.mark.parametrize("non_streaming", [None, False], ids=["default", "streaming"])
@@ -57,7 +58,7 @@ def test_builtin_speaker(custom, language, non_streaming):
         else synth.speakers[0]
     run = reference.capture_generation(tts, inputs.TARGET_TEXT, language, speaker=speaker, max_new_tokens=2,
                                        non_streaming=non_streaming)
-    ours = synth.build_prompt(inputs.TARGET_TEXT, language, synth.voice(speaker=speaker), non_streaming=non_streaming)
+    ours = synth.prompt(inputs.TARGET_TEXT, language, synth.voice(speaker=speaker), non_streaming=non_streaming)
     assert_same_prompt(ours, run)
 
 

@@ -12,14 +12,25 @@ import numpy as np
 import pytest
 
 from qtts_lib import checkpoint
+from qtts_lib.runtime.errors import InputError
 from qtts_lib.runtime.pipeline import sampling as sampler
-from qtts_lib.runtime.pipeline.sampling import SamplerConfig
+from qtts_lib.runtime.pipeline.sampling import SamplerConfig, Sampling
 
 torch = pytest.importorskip("torch")
 from transformers import GenerationConfig  # noqa: E402
 from transformers.generation.utils import GenerationMixin  # noqa: E402
 
 TALKER_VOCAB, SUB_VOCAB, EOS = 3072, 2048, 2150
+
+
+def talker_of(gen: dict, cfg: dict, greedy: bool = False, eos_token_id: int | None = None) -> SamplerConfig:
+    """The talker's config from a generation_config.json, as the runtime builds it (through `Sampling`)."""
+    sampling = Sampling.from_generation_config(gen, **({"greedy": True} if greedy else {}))
+    return SamplerConfig.talker(sampling, cfg, eos_token_id)
+
+
+def subtalker_of(gen: dict, cfg: dict, greedy: bool = False) -> SamplerConfig:
+    return SamplerConfig.subtalker(Sampling.from_generation_config(gen, **({"greedy": True} if greedy else {})), cfg)
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +87,16 @@ def subtalker_kwargs(s: SamplerConfig) -> dict:
 # ---------------------------------------------------------------- the configs
 def test_configs_from_checkpoint(ckpt):
     gen, cfg = ckpt
-    t = SamplerConfig.talker(gen, cfg["talker_config"], greedy=False)
+    t = talker_of(gen, cfg["talker_config"], greedy=False)
     assert (t.do_sample, t.temperature, t.top_k, t.top_p, t.repetition_penalty) == (True, 0.9, 50, 1.0, 1.05)
     assert t.eos_id == EOS and t.min_new_tokens == 2
     assert len(t.suppress_ids) == 1023 and EOS not in t.suppress_ids and min(t.suppress_ids) == 2048
-    assert SamplerConfig.talker(gen, cfg, greedy=True).do_sample is False  # whole config.json works too
-    assert SamplerConfig.talker(gen, cfg, eos_token_id=7).eos_id == 7
-    s = SamplerConfig.subtalker(gen, cfg["talker_config"], greedy=False)
+    assert talker_of(gen, cfg, greedy=True).do_sample is False  # whole config.json works too
+    assert talker_of(gen, cfg, eos_token_id=7).eos_id == 7
+    s = subtalker_of(gen, cfg["talker_config"], greedy=False)
     assert (s.do_sample, s.temperature, s.top_k, s.top_p, s.repetition_penalty) == (True, 0.9, 50, 1.0, 1.0)
     assert s.eos_id is None and s.suppress_ids == () and s.min_new_tokens == 0
-    assert SamplerConfig.talker({}, cfg).temperature == 0.9  # qwen_tts hard defaults fill missing keys
+    assert talker_of({}, cfg).temperature == 0.9  # qwen_tts hard defaults fill missing keys
 
 
 def test_hf_builds_the_list_we_mirror(ckpt, model_configs):
@@ -93,31 +104,31 @@ def test_hf_builds_the_list_we_mirror(ckpt, model_configs):
     gen, cfg = ckpt
     talker_cfg, pred_cfg = model_configs
     names = lambda procs: [type(p).__name__ for p in procs]  # noqa: E731
-    t = SamplerConfig.talker(gen, cfg)
+    t = talker_of(gen, cfg)
     head = ["RepetitionPenaltyLogitsProcessor", "MinLengthLogitsProcessor",
             "MinNewTokensLengthLogitsProcessor", "SuppressTokensLogitsProcessor"]
     warpers = ["TemperatureLogitsWarper", "TopKLogitsWarper"]
     assert names(hf_processors(talker_cfg, **talker_kwargs(t))) == head + warpers
-    greedy = SamplerConfig.talker(gen, cfg, greedy=True)
+    greedy = talker_of(gen, cfg, greedy=True)
     assert names(hf_processors(talker_cfg, **talker_kwargs(greedy))) == head  # no warpers when greedy
-    s = SamplerConfig.subtalker(gen, cfg)
+    s = subtalker_of(gen, cfg)
     assert names(hf_processors(pred_cfg, **subtalker_kwargs(s))) == warpers
-    assert names(hf_processors(pred_cfg, **subtalker_kwargs(SamplerConfig.subtalker(gen, cfg, greedy=True)))) == []
+    assert names(hf_processors(pred_cfg, **subtalker_kwargs(subtalker_of(gen, cfg, greedy=True)))) == []
 
 
 # ---------------------------------------------------------------- parity cases
 def _cases(gen: dict, cfg: dict) -> list[tuple[str, str, SamplerConfig, np.ndarray, list[int]]]:
     rng = np.random.default_rng(20261130)
-    T = SamplerConfig.talker(gen, cfg)
-    S = SamplerConfig.subtalker(gen, cfg)
+    T = talker_of(gen, cfg)
+    S = subtalker_of(gen, cfg)
     variants = {
         "talker": T,
-        "talker-greedy": SamplerConfig.talker(gen, cfg, greedy=True),
+        "talker-greedy": talker_of(gen, cfg, greedy=True),
         "talker-p0.8": dataclasses.replace(T, top_p=0.8),
         "talker-p0.95-T1.3-rep1.3": dataclasses.replace(T, top_p=0.95, temperature=1.3, repetition_penalty=1.3),
         "talker-k1": dataclasses.replace(T, top_k=1),
         "sub": S,
-        "sub-greedy": SamplerConfig.subtalker(gen, cfg, greedy=True),
+        "sub-greedy": subtalker_of(gen, cfg, greedy=True),
         "sub-p0.7-k5000": dataclasses.replace(S, top_p=0.7, top_k=5000),
     }
 
@@ -243,7 +254,7 @@ def _run(seed: int, c: SamplerConfig, x: np.ndarray, n: int = 200) -> list[int]:
 
 def test_seeded_sampling_is_repeatable(ckpt):
     gen, cfg = ckpt
-    c = SamplerConfig.talker(gen, cfg)
+    c = talker_of(gen, cfg)
     x = np.random.default_rng(3).standard_normal(TALKER_VOCAB).astype(np.float32)
     a, b, other = _run(11, c, x), _run(11, c, x), _run(12, c, x)
     assert a == b
@@ -253,7 +264,7 @@ def test_seeded_sampling_is_repeatable(ckpt):
 
 def test_draws_follow_the_distribution(ckpt):
     gen, cfg = ckpt
-    c = SamplerConfig.subtalker(gen, cfg)
+    c = subtalker_of(gen, cfg)
     x = np.random.default_rng(5).standard_normal(SUB_VOCAB).astype(np.float32) * 2
     p = sampler.probs(sampler.process(x, [], 0, c))
     rng = np.random.default_rng(99)
@@ -277,3 +288,30 @@ def test_draw_never_picks_zero_mass():
 
     assert sampler.draw(p, One()) == 3
     assert sampler.draw(p, np.random.default_rng(0)) == 3
+
+
+# ---------------------------------------------------------------- the user's object
+def test_sampling_defaults_are_the_checkpoints(ckpt):
+    gen, _ = ckpt
+    s = Sampling.from_generation_config(gen)
+    assert (s.greedy, s.temperature, s.top_k, s.top_p, s.repetition_penalty) == (
+        not gen["do_sample"], gen["temperature"], gen["top_k"], gen["top_p"], gen["repetition_penalty"])
+    assert Sampling.from_generation_config({"do_sample": False, "subtalker_dosample": True}).subtalker_greedy is False
+    assert Sampling.from_generation_config({}) == Sampling()  # qwen_tts's hard defaults, which are the class's
+
+
+def test_replace_validates_and_greedy_reaches_the_code_predictor(ckpt):
+    gen, cfg = ckpt
+    s = Sampling.from_generation_config(gen).replace(temperature=0.7, top_k=5, seed=3)
+    assert (s.temperature, s.top_k, s.seed) == (0.7, 5, 3)
+    g = s.replace(greedy=True)
+    assert not SamplerConfig.talker(g, cfg).do_sample and not SamplerConfig.subtalker(g, cfg).do_sample
+
+
+@pytest.mark.parametrize("bad", [{"temperature": 0}, {"temperature": -1.0}, {"temperature": float("nan")},
+                                 {"temperature": float("inf")}, {"temperature": "hot"}, {"top_p": 0},
+                                 {"top_p": 1.5}, {"top_k": -1}, {"top_k": 2.5}, {"seed": -3}, {"seed": True},
+                                 {"repetition_penalty": 0}, {"greedy": "yes"}, {"nucleus": 0.9}])
+def test_bad_sampling_parameters_name_what_is_valid(bad):
+    with pytest.raises(InputError, match="must be|unknown sampling"):
+        Sampling().replace(**bad)

@@ -10,7 +10,6 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,7 +103,9 @@ def check_wav(body: bytes) -> np.ndarray:
 def test_models_and_health(server):
     _, url = server
     status, _, body = request(url, "/v1/models")
-    assert status == 200 and json.loads(body)["data"][0]["id"] == CKPT
+    model = json.loads(body)["data"][0]
+    assert status == 200 and model["id"] == CKPT
+    assert model["qtts"]["clone"] and not model["qtts"]["instructions"] and "alice" in model["qtts"]["voices"]
     status, _, body = request(url, "/health")
     assert status == 200 and json.loads(body)["status"] == "ok"
 
@@ -118,7 +119,7 @@ def test_speech_wav_and_pcm(server, voice):
     status, headers, raw = request(url, "/v1/audio/speech",
                                    {"input": "Hello there.", "voice": voice, "response_format": "pcm"})
     assert status == 200 and headers["content-type"] == "audio/pcm"
-    assert np.array_equal(np.frombuffer(raw, "<i2"), pcm)  # same request, same audio (greedy)
+    assert np.array_equal(np.frombuffer(raw, "<i2"), pcm)  # same request, same seed: same audio
 
 
 BAD = [  # (body or None for GET, path, expected status, what the error names)
@@ -132,6 +133,11 @@ BAD = [  # (body or None for GET, path, expected status, what the error names)
     ({"input": "x" * 5000, "voice": "alice"}, "/v1/audio/speech", 400, "input"),
     (b"[" * 70000, "/v1/audio/speech", 413, "body"),
     ([1, 2], "/v1/audio/speech", 400, "object"),
+    ({"input": "hi", "voice": "alice", "response_format": {}}, "/v1/audio/speech", 400, "response_format"),
+    (b'{"input": "\\ud800", "voice": "alice"}', "/v1/audio/speech", 400, "surrogate"),
+    (b"[" * 10000 + b"]" * 10000, "/v1/audio/speech", 400, "nested"),
+    ({"input": "hi", "voice": "alice", "instructions": "whisper"}, "/v1/audio/speech", 400, "instructions"),
+    ({"input": "hi", "voice": "alice", "model": "gpt-5"}, "/v1/audio/speech", 404, "model"),
     (None, "/v1/audio/speech", 405, "Method"),
     (None, "/v1/nothing", 404, "Not Found"),
 ]
@@ -201,7 +207,7 @@ def test_a_full_queue_answers_503(tts, tmp_path):
         statuses = sorted(a[0] for a in answers)
         assert statuses[0] == 200 and 503 in statuses, statuses
         busy = next(a for a in answers if a[0] == 503)
-        assert json.loads(busy[2])["error"]["type"] == "server_busy"
+        assert json.loads(busy[2])["error"]["code"] == "overloaded"
         assert request(url, "/v1/audio/speech", body)[0] == 200
     finally:
         stop_server(proc)
@@ -221,36 +227,64 @@ def test_long_input_is_spoken_in_segments(server):
     assert np.diff(silent).max() > pause  # a run of silence at least a pause long between two segments
 
 
-def children(pid: int) -> set[int]:
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= {int(c) for c in (task / "children").read_text().split()}
-    return found
+MALFORMED = [  # every one a 4xx with an OpenAI-style error body; the server healthy after all of them
+    b"", b"not json", b"\xff\xfe\x00", b'{"input": "hi", "voice": "alice"', b"42", b'"a string"', b"null",
+    b"[" * 10000 + b"]" * 10000, b'{"input": "\\ud800", "voice": "alice"}', b'{"input": "hi\\udfff", "voice": "alice"}',
+    b'{"input": "hi", "voice": "alice", "speed": NaN}', b'{"input": "hi", "voice": "alice", "temperature": 1e999}',
+    b'{"input": "hi", "voice": "alice", "input": ""}',
+    {"input": "hi", "voice": "alice", "response_format": {}}, {"input": "hi", "voice": "alice", "response_format": []},
+    {"input": "hi", "voice": "alice", "response_format": 7}, {"input": 5, "voice": "alice"},
+    {"input": ["a"], "voice": "alice"}, {"input": None, "voice": "alice"}, {"voice": "alice"}, {"input": "hi"},
+    {"input": "hi", "voice": 5}, {"input": "hi", "voice": {}}, {"input": "hi", "voice": ""},
+    {"input": "hi", "voice": "a" * 200}, {"input": "hi", "voice": "alice", "language": 5},
+    {"input": "hi", "voice": "alice", "language": {}}, {"input": "hi", "voice": "alice", "speed": "fast"},
+    {"input": "hi", "voice": "alice", "temperature": -1}, {"input": "hi", "voice": "alice", "temperature": "hot"},
+    {"input": "hi", "voice": "alice", "top_k": 1.5}, {"input": "hi", "voice": "alice", "top_p": 0},
+    {"input": "hi", "voice": "alice", "seed": -1}, {"input": "hi", "voice": "alice", "greedy": "yes"},
+    {"input": "hi", "voice": "alice", "repetition_penalty": 0}, {"input": "hi", "voice": "alice", "instructions": "x"},
+    {"input": "hi", "voice": "alice", "model": "gpt-5"}, {"input": "hi", "voice": "alice", "foo": 1},
+    {"input": "hi", "voice": "alice", "stream_format": "sse"}, {"input": " " * 10, "voice": "alice"},
+]
 
 
-def test_codec_process_serves_the_same_audio_and_leaves_no_orphan(server, tmp_path):
-    """--codec-process: the child decodes; the answer is the in-process server's audio; stopping the server ends it."""
+def test_fuzz_malformed_bodies_get_a_4xx_json_error_and_the_server_stays_healthy(server):
     _, url = server
-    body = {"input": "Hello there.", "voice": "bob", "response_format": "pcm"}
-    status, _, ours = request(url, "/v1/audio/speech", body)
-    proc, piped = start_server(tmp_path, "--max-frames", str(MAX_FRAMES), "--threads", "1", "--codec-process")
-    try:
-        kids = children(proc.pid)
-        assert kids, "no codec process started"
-        status2, _, theirs = request(piped, "/v1/audio/speech", body)
-    finally:
-        stop_server(proc)
-    assert status == status2 == 200
-    a, b = np.frombuffer(ours, "<i2").astype(int), np.frombuffer(theirs, "<i2").astype(int)
-    assert len(a) == len(b) and np.abs(a - b).max() <= 2  # 1 vs 2 threads: float rounding, then 16 bits
-    deadline = time.time() + 10
-    while any(map(alive, kids)) and time.time() < deadline:
-        time.sleep(0.2)
-    assert not any(map(alive, kids)), "the codec process outlived the server"
+    assert len(MALFORMED) >= 25
+    for body in MALFORMED:
+        status, headers, answer = request(url, "/v1/audio/speech", body)
+        assert 400 <= status < 500, (body if isinstance(body, dict) else body[:60], status, answer[:200])
+        error = json.loads(answer)["error"]
+        assert headers["content-type"] == "application/json" and error["message"] and error["type"], error
+    status, _, body = request(url, "/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    assert request(url, "/v1/audio/speech", {"input": "Still here.", "voice": "alice"})[0] == 200
 
 
-def alive(pid: int) -> bool:
-    try:
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
+def test_the_server_samples_by_default_and_takes_sampling_fields(server):
+    """No sampling fields: the checkpoint's sampling (the library's default, seed 0), not greedy; fields change it."""
+    from qtts_lib.runtime import Sampling, Synthesizer, load_wav
+    from qtts_lib.runtime.audio.wav import pcm16
+    from qtts_lib.runtime.pipeline import longform
+
+    _, url = server
+    synth = Synthesizer(paths.model_dir(CKPT), threads=2)
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    text = "Hello there."
+
+    def served(**fields) -> bytes:
+        status, _, raw = request(url, "/v1/audio/speech", {"input": text, "voice": "alice", "language": "english",
+                                                           "response_format": "pcm",
+                                                           **fields})
+        assert status == 200
+        return raw
+
+    def library(sampling) -> bytes:  # what the server runs, in this process: the same arithmetic, the same bits
+        return b"".join(pcm16(p) for p in longform.stream_long(synth, text, "english", voice, sampling,
+                                                               max_frames=MAX_FRAMES))
+
+    assert not synth.sampling.greedy
+    assert served() == library(synth.sampling)
+    assert served(greedy=True) == library(Sampling(greedy=True))
+    assert served(seed=7, temperature=0.5, top_k=10) == library(synth.sampling.replace(seed=7, temperature=0.5,
+                                                                                       top_k=10))
+    assert served() != served(greedy=True) and served() != served(seed=7)

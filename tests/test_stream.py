@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -77,7 +76,7 @@ def test_incremental_decode_equals_decode_once_and_needs_the_cpu_form(synth):
         inc = synth.codec.incremental()
         ours = np.concatenate([inc.push(codes[a:a + n]) for a in range(0, len(codes), n)])
         assert len(ours) == len(once) and snr_db(ours, once) > 100, n
-    exported = Codec(synth.model_dir / "ncnn", synth.codec.config, 2, fast=False)
+    exported = Codec(synth.config.ncnn_dir, synth.codec.config, 2, form="exported")
     with pytest.raises(ValueError, match="CPU form"):
         exported.incremental()
     assert not StreamDecoder(exported).incremental
@@ -87,9 +86,9 @@ def test_incremental_decode_equals_decode_once_and_needs_the_cpu_form(synth):
 @pytest.mark.parametrize("chunk", [4, 7])
 def test_stream_equals_synthesize(synth, voices, mode, chunk):
     voice = voices[mode]
-    whole = synth.synthesize(TEXT, "english", voice, max_new_tokens=31)
+    whole = synth.synthesize(TEXT, "english", voice, max_frames=30)
     frames = []
-    pieces = synth.stream(TEXT, "english", voice, max_new_tokens=31, chunk_frames=chunk, on_frame=frames.append)
+    pieces = synth.stream(TEXT, "english", voice, max_frames=30, chunk_frames=chunk, on_frame=frames.append)
     got = list(pieces)
     assert all(len(p) == chunk * SAMPLES_PER_FRAME for p in got[:-1])
     ours = np.concatenate(got)
@@ -101,20 +100,34 @@ def test_stream_equals_synthesize(synth, voices, mode, chunk):
     assert snr_db(ours, whole.wav[extra:]) >= 60
 
 
-def test_closing_the_stream_stops_the_loop(synth, voices):
+def test_closing_the_stream_stops_the_loop_and_starts_no_thread(synth, voices):
     before = threading.active_count()
-    pieces = synth.stream(TEXT, "english", voices["xvector"], max_new_tokens=400, chunk_frames=2)
+    frames = []
+    pieces = synth.stream(TEXT, "english", voices["xvector"], max_frames=399, chunk_frames=2, on_frame=frames.append)
     next(pieces)
-    t0 = time.perf_counter()
+    assert threading.active_count() == before  # the loop runs in the caller's thread, a frame per next()
     pieces.close()
-    assert time.perf_counter() - t0 < 5 and threading.active_count() == before
+    assert frames == [1, 2] and pieces.result is None
+    with pytest.raises(StopIteration):
+        next(pieces)
 
 
-def test_errors_reach_the_consumer(synth, voices):
+def test_a_stream_result_comes_at_its_end(synth, voices):
+    with synth.stream(TEXT, "english", voices["xvector"], max_frames=5, chunk_frames=2) as pieces:
+        got = list(pieces)
+    assert sum(len(p) for p in got) == 5 * SAMPLES_PER_FRAME
+    assert pieces.result.codes.shape == (5, 16) and pieces.result.stopped == "cap" and pieces.result.wav is None
+
+
+@pytest.mark.parametrize("bad, match", [({"chunk_frames": 0}, "chunk_frames"), ({"max_frames": 0}, "max_frames"),
+                                        ({"language": "klingon"}, "unknown language"), ({"text": " "}, "empty"),
+                                        ({"sampling": {"temperature": 0.5}}, "Sampling")])
+def test_bad_input_is_refused_before_any_piece(synth, voices, bad, match):
     from qtts_lib.runtime.errors import InputError
 
-    with pytest.raises(InputError, match="unknown language"):
-        next(synth.stream(TEXT, "klingon", voices["xvector"], max_new_tokens=5))
+    args = {"text": TEXT, "language": "english"} | bad
+    with pytest.raises(InputError, match=match):
+        synth.stream(args.pop("text"), args.pop("language"), voices["xvector"], **args)
 
 
 def test_wav_writers(tmp_path):
@@ -130,7 +143,8 @@ def test_wav_writers(tmp_path):
 
 
 def test_cli_stream_and_stdout(synth, tmp_path):
-    """`say --stream` writes the same wav as `say`; `-o -` writes 16-bit PCM to stdout (torch blocked)."""
+    """`say --stream` writes the same wav as `say`; `-o -` writes 16-bit PCM to stdout (torch blocked), and nothing
+    else, even when the voice clip is resampled (its note goes to stderr)."""
     from qtts_lib.isolation import qtts_without_torch
 
     args = ["say", "--checkpoint", str(paths.model_dir(CKPT)), "--voice", str(paths.voice_wav()), "--text", TEXT,
@@ -143,3 +157,10 @@ def test_cli_stream_and_stdout(synth, tmp_path):
     assert piped.returncode == 0 and piped.stdout[:4] == b"RIFF"
     pcm = np.frombuffer(piped.stdout[44:], "<i2") / 32767.0
     assert len(pcm) == len(whole) and np.abs(pcm - whole).max() < 2 / 32767
+    clip, sr = sf.read(paths.voice_wav(), dtype="float32")
+    sf.write(tmp_path / "clip12k.wav", np.stack([clip, clip], 1)[::2], sr // 2)  # 12 kHz stereo: two notes
+    args[args.index("--voice") + 1] = str(tmp_path / "clip12k.wav")
+    resampled = subprocess.run([sys.executable, "-m", "qtts_lib.runtime.app.cli", *args, "--resample", "-o", "-"],
+                               capture_output=True)
+    assert resampled.returncode == 0 and resampled.stdout[:4] == b"RIFF", resampled.stdout[:80]
+    assert b"resampling" in resampled.stderr and b"mono" in resampled.stderr

@@ -1,4 +1,4 @@
-"""Voice clips people bring (qtts_lib.runtime.audio.check_voice_clip and friends): one generated wav per rule,
+"""Voice clips people bring (qtts_lib.runtime.audio.clips.check_voice_clip and friends): one generated wav per rule,
 then the same clips through `qtts say` (one line on stderr, exit status 2)."""
 import numpy as np
 import pytest
@@ -6,11 +6,12 @@ import soundfile as sf
 
 from qtts_lib import paths
 from qtts_lib.runtime.app.cli import main
-from qtts_lib.runtime.audio import wav as audio
+from qtts_lib.runtime.audio import clips as audio
 from qtts_lib.runtime.audio.clips import check_voice_clip, prepare_voice_clip, trim_voice_clip
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, load_wav
 from qtts_lib.runtime.errors import AudioError
 
-SR = audio.SAMPLE_RATE
+SR = SAMPLE_RATE
 
 
 def speechlike(seconds: float, level: float = 0.1, seed: int = 0, gaps=()) -> np.ndarray:
@@ -32,7 +33,7 @@ def test_a_good_clip_passes_silently():
 
 
 def test_the_tutorials_voice_clip_passes():
-    assert check_voice_clip(audio.load_wav(paths.voice_wav())) == []
+    assert check_voice_clip(load_wav(paths.voice_wav())) == []
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

@@ -24,13 +24,13 @@ def _env(threads: int) -> dict:
     return dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
 
 
-def run(module: str, name: str, threads: int, **kwargs) -> dict:
+def run(module: str, name: str, threads: int, /, **kwargs) -> dict:
     """`qtts_lib.bench.<module>.<name>(**kwargs)` in a fresh Python; raises with its stderr if the child fails."""
     proc = subprocess.run(_command(module, name, kwargs), capture_output=True, text=True, env=_env(threads))
     return result_of(proc.returncode, proc.stdout, proc.stderr, f"{module}.{name}")
 
 
-def spawn(module: str, name: str, threads: int, **kwargs) -> subprocess.Popen:
+def spawn(module: str, name: str, threads: int, /, **kwargs) -> subprocess.Popen:
     """The same child, started and left running (its stdout a pipe: read it, or `finish` it)."""
     return subprocess.Popen(_command(module, name, kwargs), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env(threads))

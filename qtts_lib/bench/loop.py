@@ -86,10 +86,18 @@ def run_pytorch(model_dir: str, frames: int, threads: int, device: str = "cpu") 
         return wrapper
 
     started = []  # hooks, not a wrapper: HF validates generate's kwargs against forward's signature
-    model.talker.register_forward_pre_hook(lambda m, a: (sync(), started.append(time.perf_counter())))
-    model.talker.register_forward_hook(
-        lambda m, a, o: (sync(), spent.update(prefill=time.perf_counter() - started[0]))
-        if spent["prefill"] is None else None)
+
+    def before_forward(module, args) -> None:
+        sync()
+        started.append(time.perf_counter())
+
+    def after_forward(module, args, output) -> None:
+        if spent["prefill"] is None:
+            sync()
+            spent["prefill"] = time.perf_counter() - started[0]
+
+    model.talker.register_forward_pre_hook(before_forward)
+    model.talker.register_forward_hook(after_forward)
     model.talker.generate = timed("talker_generate", model.talker.generate)
     predict = timed("predictor", model.talker.code_predictor.generate)
 

@@ -100,9 +100,12 @@ class Synthesizer:
         parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 10). `log` hears
         about one-time work (writing a tier's files). `decoders`: where frames become audio, if not this
         process's codec (`experimental.codec_process`)."""
-        self.config = cfg = ModelConfig.load(model_dir)
+        if not (Path(model_dir) / "config.json").is_file():
+            raise MissingArtifact(f"{model_dir} has no config.json: not a checkpoint directory; pass one, or run "
+                                  "notebooks/00_get_checkpoint.py")
         self.precision = check_tier(precision, device)
-        missing_graphs(cfg.ncnn_dir, raise_error=True)
+        missing_graphs(Path(model_dir) / "ncnn", raise_error=True)  # what a checkpoint without exports needs first
+        self.config = cfg = ModelConfig.load(model_dir)
         self.tokenizer = Tokenizer.from_dir(cfg.directory)
         self.embeddings = Embeddings(cfg, threads, device)
         self.prompts = PromptBuilder(cfg, self.tokenizer, self.embeddings)

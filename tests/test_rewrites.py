@@ -1,13 +1,16 @@
-"""Speed rewrites (qtts_lib.runtime.speed): text shape of each rewrite, numeric equality against numpy
-on hand-written one-layer graphs, and equality against the original graph on tiny-base exports."""
+"""Graph rewrites (qtts_lib.runtime.rewrites) and the `.bin` format (runtime.binding.weights): text shape of each
+rewrite, numeric equality against numpy on hand-written one-layer graphs, and equality against the original graph on
+tiny-base exports; the codec's CPU form on disk (runtime.codec.cpu_form) and in parts."""
 import json
 
 import numpy as np
 import pytest
 
 from qtts_lib import export
-from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.binding import graph, weights
+from qtts_lib.runtime.binding.net import make_net, run
 from qtts_lib.runtime.rewrites import codec_cpu as speed
+from qtts_lib.runtime.rewrites import decode_step
 
 RNG = np.random.default_rng(0)
 
@@ -16,12 +19,7 @@ def _run(tmp_path, text, data, x, out="out", threads=1, tag="g"):
     (tmp_path / f"{tag}.param").write_text(text)
     (tmp_path / f"{tag}.bin").write_bytes(data)
     net = make_net(tmp_path / f"{tag}.param", tmp_path / f"{tag}.bin", threads)
-    ex = net.create_extractor()
-    m = to_mat(x)
-    ex.input("in", m)
-    ret, y = ex.extract(out)
-    assert ret == 0
-    return from_mat(y)
+    return run(net, {"in": x}, [out])[0]
 
 
 def _conv1d_numpy(x, w, b, left, dilation=1):
@@ -47,7 +45,7 @@ def _deconv_numpy(x, w, b, stride):
 
 
 def _tagged(*arrays):
-    return b"".join(speed.FP32_TAG + a.astype(np.float32).tobytes() for a in arrays)
+    return b"".join(weights.FP32_TAG + a.astype(np.float32).tobytes() for a in arrays)
 
 
 # ---------------------------------------------------------------- text rewrites
@@ -63,7 +61,7 @@ def test_conv1d_as_conv2d_text():
     text = speed.conv1d_as_conv2d(CONV)
     layers = export.parse_param(text).layers
     assert [lyr.type for lyr in layers] == ["Input", "Reshape", "Convolution", "Reshape"]
-    conv = speed.params_dict(layers[2])
+    conv = graph.params_dict(layers[2])
     assert conv["11"] == "1" and conv["12"] == "1" and conv["13"] == "1"     # kernel/dilation/stride h = 1
     assert conv["4"] == "12" and conv["15"] == "0" and conv["14"] == "0" and conv["16"] == "0"  # pad folded
     assert conv["2"] == "2" and conv["6"] == "140"
@@ -71,7 +69,7 @@ def test_conv1d_as_conv2d_text():
     assert layers[3].outputs == ["out"]
     only_pad = export.parse_param(speed.conv1d_as_conv2d(CONV, to_2d=False)).layers
     assert [lyr.type for lyr in only_pad] == ["Input", "Convolution1D"]
-    assert speed.params_dict(only_pad[1])["4"] == "12"
+    assert graph.params_dict(only_pad[1])["4"] == "12"
 
 
 def test_conv1d_as_conv2d_keeps_a_shared_padding():
@@ -173,14 +171,14 @@ Gemm                     gemm_1                   1 1 1 out 10=4 2=0 3=1 4=0 5=1
 
 
 def test_gemm_decode_as_innerproduct(tmp_path):
-    text = speed.gemm_decode_as_innerproduct(GEMM)
+    text = decode_step.gemm_decode_as_innerproduct(GEMM)
     types = [lyr.type for lyr in export.parse_param(text).layers]
     assert types == ["Input", "Reshape", "InnerProduct", "Reshape", "Gemm"]  # the biased Gemm stays
     w0 = RNG.standard_normal((24, 16)).astype(np.float32)
     w1 = RNG.standard_normal((8, 24)).astype(np.float32)
     c1 = RNG.standard_normal(8).astype(np.float32)
     data = _tagged(w0, w1, c1)                                  # Gemm's C carries a storage tag
-    assert speed.join_bin(text, speed.split_bin(GEMM, data)) == data
+    assert weights.join_bin(text, weights.split_bin(GEMM, data)) == data
     x = RNG.standard_normal((1, 16)).astype(np.float32)
     ref = (x @ w0.T) @ w1.T + c1
     for t, tag in ((GEMM, "g"), (text, "i")):
@@ -191,7 +189,7 @@ def test_gemm_decode_as_innerproduct(tmp_path):
 def test_split_bin_rejects_wrong_size():
     data = _tagged(np.zeros((24, 16)), np.zeros((8, 24)), np.zeros(8))
     with pytest.raises(ValueError):
-        speed.split_bin(GEMM, data + b"\0\0\0\0")
+        weights.split_bin(GEMM, data + b"\0\0\0\0")
 
 
 # ---------------------------------------------------------------- tiny real graphs
@@ -217,13 +215,8 @@ def _codec_inputs(model_dir, T):
 
 def _codec(path_param, path_bin, ins):
     net = make_net(path_param, path_bin, 2)
-    mats = [to_mat(ins[0], 0)] + [to_mat(a) for a in ins[1:]]
-    ex = net.create_extractor()
-    for i, m in enumerate(mats):
-        ex.input(f"in{i}", m)
-    ret, y = ex.extract("out0")
-    assert ret == 0
-    return from_mat(y).reshape(-1).astype(np.float64)
+    (y,) = run(net, {f"in{i}": a for i, a in enumerate(ins)}, ["out0"], axes={"in0": 0})
+    return y.reshape(-1).astype(np.float64)
 
 
 def _TINY_PARTS(c):
@@ -263,13 +256,13 @@ def test_part_time_tiles():
 def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
     text = (tiny_ncnn / "codec_decoder.param").read_text()
     data = (tiny_ncnn / "codec_decoder.bin").read_bytes()
-    assert speed.join_bin(text, speed.split_bin(text, data)) == data
+    assert weights.join_bin(text, weights.split_bin(text, data)) == data
     ins = _codec_inputs(tiny_ncnn.parent, 30)
     ref = _codec(tiny_ncnn / "codec_decoder.param", tiny_ncnn / "codec_decoder.bin", ins)
     ptext, pdata = speed.deconv_polyphase(speed.conv1d_as_conv2d(text), data)
     variants = {"conv2d": (speed.conv1d_as_conv2d(text), data),
                 "conv2d+deconv2d": (speed.deconv1d_as_deconv2d(speed.conv1d_as_conv2d(text)), data),
-                "conv2d+poly": (ptext, pdata), "codec_fast": (speed.codec_fast(text), data),
+                "conv2d+poly": (ptext, pdata), "codec_rewritten": speed.codec_rewritten(text, data),
                 "codec_fast_bin (whole graph)": speed.codec_fast_bin(text, data),
                 # tiny's widths (8..128) are below full-size's split points: cut them with a rule that fires here
                 "codec_fast_bin, every split": speed.codec_fast_bin(text, data, _TINY_PARTS),
@@ -291,19 +284,20 @@ def test_tiny_codec_rewrites_keep_the_waveform(tiny_ncnn, tmp_path):
 
 
 def test_tiny_decode_step_graph_matches(tiny_ncnn, tmp_path):
-    from qtts_lib.runtime.binding.cached import KvCacheNet
+    from qtts_lib.runtime.pipeline import precision
 
     cfg = json.loads((tiny_ncnn.parent / "config.json").read_text())["talker_config"]
-    assert "InnerProduct" in speed.decode_step((tiny_ncnn / "talker_decoder_kv.param").read_text())
-    a = KvCacheNet(tiny_ncnn, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, fast=False)
-    b = KvCacheNet(tiny_ncnn, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, fast=True)
+    assert "InnerProduct" in decode_step.decode_step((tiny_ncnn / "talker_decoder_kv.param").read_text())
+    a = precision.decoder(tiny_ncnn, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, fast_steps=False)
+    b = precision.decoder(tiny_ncnn, "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2, fast_steps=True)
     assert a.step_net is None and b.step_net is not None
     rng = np.random.default_rng(0)
     x0 = rng.standard_normal((1, 12, cfg["hidden_size"])).astype(np.float32)
-    np.testing.assert_array_equal(a.prefill(x0), b.prefill(x0))  # prefill runs the same graph
+    (ya, ca), (yb, cb) = a.prefill(x0), b.prefill(x0)
+    np.testing.assert_array_equal(ya, yb)  # prefill runs the same graph
     for _ in range(20):
         x = rng.standard_normal((1, 1, cfg["hidden_size"])).astype(np.float32)
-        ya, yb = a.step(x), b.step(x)
+        ya, yb = a.forward(x, ca), b.forward(x, cb)
         assert np.abs(ya - yb).max() <= 1e-5 * np.abs(ya).max()
 
 
@@ -363,6 +357,7 @@ def test_conv_split_input_leaves_fused_activations_whole():
 def test_codec_fast_graph_cache(tiny_ncnn, tmp_path):
     import shutil
 
+    from qtts_lib.runtime.codec import cpu_form
     from qtts_lib.runtime.codec import decoder as codec
 
     src = tmp_path / "ncnn"
@@ -370,24 +365,24 @@ def test_codec_fast_graph_cache(tiny_ncnn, tmp_path):
     for f in ("codec_decoder.param", "codec_decoder.bin", "manifest.json"):
         shutil.copy2(tiny_ncnn / f, src / f)
     cfg = json.loads((tiny_ncnn.parent / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
-    (src / codec.FAST_DIR).mkdir()
-    (src / codec.FAST_DIR / "codec_decoder.bin").write_bytes(b"left by an older version")
-    out, desc = codec.fast_graph(src, cfg)
-    assert out == src / codec.FAST_DIR and not (out / "codec_decoder.bin").exists()  # the stale file is gone
-    assert desc["key"]["version"] == speed.CODEC_FAST_BIN_VERSION and "codec_decoder.bin" in desc["key"]
+    (src / cpu_form.FAST_DIR).mkdir()
+    (src / cpu_form.FAST_DIR / "codec_decoder.bin").write_bytes(b"left by an older version")
+    out, desc = cpu_form.fast_graph(src, cfg)
+    assert out == src / cpu_form.FAST_DIR and not (out / "codec_decoder.bin").exists()  # the stale file is gone
+    assert desc["key"]["version"] == cpu_form.FORM_VERSION and "codec_decoder.bin" in desc["key"]
     rates = cfg["upsampling_ratios"] + cfg["upsample_rates"]
     assert [p["role"] for p in desc["parts"]] == ["codes", "transformer"] + ["upsample"] * len(rates)
     assert [p["up"] for p in desc["parts"][2:]] == rates and (out / desc["transformer_kv"]).is_file()
     assert desc["parts"][0]["context"] >= 3  # the pre_conv's kernel of 3 (+ 1 for safety)
     assert all(p["context"] > 0 and p["chunk_frames"] >= 1 for p in desc["parts"][2:])
     stamp = (out / "codec_decoder.part2.bin").stat().st_mtime_ns
-    assert codec.fast_graph(src, cfg) == (out, desc)
+    assert cpu_form.fast_graph(src, cfg) == (out, desc)
     assert (out / "codec_decoder.part2.bin").stat().st_mtime_ns == stamp  # reused
     (src / "codec_decoder.param").write_text((src / "codec_decoder.param").read_text() + "\n")  # source changed
-    assert codec.fast_graph(src, cfg)[1]["key"] != desc["key"]
+    assert cpu_form.fast_graph(src, cfg)[1]["key"] != desc["key"]
     codes = np.random.default_rng(5).integers(0, cfg["codebook_size"], (20, 16))
-    ref = codec.Codec(src, cfg, 2, fast=False).decode(codes).astype(np.float64)
-    y = codec.Codec(src, cfg, 2, fast=True).decode(codes)
+    ref = codec.Codec(src, cfg, 2, form="exported").decode(codes).astype(np.float64)
+    y = codec.Codec(src, cfg, 2, form="cpu").decode(codes)
     assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - y) ** 2)) >= 100
 
 
@@ -400,7 +395,7 @@ def test_tiny_codec_parts_chunked_equal_whole(tiny_ncnn):
     fast, whole = codec.Codec(tiny_ncnn, cfg, 2), codec.Codec(tiny_ncnn, cfg, 2)
     for p in whole.parts:
         p.chunk_frames = None
-    exported = codec.Codec(tiny_ncnn, cfg, 2, fast=False)
+    exported = codec.Codec(tiny_ncnn, cfg, 2, form="exported")
     assert min(p.chunk_frames for p in fast.parts[2:]) < 7  # the last parts run chunked from 7 frames on
     for T in (1, 2, 7, 40, 61):
         codes = np.random.default_rng(T).integers(0, cfg["codebook_size"], (T, 16))
@@ -423,10 +418,10 @@ BinaryOp                 c                        2 1 x y out0 0=0
 
 def test_cut_graph_refuses_a_blob_that_does_not_cut():
     with pytest.raises(ValueError, match="does not cut"):
-        speed.cut_graph(CHAIN, "y")   # the tail would need x as well
+        graph.cut_graph(CHAIN, "y")   # the tail would need x as well
     with pytest.raises(ValueError, match="no layer"):
-        speed.cut_graph(CHAIN, "nope")
-    head, tail = speed.cut_graph(CHAIN.replace("2 1 x y out0", "1 1 y out0").replace("0=0", "0=0 1=1 2=1.0"), "y")
+        graph.cut_graph(CHAIN, "nope")
+    head, tail = graph.cut_graph(CHAIN.replace("2 1 x y out0", "1 1 y out0").replace("0=0", "0=0 1=1 2=1.0"), "y")
     assert [lyr.name for lyr in export.parse_param(head).layers] == ["in0", "a", "b"]
     assert export.parse_param(head).layers[-1].outputs == ["out0"]
     assert [(lyr.name, lyr.inputs) for lyr in export.parse_param(tail).layers] == [("in0", []), ("c", ["in0"])]

@@ -1,0 +1,128 @@
+"""qtts_lib.bench: rows from runs, the schema check, the weight count, a child process; the streaming, quality and
+overlap harnesses run on tiny. No timing asserted: a benchmark's numbers are its result, never a test."""
+import numpy as np
+import pytest
+
+from qtts_lib import paths
+from qtts_lib.bench import child, loop, machine, overlap, quality, results, stream, workload
+
+
+def fake_runs(frames=10, talker=0.1, predictor=0.2, codec=0.3):
+    return [{"frames": frames, "load_s": 1.0, "prefill_s": 0.05, "talker_s": talker, "predictor_s": predictor,
+             "codec_s": codec, "peak_rss_gb": 1.5}]
+
+
+def test_row_is_per_frame_medians_with_the_floor():
+    r = loop.row("ncnn", 2, fake_runs() * 3, floor_ms=20.0)
+    assert r["ms_per_frame"] == {"talker": 10.0, "predictor": 20.0, "codec": 30.0, "total": 60.0}
+    assert r["floor_ratio"] == 1.5  # (talker + predictor) / floor
+    assert r["rtf"] == pytest.approx(0.6 / (10 / 12.5), abs=1e-3)
+    assert r["repeats"] == 3
+    assert "codec_warm_ms_per_frame" not in r  # runs without a second decode: no warm column
+    results.check_schema({"machine": {}, "checkpoint": "x", "frames": 10, "rows": [r]})
+    warm = [dict(run, codec_warm_s=0.2) for run in fake_runs() * 3]
+    assert loop.row("ncnn", 2, warm, floor_ms=20.0)["codec_warm_ms_per_frame"] == 20.0
+
+
+def test_each_run_is_held_against_its_own_bandwidth():
+    """Runs that measured the bandwidth around themselves get their own floors; the row reports the medians."""
+    runs = [dict(r, read_bandwidth_gbs=bw) for r, bw in zip(fake_runs() * 3, ([10, 10], [20, 20], [40, 40]))]
+    weight = 0.3e9  # bytes per frame: floors 30, 15 and 7.5 ms per frame; the loop takes 30 ms per frame every time
+    r = loop.row("ncnn", 1, runs, floor_ms=1.0, weight_bytes=weight)
+    assert r["floor_ms_per_frame"] == 15.0 and r["floor_ratio"] == 2.0   # medians of (30, 15, 7.5) and (1, 2, 4)
+    assert loop.row("ncnn", 1, fake_runs() * 3, floor_ms=20.0, weight_bytes=weight)["floor_ratio"] == 1.5  # no probes
+
+
+def test_schema_check_refuses_what_tools_cannot_read():
+    r = loop.row("ncnn", 1, fake_runs(), 10.0)
+    with pytest.raises(ValueError, match="no 'rows'"):
+        results.check_schema({"machine": {}, "checkpoint": "x", "frames": 1})
+    with pytest.raises(ValueError, match="lacks"):
+        results.check_schema({"machine": {}, "checkpoint": "x", "frames": 1, "rows": [{k: v for k, v in r.items()
+                                                                                    if k != "rtf"}]})
+
+
+def test_weight_bytes_per_frame_counts_15_predictor_steps(tts):
+    from qtts_lib import export
+
+    export.ensure(tts, "tiny-base")
+    d = paths.ncnn_dir("tiny-base")
+    size = lambda n: (d / f"{n}.bin").stat().st_size  # noqa: E731
+    want = size("talker_decoder") + size("talker_codec_head") + 15 * size("predictor_decoder") + size("predictor_heads")
+    assert workload.weight_bytes_per_frame(d) == pytest.approx(want, abs=16)
+
+
+def test_read_bandwidth_is_positive():
+    assert machine.read_bandwidth_gbs(1, gib=0.05, repeats=2) > 0.1
+
+
+def test_gpu_rows_have_no_floor():
+    r = loop.row("ncnn", 1, fake_runs() * 3, floor_ms=None, device="vulkan")
+    assert r["device"] == "vulkan" and r["floor_ms_per_frame"] is None and r["floor_ratio"] is None
+    results.check_schema({"machine": {}, "checkpoint": "x", "frames": 10, "rows": [r]})
+
+
+def test_a_child_returns_what_its_function_returned_and_reports_failures():
+    assert child.run("machine", "read_bandwidth_gbs", 1, threads=1, gib=0.01, repeats=1) > 0
+    with pytest.raises(RuntimeError, match="workload.no_such_function failed"):
+        child.run("workload", "no_such_function", 1)
+
+
+def test_stream_rounds_reports_first_audio_and_whole_streams(tts):
+    """The streaming harness runs on tiny (no timing asserted)."""
+    from qtts_lib import export
+
+    export.ensure(tts, "tiny-base")
+    out = stream.stream_rounds(str(paths.model_dir("tiny-base")), frames=3, threads=1, repeats=1, chunks=(1, 2))
+    assert [t["chunk_frames"] for t in out["ttfa"]] == [1, 2] and all(t["ttfa_ms"] > 0 for t in out["ttfa"])
+    assert set(out["ms_per_frame"]) == {"synthesize", "stream", "codec_whole", "codec_pieces_of_4"}
+    assert all(len(v) == 1 for v in out["rounds_ms_per_frame"].values())
+
+
+@pytest.fixture(scope="module")
+def exported(tts):
+    from qtts_lib import export
+
+    export.ensure(tts, "tiny-base")
+    return paths.model_dir("tiny-base")
+
+
+def test_weight_bytes_shrink_with_the_tier(exported):
+    sizes = [workload.weight_bytes_per_frame(exported / "ncnn", precision=t) for t in ("fp32", "fp16", "int8")]
+    assert sizes[0] > sizes[1] > sizes[2] > 0
+
+
+def test_quality_harness_on_tiny(exported):
+    r = quality.measure(exported, ("fp32", "int8"), frames=6, progress=False)
+    assert r["frames"] == 6 and r["codebooks"] == 16
+    assert r["tiers"]["fp32"]["agreement"] == [1.0] * 16           # teacher forcing reproduces greedy exactly
+    assert r["tiers"]["fp32"]["first_divergent_frame"] is None
+    int8 = r["tiers"]["int8"]
+    assert len(int8["agreement"]) == 16 and all(0 <= a <= 1 for a in int8["agreement"])
+    errs = int8["layer_errors"]["talker_decoder"]
+    assert errs["worst_rel"] > 0 and len(errs["rel"]) == len(errs["labels"]) > 10
+
+
+def test_first_divergence():
+    a = np.zeros((5, 16), int)
+    b = a.copy()
+    assert quality.first_divergence(a, b) is None
+    b[3, 7] = 1
+    assert quality.first_divergence(a, b) == 3
+    assert quality.first_divergence(a, a[:4]) == 4
+
+
+def test_overlap_study_runs(exported):
+    r = overlap.measure(exported, "int8", cores=2, frames=8, repeats=1)
+    assert set(r["ms_per_frame"]) == {"sequential", "split", "oversubscribed", "pipeline"}
+    assert r["ms_per_frame"]["pipeline"]["per_frame"] > 0 and "machine" in r
+    seq = r["ms_per_frame"]["sequential"]
+    assert seq["per_frame"] == round(seq["generate"] + seq["codec"], 1) and seq["generate"] > 0
+    for name in ("split", "oversubscribed"):   # the codec really ran while the loop generated
+        assert r["ms_per_frame"][name]["codec"] > 0
+
+
+def test_the_loop_harness_runs_both_runtimes_on_tiny(exported):
+    r = loop.benchmark(exported, frames=3, thread_counts=[1], repeats=1, progress=False)
+    assert {(row["runtime"], row["device"]) for row in r["rows"]} == {("pytorch", "cpu"), ("ncnn", "cpu")}
+    assert all(row["ms_per_frame"]["total"] > 0 and row["floor_ratio"] > 0 for row in r["rows"])

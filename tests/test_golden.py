@@ -1,0 +1,55 @@
+"""The runtime against the reference, end to end, in the unit suite (llm.c's test_gpt2): chapter 03's greedy golden
+files (made here by the same functions when the chapter has not run yet), and the runtime's greedy codes for an
+x-vector clone, an ICL clone and a built-in speaker, token for token, with the waveform beside them."""
+import numpy as np
+import pytest
+
+from qtts_lib import check, checkpoint, export, golden, inputs, paths, reference
+from qtts_lib.runtime import Sampling, Synthesizer, load_wav
+
+GREEDY = Sampling(greedy=True)
+FRAMES = inputs.GOLDEN_MAX_NEW_TOKENS - 1  # HF's max_new_tokens N gives N - 1 frames; the runtime counts frames
+
+
+@pytest.fixture(scope="module")
+def base(tts):
+    export.ensure(tts, "tiny-base")
+    return Synthesizer(paths.model_dir("tiny-base")), golden.ensure("tiny-base", tts)
+
+
+@pytest.fixture(scope="module")
+def custom():
+    tts = reference.load(checkpoint.ensure("tiny-customvoice"), threads=2)
+    export.ensure(tts, "tiny-customvoice")
+    return Synthesizer(paths.model_dir("tiny-customvoice")), golden.ensure("tiny-customvoice", tts)
+
+
+def assert_matches(synth, voice, gold):
+    result = synth.synthesize(inputs.TARGET_TEXT, inputs.LANGUAGE, voice, GREEDY, max_frames=FRAMES)
+    bad, total = check.mismatches(result.codes, gold["codes"]) if result.codes.shape == gold["codes"].shape \
+        else (-1, gold["codes"].size)
+    assert (bad, total) == (0, FRAMES * 16), f"{bad}/{total} codes differ (shapes {result.codes.shape})"
+    assert result.eos_step == int(gold["eos_step"])
+    assert result.stopped == ("cap" if result.eos_step < 0 else "eos")
+    extra = len(result.wav) - len(gold["wav"])  # ICL: the reference's float-ratio cut (chapter 11)
+    assert 0 <= extra <= 1
+    assert check.snr_db(result.wav[extra:], gold["wav"]) >= 60.0
+
+
+def test_xvector_clone_equals_the_golden(base):
+    synth, gold = base
+    assert_matches(synth, synth.voice(xvector=gold["xvec_greedy"]["xvector"]), gold["xvec_greedy"])
+
+
+def test_icl_clone_equals_the_golden(base):
+    """The voice made by the runtime itself (numpy mel, ncnn speaker encoder, ncnn Mimi + numpy RVQ)."""
+    synth, gold = base
+    voice = synth.voice(wav=load_wav(paths.voice_wav()), text=(paths.INPUTS / "voice.txt").read_text().strip())
+    np.testing.assert_array_equal(voice.codes, gold["icl_greedy"]["voice_codes"])
+    assert check.cos_sim(voice.speaker_row, gold["icl_greedy"]["xvector"]) > 1 - 1e-5
+    assert_matches(synth, voice, gold["icl_greedy"])
+
+
+def test_builtin_speaker_equals_the_golden(custom):
+    synth, gold = custom
+    assert_matches(synth, synth.voice(speaker=synth.speakers[0]), gold["speaker_greedy"])
