@@ -26,8 +26,10 @@ test: setup
 	$(MAKE) --no-print-directory notebooks
 
 # The unit tests of qtts_lib (and the JupyterLab server test): a library break shows before any chapter runs.
+# -rs lists every skip with its reason (the GPU tests skip where ncnn sees no Vulkan device, unless
+# QTTS_REQUIRE_VULKAN is set, as .ci/run sets it).
 unit: setup
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -rs
 
 # ruff over the package, the tests and the chapters (config in pyproject.toml; line length 120).
 lint: setup
@@ -38,7 +40,7 @@ notebooks: setup
 	$(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q $(CHAPTERS:.py=.ipynb)
 
 # PyTorch vs ncnn on BENCH_CKPT (default full-base, built and exported first if missing), interleaved repeats,
-# the machine described; writes data/bench/$(BENCH_NAME).json. See qtts_lib/perf.py. BENCH_PRECISION lists the
+# the machine described; writes data/bench/$(BENCH_NAME).json. See qtts_lib/bench/loop.py. BENCH_PRECISION lists the
 # ncnn tiers to time (chapter 10: fp32,fp16,int8); `make quality` measures what they cost against fp32.
 BENCH_CKPT ?= full-base
 BENCH_NAME ?= $(shell hostname -s)-$(BENCH_CKPT)
@@ -48,11 +50,12 @@ EXPORTED = QTTS_CHECKPOINT=$(BENCH_CKPT) $(BIN)/python -c "from qtts_lib import 
 	  c = settings.checkpoint(); export.ensure(reference.load(checkpoint.ensure(c), threads=settings.threads()), c)"
 bench: setup
 	$(EXPORTED)
-	$(BIN)/python -m qtts_lib.perf --checkpoint $(BENCH_CKPT) $(BENCH_ARGS) -o data/bench/$(BENCH_NAME).json
+	$(BIN)/python -m qtts_lib.bench loop --checkpoint $(BENCH_CKPT) $(BENCH_ARGS) -o data/bench/$(BENCH_NAME).json
 
 quality: setup
 	$(EXPORTED)
-	$(BIN)/python -m qtts_lib.quality --checkpoint $(BENCH_CKPT) --frames 200 -o data/bench/quality/$(BENCH_NAME).json
+	$(BIN)/python -m qtts_lib.bench quality --checkpoint $(BENCH_CKPT) --frames 200 \
+	  -o data/bench/quality/$(BENCH_NAME).json
 
 book: setup
 	rm -rf book/chapters && mkdir -p book/chapters

@@ -53,3 +53,16 @@ def test_icl_clone_equals_the_golden(base):
 def test_builtin_speaker_equals_the_golden(custom):
     synth, gold = custom
     assert_matches(synth, synth.voice(speaker=synth.speakers[0]), gold["speaker_greedy"])
+
+
+def test_the_gpu_loop_equals_the_golden(base):
+    """The GPU forms (packed caches, the fused predictor) on a Vulkan device: the same codes. Skipped, with the
+    reason, where ncnn sees no Vulkan device; a failure where QTTS_REQUIRE_VULKAN is set (.ci/run)."""
+    from qtts_lib.lab.vulkan import vulkan_or_skip
+
+    found, why = vulkan_or_skip()
+    if not found:
+        pytest.skip(why)
+    synth, gold = base
+    gpu = Synthesizer(paths.model_dir("tiny-base"), device="vulkan")
+    assert_matches(gpu, gpu.voice(xvector=gold["xvec_greedy"]["xvector"]), gold["xvec_greedy"])
