@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runtime.binding.net import NO_BATCH, from_mat, parse_device, to_mat
+from .runtime.binding.net import NO_BATCH, from_mat, net_from_text, run
 from .runtime.binding.param import ParamInfo, ParamLayer, parse_param, read_param
 
 # torch module class name -> the ncnn layer types pnnx writes for it
@@ -109,23 +109,11 @@ class ProbeResult:
 # ---------------------------------------------------------------- the ncnn side (torch-free)
 def load_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu", opts: dict | None = None,
              rewrite: Callable[[str], str] | None = None):
-    """An ncnn.Net as `runtime.net.make_net` makes it (fp16/bf16 off), with `opts` (net.opt attributes, e.g.
-    {"use_fp16_storage": True}) applied on top before loading, and the .param text passed through `rewrite`
-    (a `runtime.speed` form, say) when given. Introduced in 04."""
-    import ncnn
-
-    gpu = parse_device(device)
-    net = ncnn.Net()
-    settings = {"num_threads": threads, "use_fp16_packed": False, "use_fp16_storage": False,
-                "use_fp16_arithmetic": False, "use_bf16_storage": False, "use_vulkan_compute": gpu is not None}
-    for key, value in {**settings, **(opts or {})}.items():
-        setattr(net.opt, key, value)
-    if gpu is not None:
-        net.set_vulkan_device(gpu)
-    loaded = net.load_param(str(param)) if rewrite is None else net.load_param_mem(rewrite(Path(param).read_text()))
-    if loaded != 0 or net.load_model(str(bin)) != 0:
-        raise RuntimeError(f"ncnn could not load {param}")
-    return net
+    """An ncnn.Net as the runtime makes it (`runtime.binding.net.net_from_text`: fp16/bf16 off), with `opts` (net.opt
+    attributes, e.g. {"use_fp16_storage": True}) applied on top, and the .param text passed through `rewrite` (a
+    `runtime.rewrites` form, say) when given. Introduced in 04."""
+    text = Path(param).read_text()
+    return net_from_text(text if rewrite is None else rewrite(text), bin, threads, device, options=opts)
 
 
 def input_axes(param_dir: str | Path, name: str) -> list[int]:
@@ -149,17 +137,9 @@ def extract_blobs(net, inputs: Sequence[np.ndarray], blobs: Sequence[str],
     Give the blobs in .param order: with ncnn's default light mode a consumed blob is freed, and extracting it
     later would run its producers again."""
     in_axes = list(in_axes) if in_axes is not None else [NO_BATCH] * len(inputs)
-    held = [to_mat(a, ax) for a, ax in zip(inputs, in_axes)]
-    ex = net.create_extractor()
-    for i, m in enumerate(held):
-        ex.input(f"in{i}", m)
-    out = {}
-    for b in blobs:
-        ret, m = ex.extract(b)
-        if ret != 0:
-            raise RuntimeError(f"extracting blob {b} failed ({ret})")
-        out[b] = from_mat(m)
-    return out
+    outs = run(net, {f"in{i}": a for i, a in enumerate(inputs)}, list(blobs),
+               axes={f"in{i}": ax for i, ax in enumerate(in_axes)}, name="probe")
+    return dict(zip(blobs, outs))
 
 
 def probe_ncnn(param_dir: str | Path, name: str, inputs: Sequence[np.ndarray], a_opts: dict | None = None,
@@ -169,8 +149,8 @@ def probe_ncnn(param_dir: str | Path, name: str, inputs: Sequence[np.ndarray], a
 
     Each opts dict may hold `threads`, `device` ("cpu", "vulkan", "vulkan:N"), `param` (another .param over the
     same `<name>.bin`; a path relative to `param_dir`, without .param), `bin` (another weight file: a precision
-    tier's, chapter 10), `rewrite` (a function of the .param text, e.g. `runtime.speed.decode_step`) and any
-    `net.opt` attribute (`use_fp16_storage`, ...); unset ones are runtime.net's defaults (fp32, 2 threads, CPU,
+    tier's, chapter 10), `rewrite` (a function of the .param text, e.g. `rewrites.decode_step.decode_step`) and any
+    `net.opt` attribute (`use_fp16_storage`, ...); unset ones are the runtime's defaults (fp32, 2 threads, CPU,
     `<name>.param`). Blobs that only one side has (renamed or added by a rewrite) are skipped. The inputs' batch
     axes are those of `<name>.param` in the export manifest (a cached graph is fed its first inputs only)."""
     param_dir = Path(param_dir)
@@ -351,7 +331,8 @@ def probe_decode(wrapper, kv_net, param_dir: str | Path, x: np.ndarray, prefill:
                  torch_inputs: Callable[[int], tuple], steps: Sequence[int]) -> dict[int, ProbeResult]:
     """Per-layer error of a cached ncnn decoder along decode steps. Introduced in 05.
 
-    Runs `kv_net` (a `runtime.KvCacheNet` loaded from `param_dir`) the way the runtime does: `prefill` positions
+    Runs `kv_net` (a `runtime.binding.cached.KvCacheNet` loaded from `param_dir`) the way the runtime does: `prefill`
+    positions
     of `x` (1, N, hidden), then one position per step to the end of x. At every call index in `steps` (0 = the
     prefill, t = step t) the intermediate blobs are extracted from the same Extractor the runtime's call uses, in
     .param order before its outputs (the caches still go back into ncnn untouched), and paired with the torch
@@ -360,18 +341,19 @@ def probe_decode(wrapper, kv_net, param_dir: str | Path, x: np.ndarray, prefill:
     info = read_param(Path(param_dir) / f"{kv_net.name}_kv.param")
     results = {}
     n_total = x.shape[1]
+    cache = kv_net.new_cache()
     call_ends = [prefill] + list(range(prefill + 1, n_total + 1))
     for call, end in enumerate(call_ends):
         start = 0 if call == 0 else end - 1
         if call not in steps:
-            _run(kv_net, x[:, start:end], call)
+            _run(kv_net, x[:, start:end], cache)
             continue
         taps, values, outs = torch_taps(wrapper, torch_inputs(end))
         pairs = pair(taps, info)
         value_of = {label: v for (label, _, _), v in zip(taps, values)}
         sink: dict[str, np.ndarray] = {}
         blobs = [layer.outputs[0] for _, layer in pairs]
-        hidden = _run(kv_net, x[:, start:end], call, blobs, sink)
+        hidden = _run(kv_net, x[:, start:end], cache, blobs, sink)
         rows = [_row(label, layer, sink[layer.outputs[0]], _last_rows(value_of[label], end - start))
                 for label, layer in pairs]
         final = output_layers(info)[0]
@@ -417,17 +399,18 @@ class _TapNet:
         return _TapExtractor(self.net.create_extractor(), self.blobs, self.sink)
 
 
-def _run(kv_net, embeds: np.ndarray, call: int, blobs: Sequence[str] = (), sink: dict | None = None) -> np.ndarray:
-    """One runtime call (prefill when call == 0, else step), with `blobs` tapped into `sink`.
+def _run(kv_net, embeds: np.ndarray, cache, blobs: Sequence[str] = (), sink: dict | None = None) -> np.ndarray:
+    """One runtime call (`KvCacheNet.forward`: the prefill from an empty cache, then steps), with `blobs` tapped into
+    `sink`.
 
-    Both of KvCacheNet's nets are wrapped: the prefill net, and the decode-only step net (`runtime.speed`'s Gemm ->
-    InnerProduct form) that steps use on the CPU; that rewrite keeps every Gemm's output blob name."""
+    Both of KvCacheNet's nets are wrapped: the prefill net, and the decode-only step net (`rewrites.decode_step`'s
+    Gemm -> InnerProduct form) that steps use on the CPU; that rewrite keeps every Gemm's output blob name."""
     sink = sink if sink is not None else {}
-    real = {attr: getattr(kv_net, attr) for attr in ("net", "step_net") if getattr(kv_net, attr, None) is not None}
+    real = {attr: getattr(kv_net, attr) for attr in ("prefill_net", "step_net") if getattr(kv_net, attr) is not None}
     for attr, net in real.items():
         setattr(kv_net, attr, _TapNet(net, list(blobs), sink))
     try:
-        return kv_net.prefill(embeds) if call == 0 else kv_net.step(embeds)
+        return kv_net.forward(embeds, cache)
     finally:
         for attr, net in real.items():
             setattr(kv_net, attr, net)

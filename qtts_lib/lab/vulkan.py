@@ -13,7 +13,7 @@ from pathlib import Path
 import ncnn
 import numpy as np
 
-from ..runtime.binding.net import gpu_names
+from ..runtime.binding.net import gpu_names, net_from_text, run
 
 REQUIRE = "QTTS_REQUIRE_VULKAN"  # set by .ci/run: a missing Vulkan device is then a failure, not a skip
 
@@ -54,29 +54,15 @@ def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int
 def small_graph(text: str, device: str, threads: int = 2, weights: bytes = b"", fp16: bool = False):
     """An ncnn.Net from .param text without its magic line (and .bin bytes), with every fp16 option on or off
     (the runtime keeps them off: `runtime.binding.net`); the chapter's own probe. Introduced in 08."""
-    net = ncnn.Net()
-    o = net.opt
-    o.num_threads = threads
-    o.use_fp16_packed = o.use_fp16_storage = o.use_fp16_arithmetic = fp16
-    o.use_bf16_storage = False
-    o.use_vulkan_compute = device != "cpu"
+    fp16_options = {k: fp16 for k in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic")}
     with tempfile.TemporaryDirectory() as tmp:  # load_model_mem keeps pointers into a buffer Python frees
-        (Path(tmp) / "g.param").write_text("7767517\n" + text)
         (Path(tmp) / "g.bin").write_bytes(weights)
-        if net.load_param(str(Path(tmp) / "g.param")) != 0 or net.load_model(str(Path(tmp) / "g.bin")) != 0:
-            raise RuntimeError("ncnn could not load the graph")
-    return net
+        return net_from_text("7767517\n" + text, Path(tmp) / "g.bin", threads, device, options=fp16_options)
 
 
 def run_graph(net, **arrays) -> np.ndarray:
-    """Blob `out` of `net` for named numpy inputs (each held, then cloned into a Mat)."""
-    held = {k: np.ascontiguousarray(a) for k, a in arrays.items()}
-    mats = {k: ncnn.Mat(a).clone() for k, a in held.items()}
-    ex = net.create_extractor()
-    for k, m in mats.items():
-        ex.input(k, m)
-    _, out = ex.extract("out")
-    return np.array(out.numpy(), copy=True)
+    """Blob `out` of `net` for named numpy inputs."""
+    return run(net, arrays, ["out"], name="small graph")[0]
 
 
 ROPE = "4 4\nInput x 0 1 x\nInput cos 0 1 cos\nInput sin 0 1 sin\nRotaryEmbed rope 3 1 x cos sin out 0=0\n"

@@ -112,7 +112,7 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
              rewrite: Callable[[str], str] | None = None, fp16_weights: bool = False):
     """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin.
 
-    `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.speed`);
+    `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.rewrites`);
     the weights are read from `bin` unchanged. `fp16_weights` turns ncnn's fp16 storage on (the fp16
     precision tier, chapter 10: the .param masks every layer that should stay fp32)."""
     for f in (param, bin):
@@ -125,9 +125,11 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
         raise RuntimeError(f"ncnn could not load {param}" + (" (rewritten)" if rewrite else "")) from None
 
 
-def net_from_text(text: str, bin: str | Path, threads: int = 2, device: str = "cpu", fp16_weights: bool = False):
+def net_from_text(text: str, bin: str | Path, threads: int = 2, device: str = "cpu", fp16_weights: bool = False,
+                  options: dict | None = None):
     """`make_net` from .param text (a rewritten graph) and a .bin file: the one place ncnn's options are set.
 
+    `options` (net.opt attributes) are set over the runtime's, for the chapters' probes (fp16 forced on, say).
     (The binding's `load_model_mem` keeps pointers into a buffer Python frees: weights come from files only.)"""
     gpu = parse_device(device)
     if threads < 1:
@@ -140,6 +142,8 @@ def net_from_text(text: str, bin: str | Path, threads: int = 2, device: str = "c
     opt.use_fp16_arithmetic = False
     opt.use_bf16_storage = False
     opt.use_vulkan_compute = gpu is not None
+    for key, value in (options or {}).items():
+        setattr(opt, key, value)
     if gpu is not None:
         net.set_vulkan_device(gpu)
     if net.load_param_mem(text) != 0 or net.load_model(str(bin)) != 0:

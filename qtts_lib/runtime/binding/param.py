@@ -3,7 +3,7 @@
 A `.param` is a magic line, `layer_count blob_count`, then one line per layer:
 `type name n_in n_out inputs... outputs... key=value...`. The export side reads what pnnx wrote
 (chapter 04) and rewrites it (the KV cache, chapter 05); the runtime rewrites graphs at load time
-for speed (`runtime.speed`) and for the GPU (`runtime.vulkan`). Both use these few functions.
+for speed and for the GPU (`runtime.rewrites`). Both use these few functions.
 """
 from __future__ import annotations
 

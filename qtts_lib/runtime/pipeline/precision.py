@@ -88,7 +88,7 @@ def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
 @dataclass(frozen=True)
 class StepGraph:
     """How a tier runs a decoder's one-position steps: a .param, an optional rewrite of its text, a .bin and
-    whether ncnn's fp16 weight storage is on. `KvCacheNet` loads it; `qtts_lib.quality` probes it."""
+    whether ncnn's fp16 weight storage is on. `decoder` loads it; `qtts_lib.bench.quality` probes it."""
     param: Path
     bin: Path
     rewrite: Callable[[str], str] | None
