@@ -16,12 +16,13 @@
 # > pnnx writes no cache interface; we add one by editing the .param text.
 #
 # **You will:** rewrite the exported talker and code-predictor decoders so every SDPA layer takes and returns its
-# keys and values, run them with `runtime.KvCacheNet` (prefill once, then one position per step), and check every
-# step against the torch wrapper recomputing the whole prefix.
+# keys and values, run them with the runtime's `KvCacheNet` (prefill once, then one position per step, the cache
+# held in a `KvCache` that belongs to the sequence), and check every step against the torch wrapper recomputing the
+# whole prefix.
 #
 # **You will learn:** the ncnn KV-cache recipe (SDPA `7=1`, 6 inputs / 3 outputs, one cache `Input` line); what a
-# step needs (the caches untouched, a zero mask `(1, past+1)`, rope rows at the absolute position); why caches
-# must never leave ncnn.
+# step needs (the caches untouched, a zero mask `(1, past+1)`, rope rows at the absolute position); why the net is
+# stateless and the cache is the sequence's; why caches must never leave ncnn.
 #
 # **You need:** `models/<ckpt>/ncnn/{talker,predictor}_decoder.param/.bin` (chapter 04; exported here if missing or
 # stale); chapter 03's `xvec_greedy.npz` for a real prompt to prefill (a synthetic one otherwise, said so).
@@ -39,8 +40,9 @@ from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots
 from qtts_lib.export import kvcache
 from qtts_lib.modules import common
 from qtts_lib.runtime.binding import rope
-from qtts_lib.runtime.binding.cached import KvCacheNet
-from qtts_lib.runtime.binding.net import from_mat, to_mat
+from qtts_lib.runtime.binding.cached import KvCache, KvCacheNet
+from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.pipeline import precision
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
@@ -56,8 +58,8 @@ export.export_all(tts, ckpt, names=list(DECODERS))  # reuses chapter 04's export
 # ## 1. Rewrite the .param: give every SDPA a cache
 # ncnn's SDPA layer already supports a cache: with `7=1` it takes the past keys and values as two extra inputs,
 # appends this call's keys and values, attends over all of them, and returns the grown caches as two extra outputs.
-# The rewrite (`qtts_lib.runtime.kvcache.add_kv_cache`, in the runtime because the codec's streaming decoder uses it
-# too; `qtts_lib.export.kvcache` writes the files) is a pure text function:
+# The rewrite (`qtts_lib.runtime.rewrites.kv_cache.add_kv_cache`, in the runtime because the codec's streaming
+# decoder uses it too; `qtts_lib.export.kvcache` writes the files) is a pure text function:
 
 # %%
 print(inspect.getsource(kvcache.add_kv_cache))
@@ -85,12 +87,48 @@ for name, c in DECODERS.items():
 
 # %% [markdown]
 # ## 2. Run it: prefill, then one position per step
-# `runtime.KvCacheNet` keeps the cache Mats between calls. Prefill feeds empty caches and a causal mask `(L, L)`;
-# every step feeds the caches of the previous call **untouched**, a zero mask `(1, past+1)` (the new position may see
-# everything before it) and the cos/sin rows of its absolute position:
+# The cache belongs to the sequence, not to the net. A `KvCache` (`runtime.binding.cached`) holds one sequence's
+# cache Mats, the blobs to feed next time, and how many positions they hold (`past`); it starts empty. The
+# `KvCacheNet` holds only the graphs, so one net serves any number of sequences: chapter 06's generation loop keeps
+# one cache per utterance.
 
 # %%
-print(inspect.getsource(KvCacheNet._run))
+print(inspect.getsource(KvCache))
+
+# %% [markdown]
+# `KvCacheNet.forward(embeds, cache)` runs the new positions after the cache's and grows the cache; `prefill` is a
+# forward from a new, empty cache. Prefill feeds empty caches and a causal mask `(L, L)`; every step feeds the caches
+# of the previous call **untouched**, a zero mask `(1, past+1)` (the new position may see everything before it) and
+# the cos/sin rows of its absolute position. The grown caches come out with `type=1` (the `raw=` outputs of
+# `binding.net.run`). On the CPU a one-position step may run a faster form of the same graph over the same weights
+# (`step_net`, chapter 09); the interface is the same.
+
+# %%
+print(inspect.getsource(KvCacheNet.forward))
+
+# %% [markdown]
+# Because the net keeps nothing between calls, two sequences can take turns on one net. Each gives exactly what it
+# gives when it runs alone:
+
+# %%
+c = DECODERS["predictor_decoder"]
+net = precision.decoder(out_dir, "predictor_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
+xs = np.random.default_rng(3).standard_normal((2, 1, 6, c["hidden_size"]), dtype=np.float32)  # 2 x (1, 6, hidden)
+
+
+def alone(x: np.ndarray) -> np.ndarray:
+    hidden, kv_cache = net.prefill(x[:, :2])
+    return np.concatenate([hidden] + [net.forward(x[:, t : t + 1], kv_cache) for t in range(2, 6)], axis=1)
+
+
+turns = [list(net.prefill(x[:, :2])) for x in xs]  # [hidden, kv_cache] per sequence
+for t in range(2, 6):
+    for x, turn in zip(xs, turns):
+        turn[0] = np.concatenate([turn[0], net.forward(x[:, t : t + 1], turn[1])], axis=1)
+for i, (x, (hidden, kv_cache)) in enumerate(zip(xs, turns)):
+    check.equal(f"sequence {i}, taking turns with another on one net = alone", "bitwise equal",
+                bool(np.array_equal(hidden, alone(x))), True)
+    check.equal(f"sequence {i}: positions in its cache", "past", kv_cache.past, 6)
 
 # %% [markdown]
 # ## 3. Check every step against torch
@@ -99,10 +137,13 @@ print(inspect.getsource(KvCacheNet._run))
 # after the first step. The talker prefills the real prompt embeddings of chapter 03's golden run (when present),
 # the code predictor its real 2-position prefill length; then 24 steps of unit-Gaussian inputs.
 #
-# `probe.probe_decode` (chapter 04's probe, for a cached graph) drives the `KvCacheNet` exactly as the runtime does
-# and, inside each call's own Extractor, also extracts every Gemm's output blob: before `out0`, so no layer runs
-# twice and the caches go back into ncnn untouched. It pairs those blobs with the wrapper's hooked `Linear`
-# outputs at the new positions, so every call yields the output error *and* the error at every layer.
+# The decoders are the runtime's own: `pipeline.precision.decoder` builds one as a precision tier runs it (fp32
+# here: the exported `_kv.param` for the prefill, its one-position form for the steps).
+# `probe.probe_decode` (chapter 04's probe, for a cached graph) drives it exactly as the runtime does (`forward` on
+# a cache of its own, one call per step) and, inside each call's own Extractor, also extracts every Gemm's output
+# blob: before `out0`, so no layer runs twice and the caches go back into ncnn untouched. It pairs those blobs with
+# the wrapper's hooked `Linear` outputs at the new positions, so every call yields the output error *and* the error
+# at every layer.
 
 # %%
 golden = paths.golden_dir(ckpt) / "xvec_greedy.npz"
@@ -115,7 +156,7 @@ except artifacts.StaleArtifact as e:
 STEPS = 24
 per_step, probed = {}, {}
 for name, c in DECODERS.items():
-    net = KvCacheNet(out_dir, name, c["head_dim"], c["rope_theta"], threads=THREADS)
+    net = precision.decoder(out_dir, name, c["head_dim"], c["rope_theta"], threads=THREADS)
     wrapper = modules.get(name).build(tts)
     g = np.random.default_rng(5)
     first = (prompt if name == "talker_decoder" and prompt is not None
@@ -132,7 +173,6 @@ for name, c in DECODERS.items():
     per_step[name] = errs
     check.at_most(f"{name}: prefill ({P} positions)", "rel", errs[0], 1e-5)
     check.at_most(f"{name}: worst of {STEPS} cached steps", "rel", max(errs[1:]), 1e-5)
-    check.equal(f"{name}: positions in the cache", "past", net.past, P + STEPS)
     worst = max((r.worst for r in probed[name].values()), key=lambda row: row["rel"])
     check.at_most(f"{name}: worst layer over all calls, {worst['label']}", "rel", worst["rel"], 1e-5)
 
@@ -160,37 +200,39 @@ plots.layer_errors({f"call {i}": probed["talker_decoder"][i] for i in calls}, th
 
 # %%
 c = DECODERS["talker_decoder"]
-net = KvCacheNet(out_dir, "talker_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
+net = precision.decoder(out_dir, "talker_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
 x = np.random.default_rng(1).standard_normal((1, 16, c["hidden_size"]), dtype=np.float32)
-net.prefill(x[:, :4])
+_, kv_cache = net.prefill(x[:, :4])
 for t in range(4, 16):
-    k = net.caches[0][0]
+    k = kv_cache.blobs["cache_k_in_0"]  # what the next call feeds layer 0
     if t in (4, 5, 8, 12, 15):
-        print(f"past {net.past:2d}: cache k of layer 0  w={k.w} h={k.h} c={k.c}  "
+        print(f"past {kv_cache.past:2d}: cache k of layer 0  w={k.w} h={k.h} c={k.c}  "
               f"cstep={k.cstep} (room for {k.cstep // k.w} rows)")
-    net.step(x[:, t : t + 1])
+    net.forward(x[:, t : t + 1], kv_cache)
 
 # %% [markdown]
 # Two tempting shortcuts destroy that state. The tuple form `ret, m = ex.extract(name)` returns a **clone** (plain
 # layout, no spare capacity); a numpy round trip does the same and worse. Fed back, both give wrong attention
-# without any error (NaN or plain wrong numbers, depending on the step). We run the same 4 steps three ways:
+# without any error (NaN or plain wrong numbers, depending on the step). We run the same 4 steps three ways, on the
+# bare binding (`make_net`, no `KvCacheNet`), so each way of extracting is written out:
 
 # %%
 def run_steps(mode: str, steps: int = 4) -> list[np.ndarray]:
     """Prefill + steps on the talker's cached graph, extracting caches the way `mode` says."""
     c = DECODERS["talker_decoder"]
-    net = KvCacheNet(out_dir, "talker_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
+    net = make_net(out_dir / "talker_decoder_kv.param", out_dir / "talker_decoder.bin", THREADS)
+    layers = c["num_hidden_layers"]
     x = np.random.default_rng(2).standard_normal((1, 8 + steps, c["hidden_size"]), dtype=np.float32)
     caches, outs = None, []
     for t in [0] + list(range(8, 8 + steps)):
         length = 8 if t == 0 else 1
         past = 0 if t == 0 else t
         cos, sin = rope.tables(c["head_dim"], c["rope_theta"], past, length)
-        ex = net.net.create_extractor()
+        ex = net.create_extractor()
         held = [to_mat(x[:, t : t + length], 0), to_mat(rope.causal_mask(length, past)), to_mat(cos), to_mat(sin)]
         for i, m in enumerate(held):
             ex.input(f"in{i}", m)
-        for i in range(net.layers):
+        for i in range(layers):
             k, v = (ncnn.Mat(), ncnn.Mat()) if caches is None else caches[i]
             ex.input(f"cache_k_in_{i}", k)
             ex.input(f"cache_v_in_{i}", v)
@@ -198,7 +240,7 @@ def run_steps(mode: str, steps: int = 4) -> list[np.ndarray]:
         ex.extract("out0", out)
         outs.append(from_mat(out, 0))
         caches = []
-        for i in range(net.layers):
+        for i in range(layers):
             if mode == "in place, type=1":
                 k, v = ncnn.Mat(), ncnn.Mat()
                 ex.extract(f"cache_k_out_{i}", k, 1)
@@ -229,6 +271,8 @@ for mode, outs in ways.items():
 # ## Summary
 # - The cache interface is a text rewrite: SDPA 4-in/1-out → 6-in/3-out with `7=1`, one `Input` line for all cache
 #   blobs, counts recomputed; the weights are shared with the uncached graph.
+# - The cache is the sequence's (`KvCache`), the `KvCacheNet` only its graphs: `prefill` starts a cache,
+#   `forward(embeds, cache)` grows it.
 # - Prefill with empty caches and a causal mask; each step with the previous caches untouched, a zero mask
 #   `(1, past+1)` and rope rows at the absolute position. Every step matches torch to ~1e-7 relative, at the
 #   output and at every layer the probe pairs.
@@ -240,6 +284,8 @@ for mode, outs in ways.items():
 #
 # **If your numbers differ**
 # - *Prefill right, steps wrong* → caches extracted with the tuple form or converted to numpy (section 4).
+# - *A sequence differs when another takes turns on the same net* → state kept in the net instead of the sequence's
+#   `KvCache` (section 2).
 # - *Steps right for a while, then wrong* → rope rows not at the absolute position (`past`),
 #   or the mask width is not `past+1`.
 # - *`load_param` fails on the _kv file* → the header counts; `export.parse_param` on it shows which line is off.

@@ -21,6 +21,8 @@
 #
 # **You will learn:** the exact mel recipe (where one wrong constant costs you the cosine); how the split RVQ works;
 # how the ICL prompt lines up voice transcript and voice codes; how built-in voices and dialects enter the prompt.
+# The runtime's pieces: `audio.mel`, `audio.rvq`, the voice encoders `pipeline.voices.VoiceEncoder`
+# (`synth.voices`), the prompt `pipeline.prompt` (`synth.prompt`).
 #
 # **You need:** chapter 03's goldens on `<ckpt>` (a Base checkpoint: `xvec_greedy.npz`, `icl_greedy.npz`); the ncnn
 # graphs are exported here if missing, and `tiny-customvoice` (or `full-customvoice`) is synthesized and exported here.
@@ -41,7 +43,8 @@ from qtts_lib.modules.speaker import MEL_ARGS
 from qtts_lib.runtime.audio import mel, rvq
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
 from qtts_lib.runtime.errors import InputError
-from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+from qtts_lib.runtime.pipeline.sampling import Sampler, Sampling
+from qtts_lib.runtime.pipeline.synthesizer import Result, Synthesizer
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
@@ -57,10 +60,18 @@ voice_wav = load_wav(paths.voice_wav())
 voice_text = (paths.INPUTS / "voice.txt").read_text().strip()
 print(f"{ckpt} ({tts.model.tts_model_type}); voice clip {len(voice_wav) / SAMPLE_RATE:.2f} s: {voice_text!r}")
 
+
+FRAMES = inputs.GOLDEN_MAX_NEW_TOKENS - 1  # the goldens' 45 new tokens are 44 frames (chapter 06)
+
+
+def greedy_run(s: Synthesizer, prompt, frames: int) -> Result:
+    """Chapter 06's loop to its end, greedy like the goldens; `frames` = the reference's max_new_tokens - 1."""
+    return Result.of(s.loop.run(prompt, Sampler(Sampling(greedy=True), s.config.talker), frames), s.config.groups)
+
 # %% [markdown]
 # ## 1. The mel frontend, in numpy
 # The speaker encoder reads a log-mel spectrogram. The reference computes it with `torch.stft` and librosa's filter
-# bank; the runtime has neither, so `runtime.mel` writes the recipe out — every constant matters:
+# bank; the runtime has neither, so `runtime.audio.mel` writes the recipe out — every constant matters:
 #
 # | step | value |
 # |---|---|
@@ -105,21 +116,23 @@ axes[1].set_xlabel("FFT bin");
 # %% [markdown]
 # ## 2. Clone with the x-vector
 # The x-vector is one row of the codec track (between the language tag and `codec_pad`). The runtime computes it from
-# the wav with the numpy mel and the ncnn speaker encoder; the reference with torch. Then the whole generation runs
-# from that x-vector and must reproduce chapter 03's golden, which was made from the same wav.
+# the wav with the numpy mel and the ncnn speaker encoder (`synth.voices.xvector`); the reference with torch. Then the
+# whole generation runs from that x-vector, greedy, and must reproduce chapter 03's greedy golden, which was made from
+# the same wav.
 
 # %%
 if base:
-    xvector = synth.xvector(voice_wav)
+    xvector = synth.voices.xvector(voice_wav)
     with torch.inference_mode():
         xvector_torch = tts.model.extract_speaker_embedding(voice_wav, SAMPLE_RATE).numpy()
     check.cos("x-vector: ncnn (numpy mel) vs torch", xvector, xvector_torch, 0.99999)
     golden, entry = artifacts.load_npz(paths.golden_dir(ckpt) / "xvec_greedy.npz", ckpt)
     if entry["inputs"]["voice"] != f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}":
         raise artifacts.StaleArtifact("the golden was made from another voice.wav; re-run notebooks/03_make_golden.py")
-    voice = synth.voice(wav=voice_wav)  # the x-vector, computed as above
-    result = synth.generate(synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, voice),
-                            inputs.GOLDEN_MAX_NEW_TOKENS)
+    voice = synth.voice(wav=voice_wav)
+    check.equal("voice from the clip: its speaker row = the x-vector above", "bitwise equal",
+                bool(np.array_equal(voice.speaker_row, xvector)), True)
+    result = greedy_run(synth, synth.prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, voice), FRAMES)
     check.tokens_equal("x-vector clone: all codes = golden", result.codes, golden["codes"])
 else:
     print("skipped the cloning sections because a CustomVoice checkpoint has no speaker encoder; section 4 covers it")
@@ -129,7 +142,7 @@ else:
 # ICL puts the reference *speech* into the prompt as codes. Mimi's quantizer is **split**: a semantic chain (1 level)
 # and an acoustic residual chain, both starting from the same latent, each through its own 1×1 input projection;
 # the model keeps 16 codes per frame (1 + 15). The argmin search is a few small matrix products,
-# so it stays on the host:
+# so it stays on the host (`runtime.audio.rvq`); `synth.voices.codes` runs the Mimi graph and then this:
 
 # %%
 print(inspect.getsource(rvq.residual_chain))
@@ -143,7 +156,7 @@ def torch_codes(w: np.ndarray) -> np.ndarray:
 if base:
     for frames in (len(voice_wav) // SAMPLES_PER_FRAME, 40):
         w = voice_wav[: frames * SAMPLES_PER_FRAME]
-        check.tokens_equal(f"voice codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.encode_voice(w),
+        check.tokens_equal(f"voice codes, {frames} frames: ncnn Mimi + numpy RVQ = torch", synth.voices.codes(w),
                            torch_codes(w))
 
 # %% [markdown]
@@ -153,7 +166,7 @@ if base:
 # %%
 if base:
     odd = voice_wav[: 40 * SAMPLES_PER_FRAME - 700]
-    ours_c, ref_c = synth.encode_voice(odd), torch_codes(odd)
+    ours_c, ref_c = synth.voices.codes(odd), torch_codes(odd)
     per_frame = (ours_c != ref_c).sum(1)
     print(f"{len(odd)} samples -> {len(ref_c)} frames; differing codes per frame: last frame {per_frame[-1]}/16, "
           f"all other frames {per_frame[:-1].sum()}")
@@ -169,14 +182,14 @@ if base:
 # %%
 if base:
     icl_golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / "icl_greedy.npz", ckpt)
-    voice_codes = synth.encode_voice(voice_wav)
+    voice_codes = synth.voices.codes(voice_wav)
     check.tokens_equal("ICL voice codes = golden's", voice_codes, icl_golden["voice_codes"])
     icl_voice = synth.voice(wav=voice_wav, text=voice_text)  # x-vector + the clip's codes + its transcript
     check.tokens_equal("ICL voice: its codes = the codes above", icl_voice.codes, voice_codes)
-    prompt = synth.build_prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, icl_voice)
+    prompt = synth.prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, icl_voice)
     print(f"ICL prompt {prompt.embeds.shape}, trailing {prompt.trailing.shape}")
     check.close("ICL prompt embeddings = reference", prompt.embeds, icl_golden["inputs_embeds"], rel=1e-5)
-    icl = synth.generate(prompt, inputs.GOLDEN_MAX_NEW_TOKENS)
+    icl = greedy_run(synth, prompt, FRAMES)
     check.tokens_equal("ICL clone: all codes = golden", icl.codes, icl_golden["codes"])
     icl_wav = synth.codec.decode_with_voice(icl.codes, voice_codes)
     check.snr("ICL waveform (voice clip's part cut by frame ratio) vs golden", icl_wav, icl_golden["wav"], 60.0)
@@ -202,14 +215,14 @@ print("speakers:", {s: cv_cfg["spk_id"][s] for s in synth_cv.speakers})
 print("dialect speakers:", {s: d for s, d in cv_cfg["spk_is_dialect"].items() if d})
 
 # %%
-N = 16  # new tokens per speaker: enough frames to pass the prompt and the EOS mask
+N = 16  # the reference's new tokens per speaker (N - 1 frames): past the prompt and the EOS mask
 rows = []
 for speaker in synth_cv.speakers:
     language = "auto" if cv_cfg["spk_is_dialect"][speaker] else inputs.LANGUAGE
     ref_run = reference.capture_generation(tts_cv, inputs.TARGET_TEXT, language, speaker=speaker, max_new_tokens=N)
-    prompt = synth_cv.build_prompt(inputs.TARGET_TEXT, language, synth_cv.voice(speaker=speaker))
+    prompt = synth_cv.prompt(inputs.TARGET_TEXT, language, synth_cv.voice(speaker=speaker))
     check.close(f"{speaker} ({language}): prompt = reference", prompt.embeds, ref_run["inputs_embeds"], rel=1e-5)
-    ours = synth_cv.generate(prompt, N)
+    ours = greedy_run(synth_cv, prompt, N - 1)
     row = check.tokens_equal(f"{speaker} ({language}): all codes = reference", ours.codes, ref_run["codes"])
     rows.append((speaker, language, ours.codes.shape[0], row["value"]))
 print("\n".join(f"{s:10} {lang:8} {n} frames  mismatched {v}" for s, lang, n, v in rows))
@@ -226,7 +239,8 @@ except InputError as e:
 
 # %% [markdown]
 # ## 5. From the command line
-# Both ways of cloning and the built-in voices, in a process where torch cannot be imported:
+# Both ways of cloning and the built-in voices, in a process where torch cannot be imported (`--greedy`: `qtts say`
+# samples by default):
 
 # %%
 runs = {"speaker": ["--checkpoint", str(cv_dir), "--speaker", synth_cv.speakers[0]]}
@@ -247,6 +261,8 @@ for label, args in runs.items():
 #   unpadded wav can differ); the ICL prompt and generation match the golden, and the voice clip's part of the audio is
 #   cut by frame ratio as the reference does.
 # - Built-in speakers are codec-embedding rows in a non-streaming prompt; every speaker of the config matches torch.
+# - Every comparison runs chapter 06's loop greedy (`Sampling(greedy=True)`) for the reference's `max_new_tokens - 1`
+#   frames; `synth.voice(...)` and `qtts say` are the same voices, sampled by default.
 #
 # **Artifacts left:** `models/<cv>/ncnn/`, `data/outputs/<ckpt>/07_*.wav`, the chapter report.
 #

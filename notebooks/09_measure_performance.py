@@ -17,8 +17,9 @@
 #
 # **You will:** describe the machine (CPU, cores, memory, read bandwidth measured now); count the bytes of weights
 # one frame must read and turn them into a floor no fp32 runtime can beat; run the benchmark harness
-# (`qtts_lib.perf`, `make bench`) on the current checkpoint — PyTorch and the ncnn runtime in fresh processes,
-# repeats interleaved; then read the committed full-size results of named machines in `data/bench/`.
+# (`qtts_lib.bench`: `python -m qtts_lib.bench loop`, `make bench`) on the current checkpoint — PyTorch and the ncnn
+# runtime in fresh processes, repeats interleaved; then read the committed full-size results of named machines in
+# `data/bench/`.
 #
 # **You will learn:** why the generation loop is memory-bound and the codec compute-bound; how to report speed so
 # that it means something (medians, ratios from one run, the machine and its load); where ncnn's time goes.
@@ -36,7 +37,12 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 
-from qtts_lib import check, checkpoint, export, paths, perf, reference, settings
+from qtts_lib import check, checkpoint, export, paths, reference, settings
+from qtts_lib.bench.codec import codec_rounds
+from qtts_lib.bench.loop import benchmark
+from qtts_lib.bench.machine import describe
+from qtts_lib.bench.results import check_schema
+from qtts_lib.bench.workload import weight_bytes_per_frame
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
@@ -51,12 +57,12 @@ thread_counts = sorted({1, THREADS})
 
 # %% [markdown]
 # ## 1. Describe the machine
-# A number without its machine is not a result. `perf.describe_machine` reads the CPU model, cores, memory and the
-# load average, and **measures** the streaming-read bandwidth at each thread count: threads take the max of their
-# slice of a 1 GiB array (numpy releases the GIL inside the reduction), median of five passes.
+# A number without its machine is not a result. `bench.machine.describe` reads the CPU model, cores, memory, the load
+# average and the versions, and **measures** the streaming-read bandwidth at each thread count: threads take the max
+# of their slice of a 1 GiB array (numpy releases the GIL inside the reduction), median of five passes.
 
 # %%
-machine = perf.describe_machine(thread_counts)
+machine = describe(thread_counts)
 pd.Series(machine, dtype=object).to_frame("this machine")
 
 # %% [markdown]
@@ -84,7 +90,7 @@ h, ph = cfg["hidden_size"], pred["hidden_size"]
 proj = h * ph + ph if ph != h else 0  # small_to_mtp_projection when the widths differ
 from_config = 4 * (decoder_params(cfg, h) + h * cfg["vocab_size"]
                    + 15 * (decoder_params(pred, h) + proj + ph * pred["vocab_size"]))
-from_files = perf.weight_bytes_per_frame(paths.ncnn_dir(ckpt))
+from_files = weight_bytes_per_frame(paths.ncnn_dir(ckpt))
 print(f"weights read per frame: {from_files / 1e9:.3f} GB from the .bin files, "
       f"{from_config / 1e9:.3f} GB from config.json")
 check.at_most("weight bytes per frame: .bin files vs config.json", "rel",
@@ -98,15 +104,18 @@ pd.DataFrame({"read bandwidth GB/s": machine["read_bandwidth_gbs"], "floor ms/fr
 # per frame, compute-bound. Its yardstick is PyTorch's codec on the same codes and threads.
 #
 # ## 3. Run the harness
-# `perf.benchmark` runs every (runtime, threads) pair in a fresh Python (its own load and peak memory, no thread
-# pool left over from the other runtime), repeat 1 of all pairs, then repeat 2, ... and reports medians per frame:
-# talker (decoder step, head, sampling), predictor (15 steps), codec (decoding the frames made), plus prefill, model
-# load, real-time factor (RTF: seconds of compute per second of audio; below 1 is faster than real time) and peak
-# resident memory. `make bench` runs the same function on `full-base` and writes `data/bench/<machine>.json`.
+# `bench.loop.benchmark(model_dir, frames, thread_counts, repeats)` runs every (runtime, threads) pair in a fresh
+# Python (`bench.child`: its own load and peak memory, no thread pool left over from the other runtime), repeat 1 of
+# all pairs, then repeat 2, ... and reports medians per frame: talker (decoder step, head, sampling), predictor (15
+# steps), codec (decoding the frames made), plus prefill, model load, real-time factor (RTF: seconds of compute per
+# second of audio; below 1 is faster than real time) and peak resident memory. Both sides speak one prompt,
+# `bench.workload`'s (an x-vector clone of the committed voice clip, greedy, at most `frames` frames), and the ncnn
+# side runs the product's own `Synthesizer.synthesize`. `make bench` (`python -m qtts_lib.bench loop`) runs the same
+# function on `full-base` and writes `data/bench/<machine>.json`.
 
 # %%
-result = perf.benchmark(model_dir, paths.voice_wav(), perf.DEFAULT_TEXT, FRAMES, thread_counts, REPEATS)
-perf.check_schema(result)
+result = benchmark(model_dir, FRAMES, thread_counts, REPEATS, progress=False)
+check_schema(result)
 out = paths.outputs_dir(ckpt) / "09_bench.json"
 out.parent.mkdir(parents=True, exist_ok=True)
 out.write_text(json.dumps(result, indent=1))
@@ -156,14 +165,14 @@ component_bars(result, f"live run on {ckpt} ({machine['cpu']}) — tiny checkpoi
 # %% [markdown]
 # ## 4. Read the committed full-size results
 # Full-size runs take tens of minutes and a quiet machine, so they are committed as data: one JSON file per named
-# machine and run in `data/bench/`, in the schema `perf.check_schema` enforces.
+# machine and run in `data/bench/`, in the schema `bench.results.check_schema` enforces.
 
 # %%
 bench_files = sorted((paths.DATA / "bench").glob("*.json"))
 committed = {}
 for f in bench_files:
     res = json.loads(f.read_text())
-    perf.check_schema(res)
+    check_schema(res)
     committed[f.stem] = res
     print(f"{f.name}: {res['checkpoint']}, {res['frames']} frames, {res['machine'].get('cpu', '?')}")
 if not committed:
@@ -206,8 +215,9 @@ for name, res in committed.items():
 # %% [markdown]
 # ## 5. Make ncnn's codec as fast as PyTorch's
 # The landed codec spent most of its time in `Convolution1D` and `Deconvolution1D` (FACTS.md: 43% and 36%), which on
-# x86 have no packed GEMM path. The runtime loads the codec on the CPU in an equivalent form, all of it in
-# `runtime.speed`:
+# x86 have no packed GEMM path. The runtime loads the codec on the CPU in an equivalent form: the rewrites are
+# `runtime.rewrites.codec_cpu`, pure functions of the graph's text and weights, and `runtime.codec.cpu_form` writes
+# their result once under `ncnn/fast/` (rewritten when the exports or `cpu_form.FORM_VERSION` change):
 # - the same weights run as a 2-D `Convolution` with kernel height 1, which reaches ncnn's packed kernels (blobs stay
 #   3-D between consecutive convolutions, so no Reshape copies); Snake's `sin(x)·sin(x)` becomes one in-place square;
 # - each strided transposed convolution (the upsampling) becomes a stride-1 convolution over `stride` phases that are
@@ -215,15 +225,16 @@ for name, res in committed.items():
 # - long convolutions are cut along time (`conv_tile_time`: each tile carries its few samples of left context, so the
 #   sums are the same, but ncnn's im2col matrix stays small), the other wide ones along input channels
 #   (`conv_split_input`: smaller weight matrices per GEMM);
-# - and the graph is cut in **parts** (`speed.codec_fast_parts`): part 0 (the codebooks and the pre_conv), part 1
+# - and the graph is cut in **parts** (`codec_cpu.codec_fast_parts`): part 0 (the codebooks and the pre_conv), part 1
 #   (the transformer), then one part per upsampling stage (the ConvNeXt upsampler's two, the decoder's four). Parts
 #   0 and 1 run over all frames. The stages after them are causal convolutions that look only a few input samples
 #   back, so the runtime runs each over chunks of a few frames with that much left context, and hands each chunk on
-#   to the next stage at once (`codec.run_parts`). A decode of any length then never holds a whole stage in memory.
+#   to the next stage at once (`codec.parts.run_parts`). A decode of any length then never holds a whole stage in
+#   memory.
 #   (Chapter 11 uses the same parts to stream without decoding anything twice.)
 #
-# How far back is "a few samples"? Rather than adding up kernel sizes by hand, `codec.reach` *measures* it when the
-# cache is written: change one input sample, and see which output samples change at all (bitwise). Convolutions are
+# How far back is "a few samples"? Rather than adding up kernel sizes by hand, `codec.parts.reach` *measures* it when
+# the cache is written: change one input sample, and see which output samples change at all (bitwise). Convolutions are
 # shift-invariant, so one position tells the reach everywhere. Here is that experiment on the last part (the highest
 # rate), and what the cache recorded for every part:
 
@@ -231,11 +242,12 @@ for name, res in committed.items():
 import resource  # noqa: E402
 import time  # noqa: E402
 
-from qtts_lib.runtime.codec import decoder as runtime_codec  # noqa: E402
+from qtts_lib.runtime.codec import cpu_form
+from qtts_lib.runtime.codec.decoder import Codec
 
 st_cfg = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
-fast_dir, desc = runtime_codec.fast_graph(paths.ncnn_dir(ckpt), st_cfg)
-runtime_form = runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS)
+fast_dir, desc = cpu_form.fast_graph(paths.ncnn_dir(ckpt), st_cfg)
+runtime_form = Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS)  # on the CPU: form="cpu", in parts
 last = runtime_form.parts[-1]
 probe_codes = np.random.default_rng(2).integers(0, st_cfg["codebook_size"], (4, 16))
 x = runtime_form.transformer_output(probe_codes)
@@ -267,16 +279,17 @@ pd.DataFrame([{"part": k, "role": d["role"], "input samples per frame": d.get("s
               for k, d in enumerate(desc["parts"])]).set_index("part")
 
 # %% [markdown]
-# The chunk length is set so that the left context costs about `PART_OVERHEAD` of each chunk's work. Now the same
+# The chunk length is set so that the left context costs about `cpu_form.PART_OVERHEAD` of each chunk's work. Now the
+# same
 # codes through the exported graph, the runtime's parts over whole inputs, and the parts chunk by chunk (the runtime):
 # the waveforms compared, then the time and the fresh memory each touches (the first decode in a process pays for
 # every page it touches for the first time; on a VM that is slow).
 
 # %%
-whole_parts = runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS)
+whole_parts = Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS)
 for part in whole_parts.parts:
     part.chunk_frames = None
-forms = {"as exported": runtime_codec.Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, fast=False),
+forms = {"as exported": Codec(paths.ncnn_dir(ckpt), st_cfg, THREADS, form="exported"),
          "parts, whole inputs": whole_parts, "parts, chunked (runtime)": runtime_form}
 T = 100 if full else 40
 codes = np.random.default_rng(9).integers(0, st_cfg["codebook_size"], (T, 16))
@@ -306,60 +319,68 @@ pd.DataFrame({"ms per frame (median)": {k: round(float(np.median(v)), 2) for k, 
 #
 # ## 6. The codec alone against PyTorch's, and against the machine's peak
 # A generation run decodes once per process, and the difference between two processes is often larger than the
-# difference between the codecs. `perf.codec_rounds` holds everything else still: both codecs in this process, the
-# same random codes, the same threads, rounds alternating which goes first. The codec is compute-bound, so its
+# difference between the codecs. `bench.codec.codec_rounds` holds everything else still: both codecs in this process,
+# the same random codes, the same threads, rounds alternating which goes first. The codec is compute-bound, so its
 # yardstick besides PyTorch is the machine's arithmetic peak: `codec_flops_per_frame` counts the reference decode's
 # floating-point operations (PyTorch's `FlopCounterMode`: convolutions and matrix products, 2 per multiply-add) and
 # `peak_gflops` measures a large matrix product at the same threads. The committed files in `data/bench/codec/` are
-# the full-size runs (`python -m qtts_lib.perf --codec`).
+# the full-size runs (`python -m qtts_lib.bench codec`).
 
 # %%
-live_codec = perf.codec_rounds(model_dir, THREADS, frames=T, rounds=3 if full else 5, progress=False)
+live_codec = codec_rounds(model_dir, THREADS, frames=T, rounds=3 if full else 5, progress=False)
 check.at_least("codec alone: ncnn vs PyTorch on the same codes", "SNR dB", live_codec["snr_ncnn_vs_pytorch_db"], 100.0)
 
 
 def codec_row(machine: str, checkpoint_name: str, run: dict) -> dict:
-    """One row of the codec-alone table (older files name their keys differently and have no FLOP count)."""
-    med = run.get("median_ms_per_frame") or {"ncnn": run["median"]["ncnn fast"], "pytorch": run["median"]["torch"]}
-    row = {"machine": machine, "checkpoint": checkpoint_name, "threads": run["threads"],
-           "frames": run.get("frames", run.get("T")), "rounds": run["rounds"],
-           **{f"{k} ms/frame": v for k, v in med.items()},
-           "ncnn / PyTorch": run.get("ratio_ncnn_pytorch", run.get("ratio_fast_torch_median"))}
-    if "gflop_per_frame" in run:
+    """One row of the codec-alone table, from a run of `bench.codec.codec_rounds`."""
+    row = {"machine": machine, "checkpoint": checkpoint_name, "threads": run["threads"], "frames": run["frames"],
+           "rounds": run["rounds"], **{f"{k} ms/frame": v for k, v in run["median_ms_per_frame"].items()},
+           "ncnn / PyTorch": run["ratio_ncnn_pytorch"]}
+    if "gflop_per_frame" in run:  # the Xeon file has no FLOP count
         row |= {"GFLOP/frame": run["gflop_per_frame"], "peak GFLOP/s": run["peak_gflops"],
                 **{f"{k} % of peak": round(100 * v, 1) for k, v in run["fraction_of_peak"].items()}}
     return row
+
+
+def older_run(run: dict) -> dict:
+    """data/bench/codec/dev-2core-full-base.json predates the harness (a script with its own key names)."""
+    if "median_ms_per_frame" in run:
+        return run
+    return run | {"frames": run["T"], "ratio_ncnn_pytorch": run["ratio_fast_torch_median"],
+                  "median_ms_per_frame": {"ncnn": run["median"]["ncnn fast"], "pytorch": run["median"]["torch"]}}
 
 
 rows = [codec_row("this one (live)", ckpt, live_codec)]
 for f in sorted((paths.DATA / "bench" / "codec").glob("*.json")):
     res = json.loads(f.read_text())
     cpu = res["machine"]["cpu"] if isinstance(res["machine"], dict) else res["machine"]
-    rows += [codec_row(f"{f.stem} ({cpu})", res["checkpoint"], run) for run in res["runs"]]
+    rows += [codec_row(f"{f.stem} ({cpu})", res["checkpoint"], older_run(run)) for run in res["runs"]]
 pd.DataFrame(rows)
 
 # %% [markdown]
 # ## 7. Step the decoders through the threaded GEMV: Gemm → InnerProduct
 # At one position a `Gemm` runs its matrix-vector product on one thread; an `InnerProduct` on a 1-D input splits the
-# output rows over all threads. `speed.decode_step` rewrites every constant-weight Gemm of a `_kv.param` that way, and
-# `KvCacheNet` runs that form for one-position steps (prefill keeps the original graph, whose many-row Gemms are
-# threaded anyway). The two nets hold separate copies of the weights: that is the memory this costs (the
+# output rows over all threads. `rewrites.decode_step.decode_step` rewrites every constant-weight Gemm of a
+# `_kv.param` that way, and the decoder `pipeline.precision.decoder` loads on the CPU runs that form for one-position
+# steps (prefill keeps the original graph, whose many-row Gemms are threaded anyway); `fast_steps=False` keeps the
+# exported graph for steps too. The two nets hold separate copies of the weights: that is the memory this costs (the
 # `peak_rss_gb` column above). Same inputs through both forms:
 
 # %%
-from qtts_lib.runtime.binding.cached import KvCacheNet  # noqa: E402
+from qtts_lib.runtime.pipeline import precision
 
 c = cfg
 step_ms, outs = {}, {}
 for label, fast in (("Gemm (as exported)", False), ("InnerProduct steps (runtime)", True)):
-    kv = KvCacheNet(paths.ncnn_dir(ckpt), "talker_decoder", c["head_dim"], c["rope_theta"], THREADS, fast=fast)
+    kv = precision.decoder(paths.ncnn_dir(ckpt), "talker_decoder", c["head_dim"], c["rope_theta"], THREADS,
+                           fast_steps=fast)
     rng = np.random.default_rng(4)
-    kv.prefill(rng.standard_normal((1, 12, c["hidden_size"])).astype(np.float32))
+    _, kv_cache = kv.prefill(rng.standard_normal((1, 12, c["hidden_size"])).astype(np.float32))
     outs[label], times = [], []
     for _ in range(16):
         x = rng.standard_normal((1, 1, c["hidden_size"])).astype(np.float32)
         t0 = time.perf_counter()
-        outs[label].append(kv.step(x))
+        outs[label].append(kv.forward(x, kv_cache))  # one position after kv_cache.past: a step
         times.append((time.perf_counter() - t0) * 1e3)
     step_ms[label] = float(np.median(times[2:]))
     del kv
@@ -375,12 +396,14 @@ pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (me
 #   bytes over the measured bandwidth are its floor, and each row says how far it is from it.
 # - The codec is compute-bound; its yardstick is PyTorch's codec on the same codes and threads.
 # - `make bench` writes the same measurement on `full-base` to `data/bench/`; this chapter plots what is there.
-# - The runtime loads two graphs in a faster equivalent form on the CPU (`runtime.speed`): the codec with 2-D kernels,
-#   polyphase upsampling, convolutions cut along time and channels, in parts whose upsampling stages run chunk by
-#   chunk with a measured left context (cached in `ncnn/fast/`), and decode steps through InnerProduct; both are
-#   checked equal here, and chapters 06-07 (which run the runtime) hold token parity with them.
+# - The runtime loads two graphs in a faster equivalent form on the CPU: the codec with 2-D kernels, polyphase
+#   upsampling, convolutions cut along time and channels (`rewrites.codec_cpu`), in parts whose upsampling stages run
+#   chunk by chunk with a measured left context (cached in `ncnn/fast/` by `codec.cpu_form`), and decode steps
+#   through InnerProduct (`rewrites.decode_step`); both are checked equal here, and chapters 06-07 (which run the
+#   runtime) hold token parity with them.
 # - The codec is timed twice per run: the first decode in a process (what `qtts say` pays, fresh memory included) and
-#   a second one (what a server pays); `perf --codec` compares the two codecs with everything else held still.
+#   a second one (what a server pays); `python -m qtts_lib.bench codec` compares the two codecs with everything else
+#   held still.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/09_bench.json`, the chapter report.
 #
@@ -388,7 +411,7 @@ pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (me
 # - *ncnn much slower at 2 threads than at 1* → another process is using the CPU: ncnn's OpenMP threads spin while
 #   they wait (FACTS); look at the load average printed with the table and rerun on a quiet machine.
 # - *Loop far above its floor at full size* → check that the fp16/bf16 paths are off and the right threads are set
-#   (`runtime.net.make_net`); a Gemm at one row runs one thread.
+#   (`runtime.binding.net.make_net`); a Gemm at one row runs one thread.
 # - *Bandwidth much lower than your hardware's datasheet* → a VM or a busy neighbour; the floor is what this
 #   machine delivers now, which is the honest yardstick.
 

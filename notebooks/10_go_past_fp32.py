@@ -18,14 +18,16 @@
 # **You will:** count the bytes a frame reads in each precision tier and turn them into floors; see how each tier is
 # written (a `.param` rewrite for fp16, int8 weights written from numpy for int8) and check ncnn's int8 arithmetic
 # against a numpy model of it; time the decoders in every tier; measure the quality cost against fp32 —
-# teacher-forced agreement per codebook, the first divergent frame, per-layer error — and read the full-size results.
+# teacher-forced agreement per codebook, the first divergent frame, per-layer error — and read the full-size results;
+# then try decoding on the second core, an experiment the product does not ship.
 #
 # **You will learn:** why fp32 cannot reach real time on two cores; what fp16 storage and int8 weights buy on this
-# CPU; why agreement on random weights is a pessimistic proxy; what real time on two cores would still need.
+# CPU; why agreement on random weights is a pessimistic proxy; what real time on two cores would still need; why the
+# codec process stayed an experiment.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing). **Leaves behind:**
 # `models/<ckpt>/ncnn/int8/` (the int8 tier, written once), `data/outputs/<ckpt>/10_quality.json`,
-# `data/reports/<ckpt>/10_go_past_fp32.json`.
+# `data/outputs/<ckpt>/10_one_gemm/`, `data/reports/<ckpt>/10_go_past_fp32.json`.
 
 # %%
 import json
@@ -36,13 +38,19 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 
-from qtts_lib import check, checkpoint, export, paths, perf, quality, reference, settings
-from qtts_lib.runtime.audio.wav import load_wav
-from qtts_lib.runtime.binding.cached import KvCacheNet
-from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
+from qtts_lib import check, checkpoint, export, paths, reference, settings
+from qtts_lib.bench import quality
+from qtts_lib.bench.machine import describe
+from qtts_lib.bench.results import check_schema
+from qtts_lib.bench.workload import LANGUAGE, TEXT, weight_bytes_per_frame
+from qtts_lib.runtime import Sampling, Synthesizer, load_wav
+from qtts_lib.runtime.binding.graph import Graph, params_dict
+from qtts_lib.runtime.binding.net import make_net, run
+from qtts_lib.runtime.binding.weights import FP32_TAG, split_bin
+from qtts_lib.runtime.experimental.codec_process import CodecProcess
 from qtts_lib.runtime.pipeline import precision
-from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
-from qtts_lib.runtime.rewrites import codec_cpu as speed
+from qtts_lib.runtime.rewrites.decode_step import fp16_step
+from qtts_lib.runtime.rewrites.int8 import int8_graph, quantize_rows
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
@@ -62,10 +70,10 @@ full = not ckpt.startswith("tiny")
 # them saves memory, not time). Divided by the read bandwidth measured now, each tier has its own floor:
 
 # %%
-machine = perf.describe_machine([THREADS])
+machine = describe([THREADS])
 bandwidth = machine["read_bandwidth_gbs"][str(THREADS)]
 tiers = list(precision.TIERS)
-bytes_per_frame = {t: perf.weight_bytes_per_frame(ncnn_dir, precision=t) for t in tiers}
+bytes_per_frame = {t: weight_bytes_per_frame(ncnn_dir, precision=t) for t in tiers}
 floors = pd.DataFrame({"bytes per weight": [precision.weight_bytes(t) for t in tiers],
                        "GB read per frame": [round(bytes_per_frame[t] / 1e9, 3) for t in tiers],
                        f"floor ms/frame at {bandwidth} GB/s": [round(bytes_per_frame[t] / bandwidth / 1e6, 1)
@@ -82,14 +90,16 @@ display(floors)
 # ## 2. How each tier is written
 # **fp16** needs no new file: ncnn's x86 InnerProduct keeps its weights as fp16 when `use_fp16_storage` is on and
 # converts them while reading (F16C); the arithmetic stays fp32. Turning the option on for a whole net would round
-# every activation too, so `precision.fp16_step` masks every other layer back to fp32 with the per-layer feature
-# mask `31=2`. **int8** rewrites every projection (a constant-weight Gemm) as ncnn's int8 Gemm: weights int8,
+# every activation too, so `rewrites.decode_step.fp16_step` masks every other layer back to fp32 with the per-layer
+# feature mask `31=2`. **int8** (`rewrites.int8.int8_graph`) rewrites every projection (a constant-weight Gemm) as
+# ncnn's int8 Gemm: weights int8,
 # activations quantized per row at run time (absmax → 127) and multiplied in int32 on VNNI. ncnn's int8 Gemm keeps
 # one scale per weight tensor, which would waste most of the 8 bits on rows with small weights; so each row is first
 # normalised to |max| = 1 and its scale is applied after the Gemm by a `BinaryOp` with a `MemoryData` row of scales.
+# `pipeline.precision` decides which graphs a tier loads and writes the int8 files once (`ensure_int8`).
 
 # %%
-fp16_text = precision.fp16_step((ncnn_dir / "talker_decoder_kv.param").read_text())
+fp16_text = fp16_step((ncnn_dir / "talker_decoder_kv.param").read_text())
 masked = sum("31=2" in line for line in fp16_text.splitlines())
 for name in precision.DECODERS:
     precision.ensure_int8(ncnn_dir, name, log=print)
@@ -109,21 +119,18 @@ pd.DataFrame({n: {"Gemms made int8": stamps[n]["gemms"], "weights": stamps[n]["w
 
 # %%
 text = (ncnn_dir / "talker_decoder.param").read_text()
-gemm = next(layer for layer in speed.Graph(text).layers if layer.type == "Gemm")
-n, k = (int(speed.params_dict(gemm)[key]) for key in ("8", "9"))
-w = speed.split_bin(text, (ncnn_dir / "talker_decoder.bin").read_bytes())[gemm.name][0].array().reshape(n, k)
+gemm = next(layer for layer in Graph(text).layers if layer.type == "Gemm")
+n, k = (int(params_dict(gemm)[key]) for key in ("8", "9"))
+w = split_bin(text, (ncnn_dir / "talker_decoder.bin").read_bytes())[gemm.name][0].array().reshape(n, k)
 one = f"7767517\n2 2\nInput in 0 1 in\nGemm g 1 1 in out {' '.join(gemm.params)}\n"
-q_text, q_bin, _ = precision.int8_graph(one, speed.FP32_TAG + w.tobytes())
+q_text, q_bin, _ = int8_graph(one, FP32_TAG + w.tobytes())
 work = paths.outputs_dir(ckpt) / "10_one_gemm"
 work.mkdir(parents=True, exist_ok=True)
 (work / "g.param").write_text(q_text)
 (work / "g.bin").write_bytes(q_bin)
 x = np.random.default_rng(0).standard_normal((4, k)).astype(np.float32)
-ex = make_net(work / "g.param", work / "g.bin", THREADS).create_extractor()
-held = to_mat(x)
-ex.input("in", held)
-y = from_mat(ex.extract("out")[1])
-q, scale = precision.quantize_rows(w)
+y = run(make_net(work / "g.param", work / "g.bin", THREADS), {"in": x}, ["out"], name="one int8 Gemm")[0]  # (4, n)
+q, scale = quantize_rows(w)
 a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
 model = (np.clip(np.rint(x * a_scale), -127, 127) @ q.T.astype(np.float64)) / (a_scale * 127) * scale
 check.close(f"ncnn int8 Gemm ({gemm.name}, {n}x{k}) vs the numpy model of its arithmetic", y, model, rel=1e-5)
@@ -131,8 +138,10 @@ check.within("the same int8 Gemm vs the fp32 product", "rel", y, x @ w.T, 0.03)
 
 # %% [markdown]
 # ## 3. Time the decoders in every tier
-# One talker and one predictor decoder per tier, the same prefill and decode steps, tiers interleaved, medians. On a
-# tiny checkpoint this measures call overhead (the weights fit in cache); the full-size numbers are in section 5.
+# One talker and one predictor decoder per tier, as the runtime loads them (`precision.decoder`), the same prefill
+# and decode steps, tiers interleaved, medians; each tier keeps its own cache (`prefill` returns it, `forward` grows
+# it). On a tiny checkpoint this measures call overhead (the weights fit in cache); the full-size numbers are in
+# section 5.
 
 # %%
 talker_cfg = checkpoint.load_config(ckpt)["talker_config"]
@@ -140,15 +149,17 @@ decoders = {"talker_decoder": talker_cfg, "predictor_decoder": talker_cfg["code_
 rng = np.random.default_rng(4)
 steps_ms, outputs = {}, {}
 for name, c in decoders.items():
-    nets = {t: KvCacheNet(ncnn_dir, name, c["head_dim"], c["rope_theta"], THREADS, precision=t) for t in tiers}
+    nets = {t: precision.decoder(ncnn_dir, name, c["head_dim"], c["rope_theta"], THREADS, precision=t)
+            for t in tiers}
     x0 = rng.standard_normal((1, 8, c["hidden_size"])).astype(np.float32)
     xs = [rng.standard_normal((1, 1, c["hidden_size"])).astype(np.float32) for _ in range(12)]
     times = {t: [] for t in tiers}
-    outs = {t: [net.prefill(x0)] for t, net in nets.items()}
+    prefilled = {t: net.prefill(x0) for t, net in nets.items()}  # (hidden (1, 8, H), the tier's cache)
+    outs = {t: [hidden] for t, (hidden, _) in prefilled.items()}
     for x in xs:
         for t, net in nets.items():
             t0 = time.perf_counter()
-            outs[t].append(net.step(x))
+            outs[t].append(net.forward(x, prefilled[t][1]))
             times[t].append((time.perf_counter() - t0) * 1e3)
     steps_ms[name] = {t: float(np.median(v[2:])) for t, v in times.items()}
     outputs[name] = {t: np.concatenate([o.reshape(-1, o.shape[-1]) for o in v]) for t, v in outs.items()}
@@ -160,15 +171,16 @@ pd.DataFrame(steps_ms).round(2).rename_axis("step ms (median)")
 
 # %% [markdown]
 # ## 4. What a tier costs in quality
-# Faster is worthless if the codes change. `qtts_lib.quality` measures, on the same prompt and greedy:
+# Faster is worthless if the codes change. `qtts_lib.bench.quality.measure` measures, on the same prompt and greedy:
 # - **teacher-forced agreement**: fp32's codes are fed to the tier, frame by frame and code by code, and at every
-#   position we ask whether the tier would have picked the same code; one number per codebook. fp32 against itself
-#   gives 1.0 everywhere, which checks the harness;
+#   position we ask whether the tier would have picked the same code; one number per codebook. The feeding is a
+#   `Sampler` (`quality.TeacherForced`) handed to the runtime's own generation loop. fp32 against itself gives 1.0
+#   everywhere, which checks the harness;
 # - the **first divergent frame** when the tier runs free on its own picks;
 # - the **per-layer error** of one decode step of each decoder, fp32 step graph against the tier's.
 #
 # Random weights make near-ties between the top two logits common, so a tiny rounding flips a pick far more often
-# than it would on a trained checkpoint: read these numbers as a pessimistic proxy. `python -m qtts_lib.quality
+# than it would on a trained checkpoint: read these numbers as a pessimistic proxy. `python -m qtts_lib.bench quality
 # --checkpoint <your real checkpoint>` makes the same measurement on real weights.
 
 # %%
@@ -218,13 +230,14 @@ fig.tight_layout()
 # %% [markdown]
 # ## 5. Full size, on this machine
 # `make bench BENCH_PRECISION=fp32,fp16,int8` times PyTorch and every ncnn tier on `full-base` (chapter 09's harness,
-# a `precision` per row) and `python -m qtts_lib.quality` measures agreement over 200 frames. The committed results:
+# a `precision` per row) and `make quality` (`python -m qtts_lib.bench quality`) measures agreement over 200 frames.
+# The committed results:
 
 # %%
 bench = {f.stem: json.loads(f.read_text()) for f in sorted((paths.DATA / "bench").glob("*.json"))}
 tiered = {k: v for k, v in bench.items() if len({r["precision"] for r in v["rows"]}) > 1}
 for name, res in tiered.items():
-    perf.check_schema(res)
+    check_schema(res)
     rows = sorted(res["rows"], key=lambda r: (r["threads"], r["runtime"], r["precision"]))
     display(pd.DataFrame([{"runtime": r["runtime"], "precision": r["precision"], "threads": r["threads"],
                            **{f"{k} ms": v for k, v in r["ms_per_frame"].items()}, "RTF": r["rtf"],
@@ -258,7 +271,7 @@ check.at_least("committed full-size quality measurements", "files", len(committe
 # %% [markdown]
 # ## 6. Decode on the second core?
 # The codec could decode chunk k in a second process while the loop generates chunk k+1 (keeping the reference's
-# chunk boundaries). `python -m qtts_lib.overlap` measures whether that pays: generation then codec on all cores
+# chunk boundaries). `python -m qtts_lib.bench overlap` measures whether that pays: generation then codec on all cores
 # (sequential), generation on one thread while the other decodes (split: a pipeline runs at the slower of the two),
 # and generation on all cores with the decoder squeezed in (oversubscribed). The committed full-size run:
 
@@ -285,28 +298,32 @@ check.at_least("committed overlap measurements", "files", len(overlap_runs), 1)
 # of 32-39 GB/s, the loop loses 23 ms and the codec costs 44: split 89 vs sequential 111 (int8). Squeezing the decoder
 # beside a two-thread loop is the slowest on both: ncnn's OpenMP threads wait on a busy core (FACTS.md).
 #
-# The EPYC numbers ask for a pipeline, so the runtime has one: `Synthesizer(threads=1, codec_process=True)` (or
-# `qtts say --threads 1 --codec-process`) starts a child Python that loads the codec and runs chapter 11's
-# incremental `StreamDecoder` on the frames this process sends as the loop makes them (`runtime.pipeline`; threads
-# would not overlap, the binding holds the GIL inside `extract`). `synthesize` then returns the drained stream, and
-# `stream` streams from the child. For `synthesize` the child decodes adaptively: whenever it is free, every frame
-# that has arrived (at least 2) in one incremental piece, so it keeps pace and little is left after the last frame.
-# The `pipeline` row above (files that have it) is that product timed whole: on the EPYC VM, int8, 91.7 ms per frame
-# against 111.1 sequential (RTF 1.15 instead of 1.39), of which 5.5 ms per frame is the decode left after the loop;
-# but fp16 in the run right after was slower with it (185.4 vs 172.1), and a second pair of runs gave int8 97.1 vs
-# 97.3 and fp16 150.8 vs 163.0. The gain is no bigger than this VM's noise between runs: measure it where you run.
-# Here it is held to the in-process synthesizer on this checkpoint: the same codes, the same audio.
+# The EPYC numbers asked for a pipeline, so we built one, as an experiment: `runtime.experimental.codec_process`.
+# `CodecProcess` starts a child Python that loads the codec and runs chapter 11's incremental `StreamDecoder` on the
+# frames this process sends as the loop makes them (threads would not overlap: the binding holds the GIL inside
+# `extract`); a synthesizer given it as its `decoders` pushes its frames there instead of into its own codec. For
+# `synthesize` the child decodes adaptively: whenever it is free, every frame that has arrived (at least 2) in one
+# incremental piece, so it keeps pace and little is left after the last frame. The `pipeline` row above (files that
+# have it) is that arrangement timed whole: on the EPYC VM, int8, 91.7 ms per frame against 111.1 sequential (RTF 1.15
+# instead of 1.39), of which 5.5 ms per frame is the decode left after the loop; but fp16 in the run right after was
+# slower with it (185.4 vs 172.1), and a second pair of runs gave int8 97.1 vs 97.3 and fp16 150.8 vs 163.0.
+#
+# That gain is within this VM's noise between runs, so the codec process stays out of the product: only a caller that
+# builds one and passes it as `decoders` gets it, and `qtts say` and `qtts serve` have no flag for it. It lives under
+# `experimental/` for the measurement (`python -m qtts_lib.bench overlap`); measure it where you run. Here it is held
+# to the in-process synthesizer on this checkpoint, greedy, 40 frames: the same codes, the same audio.
 
 # %%
+GREEDY = Sampling(greedy=True)
 in_process = Synthesizer(model_dir, threads=1)
-piped = Synthesizer(model_dir, threads=1, codec_process=True)
+piped = Synthesizer(model_dir, threads=1, decoders=CodecProcess.for_checkpoint(model_dir))
 rows = {}
 for name, s in (("in process", in_process), ("codec process", piped)):
     voice = s.voice(wav=load_wav(paths.voice_wav()))
     t0 = time.perf_counter()
-    r = s.synthesize(perf.DEFAULT_TEXT, "english", voice, max_new_tokens=41)
+    r = s.synthesize(TEXT, LANGUAGE, voice, GREEDY, max_frames=40)
     rows[name] = {"result": r, "ms per frame (this run)": 1000 * (time.perf_counter() - t0) / len(r.codes)}
-piped.close()
+piped.close()  # stops the child
 a, b = rows["in process"]["result"], rows["codec process"]["result"]
 display(pd.DataFrame({k: {"frames": len(v["result"].codes), "ms per frame (this run)": v["ms per frame (this run)"],
                           "codec not hidden (ms)": 1000 * v["result"].seconds["codec"]} for k, v in rows.items()}))
@@ -320,19 +337,23 @@ check.snr("codec process: the same audio as in process", b.wav, a.wav, 100.0)
 #   int8 quarters it (the heads stay fp32).
 # - fp16 is a `.param` rewrite (fp16 storage on the InnerProducts, every other layer masked to fp32); int8 is a new
 #   `.param`/`.bin` written from numpy (`precision.ensure_int8`, once per export), checked against a numpy model of
-#   ncnn's int8 arithmetic. `Synthesizer(precision=...)` and `qtts say --precision` pick the tier; fp32 stays the
-#   default and the one that holds token parity with PyTorch.
+#   ncnn's int8 arithmetic (`rewrites.decode_step`, `rewrites.int8`). `Synthesizer(precision=...)` and
+#   `qtts say --precision` pick the tier; fp32 stays the default and the one that holds token parity with PyTorch.
 # - Quality is measured, not assumed: agreement per codebook under teacher forcing, the first divergent frame, and
 #   the per-layer error; on random weights they are pessimistic.
 # - Decoding on the second core while the first generates pays where one thread reads memory at two thirds or more
 #   of the two-thread rate (EPYC VM, int8: 89 vs 111 ms/frame) and not at about half (Intel VM: 179 vs 174;
-#   section 6). `Synthesizer(threads=1, codec_process=True)` / `qtts say --threads 1 --codec-process` is that
-#   pipeline, with the in-process synthesizer's codes and audio; its measured gain on the EPYC VM (0-17% for int8,
-#   -8% to +7% for fp16 over two pairs of runs) is within the VM's noise.
+#   section 6). `runtime.experimental.codec_process` is that pipeline, with the in-process synthesizer's codes and
+#   audio; its measured gain on the EPYC VM (0-17% for int8, -8% to +7% for fp16 over two pairs of runs) is within the
+#   VM's noise, so it is an experiment, not a product option (no CLI or server flag).
 # - On two cores the int8 loop's floor alone is 54-84 ms per frame (the two committed machines read 32 and 21 GB/s),
 #   so a faster-than-real-time loop *plus* codec needs fewer than 8 bits per weight (ncnn has no fast x86 kernel for
 #   its 4- and 6-bit blocks: FACTS.md), a faster codec, or more bandwidth. The EPYC machine came within 34% of real
 #   time (RTF 1.34 at 2 threads).
+#
+# **Artifacts left:** `models/<ckpt>/ncnn/int8/` (the int8 tier's `.param`/`.bin` of both decoders and `stamp.json`,
+# rewritten only when the exports change), `data/outputs/<ckpt>/10_quality.json` (this run's quality measurement),
+# `data/outputs/<ckpt>/10_one_gemm/` (the one-projection int8 graph of section 2), the chapter report.
 #
 # **If your numbers differ**
 # - *int8 no faster than fp16* → check that your CPU has VNNI (`grep avx512_vnni /proc/cpuinfo`); without it ncnn's
@@ -340,6 +361,10 @@ check.snr("codec process: the same audio as in process", b.wav, a.wav, 100.0)
 # - *fp16 steps equal to fp32* → F16C is missing, or `use_fp16_storage` was not set before `load_param`.
 # - *low agreement on a real checkpoint* → look at the per-layer plot for the first layer that jumps: a layer with
 #   outlier activations suffers from per-row activation quantization; keep that layer fp32.
+# - *codec process: "did not start"* → the child (`python -m qtts_lib.runtime.experimental.codec_process`, this
+#   interpreter, this environment) could not import `qtts_lib` or load the codec; the error carries its reason.
+# - *codec process faster (or slower) here than the committed run* → expected: its gain is within a VM's noise;
+#   compare against `python -m qtts_lib.bench overlap` run twice on your machine.
 
 # %%
 check.table()

@@ -28,6 +28,8 @@
 # `data/reports/<ckpt>/12_speak_long_texts.json`.
 
 # %%
+import inspect
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -35,10 +37,11 @@ from IPython.display import Audio, display
 
 from qtts_lib import check, checkpoint, export, paths, reference, settings
 from qtts_lib.isolation import qtts_without_torch
-from qtts_lib.runtime.audio import wav as audio
+from qtts_lib.runtime import AudioError, Sampling, Synthesizer
+from qtts_lib.runtime.audio.clips import prepare_voice_clip
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
 from qtts_lib.runtime.pipeline import longform
-from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+from qtts_lib.runtime.pipeline.prompt import FRAMES_PER_TOKEN, MARGIN_FRAMES, frame_cap
 from qtts_lib.runtime.text import segment
 
 ckpt = settings.checkpoint()
@@ -51,9 +54,10 @@ tiny = ckpt.startswith("tiny")
 
 # %% [markdown]
 # ## 1. Cut text into sentences, in ten languages
-# `runtime.segment` splits at sentence ends (`. ! ?` before a space, the full-width `。！？` anywhere, blank lines) and
-# refuses the periods that do not end a sentence. When unsure it does not split: a missed split only makes a segment
-# longer, a wrong one puts a pause inside a phrase. The committed corpus holds the cases, with the pieces expected:
+# `runtime.text.segment` splits at sentence ends (`. ! ?` before a space, the full-width `。！？` anywhere, blank
+# lines) and refuses the periods that do not end a sentence. When unsure it does not split: a missed split only
+# makes a segment longer, a wrong one puts a pause inside a phrase. The committed corpus holds the cases, with the
+# pieces expected:
 
 # %%
 cases = segment.read_cases(paths.INPUTS / "segment_corpus.txt")
@@ -64,7 +68,7 @@ for c in cases:
                  "ok": got == c["expected"], "first piece": got[0][:40]})
 corpus = pd.DataFrame(rows)
 display(corpus.style.map(lambda ok: "" if ok else "background: #f99", subset=["ok"]))
-languages = set(synth.talker_cfg["codec_language_id"])
+languages = set(synth.config.talker["codec_language_id"])
 check.equal("corpus covers the checkpoint's languages", "languages missing", len(languages - set(corpus.language)), 0)
 for language, group in corpus.groupby("language"):
     check.equal(f"segmenter on the {language} corpus", "cases wrong", int((~group.ok).sum()), 0)
@@ -75,8 +79,17 @@ for language, group in corpus.groupby("language"):
 # than that is cut at clause punctuation (`, ; :` before a space, so 1,000 stays whole; `，；：、`), then at spaces,
 # then — Chinese or Japanese without punctuation — between characters. Segments never span two paragraphs (a
 # heading without a period must not be read into the next sentence). Each segment gets its own frame cap,
-# `frame_cap(tokens) = 8·tokens + 25`: speech takes 2.5–5 frames per token in these languages, so 8 is twice a slow
-# narrator, and 25 frames (2 s) cover the silences. The text below reads in about two minutes:
+# `pipeline.prompt.frame_cap(tokens) = FRAMES_PER_TOKEN·tokens + MARGIN_FRAMES`, 8·tokens + 25: speech takes
+# 2.5–5 frames per token in these languages, so 8 is twice a slow narrator, and 25 frames (2 s) cover the silences.
+# `synthesize` applies the same cap to any text it is not given `max_frames` for.
+
+# %%
+print(inspect.getsource(frame_cap))
+print(f"FRAMES_PER_TOKEN = {FRAMES_PER_TOKEN}, MARGIN_FRAMES = {MARGIN_FRAMES}")
+
+# %% [markdown]
+# `longform.plan` cuts a text into `TextSegment`s, each with its token count and cap, before anything is spoken.
+# The text below reads in about two minutes:
 
 # %%
 TEXT = """Chapter 12. On reading aloud.
@@ -113,35 +126,48 @@ check.equal("caps scale with tokens (8 per token + 25)", "caps off the formula",
 
 # %% [markdown]
 # ## 3. Speak it, one segment at a time
-# One `Voice`, made once, for every segment (a counter on the x-vector proves it). On tiny the weights are random, so
-# the model never says EOS and every segment runs to its cap: we shrink the caps (1 frame per token + 4) to keep the
-# chapter fast, and *expect* every segment to stop at its cap. On a real checkpoint the default caps apply and every
-# segment should stop at EOS: one that hits its cap there ran away.
+# `longform.synthesize_long` speaks each planned segment with `Synthesizer.synthesize` and the same `Voice`, made
+# once by the caller. To show that the x-vector is computed once and not per segment, the synthesizer's voice
+# encoders (`synth.voices`) are wrapped in a counter for the length of the run.
+#
+# The run is greedy (`Sampling(greedy=True)`), so its outcome is fixed. On tiny the weights are random, so the model
+# never says EOS and every segment runs to its cap: we shrink the caps (1 frame per token + 4) to keep the chapter
+# fast, and *expect* every segment to stop at its cap. On a real checkpoint the default caps apply and every segment
+# should stop at EOS: one that hits its cap there ran away.
+
 
 # %%
-calls = {"xvector": 0}
-xvector = synth.xvector
+class CountingVoices:
+    """A synthesizer's voice encoders (`synth.voices`), counting the x-vectors they compute."""
+
+    def __init__(self, voices):
+        self.voices, self.xvectors = voices, 0
+
+    def xvector(self, wav):
+        self.xvectors += 1
+        return self.voices.xvector(wav)
+
+    def codes(self, wav):
+        return self.voices.codes(wav)
 
 
-def counted_xvector(wav):
-    calls["xvector"] += 1
-    return xvector(wav)
-
-
-synth.xvector = counted_xvector
-voice = synth.voice(speaker=synth.speakers[0]) if synth.kind == "custom_voice" else synth.voice(
-    wav=load_wav(paths.voice_wav()))
 caps = {"frames_per_token": 1, "margin": 4} if tiny else {}
 progress = []
-long = longform.synthesize_long(synth, TEXT, "english", voice, greedy=True, **caps,
-                                on_segment=lambda i, n, seg, wav: progress.append(f"{i + 1}/{n}"))
+synth.voices = counting = CountingVoices(synth.voices)
+try:
+    voice = synth.voice(speaker=synth.speakers[0]) if synth.kind == "custom_voice" else synth.voice(
+        wav=load_wav(paths.voice_wav()))
+    long = longform.synthesize_long(synth, TEXT, "english", voice, sampling=Sampling(greedy=True), **caps,
+                                    on_segment=lambda i, n, seg, wav: progress.append(f"{i + 1}/{n}"))
+finally:
+    synth.voices = counting.voices
 segs = long.segments
 print(" ".join(progress))
 seconds = len(long.wav) / SAMPLE_RATE
 print(f"{len(segs)} segments, {sum(s.frames for s in segs)} frames, {seconds:.1f} s of audio, "
       f"{sum(s.seconds for s in segs):.1f} s wall")
-check.equal("x-vector computed once for all segments", "calls", calls["xvector"], 0 if synth.kind == "custom_voice"
-            else 1)
+check.equal("x-vector computed once for all segments", "calls", counting.xvectors,
+            0 if synth.kind == "custom_voice" else 1)
 check.equal("segments spoken = segments planned", "segments", len(segs), len(todo))
 check.equal("every segment within its cap", "segments over", sum(s.frames > s.cap for s in segs), 0)
 check.equal("segments that hit their cap" + (" (tiny: all, random weights)" if tiny else " (ran away)"),
@@ -173,10 +199,10 @@ fig.tight_layout()
 
 # %% [markdown]
 # ## 4. Check the voice clip before using it
-# `audio.prepare_voice_clip` runs before the voice is built (the CLI does it for `--voice`): hard problems raise
-# `AudioError` (exit status 2 in the CLI), soft ones come back as warnings, and a clip longer than 15 s is cut at the
-# quietest 50 ms of its last 3 s before the limit. A long clip *with a transcript* (ICL) is refused instead of cut:
-# the transcript would then say more than the clip does.
+# `audio.clips.prepare_voice_clip` runs before the voice is built (the CLI does it for `--voice`): hard problems
+# raise `AudioError` (exit status 2 in the CLI), soft ones come back as warnings, and a clip longer than 15 s is cut
+# at the quietest 50 ms of its last 3 s before the limit. A long clip *with a transcript* (ICL) is refused instead
+# of cut: the transcript would then say more than the clip does.
 #
 # | rule | threshold | outcome |
 # |---|---|---|
@@ -199,10 +225,10 @@ clips = {"voice.wav": (good, None), "NaN samples": (nan_clip, None), "0.3 s": (g
 outcomes = []
 for name, (wav, transcript) in clips.items():
     try:
-        kept, messages = audio.prepare_voice_clip(wav, transcript)
+        kept, messages = prepare_voice_clip(wav, transcript)
         outcomes.append({"clip": name, "outcome": "; ".join(m.split(":")[0] for m in messages) or "used as is",
                          "kept (s)": round(len(kept) / SAMPLE_RATE, 2), "message": " ".join(messages)})
-    except audio.AudioError as e:
+    except AudioError as e:
         outcomes.append({"clip": name, "outcome": "error", "kept (s)": 0.0, "message": str(e)})
 outcome = pd.DataFrame(outcomes).set_index("clip")
 with pd.option_context("display.max_colwidth", 200):
@@ -218,8 +244,9 @@ check.at_most("it is cut where it is quiet (RMS around the cut / RMS of the clip
 
 # %% [markdown]
 # ## 5. From the command line
-# `qtts say --text-file F` (or `-` for stdin) takes a text of any length; `--max-frames` is now a ceiling on each
-# segment's own cap. With torch blocked, on the first three paragraphs with 3-frame caps, and with a bad clip:
+# `qtts say --text-file F` (or `-` for stdin) takes a text of any length; `--max-frames` is a ceiling on each
+# segment's own cap. It samples with the checkpoint's sampling unless told otherwise; `--greedy` makes it
+# greedy, as in section 3. With torch blocked, on the first three paragraphs with 3-frame caps, and with a bad clip:
 
 # %%
 text_file = paths.outputs_dir(ckpt) / "12_long.txt"
@@ -249,8 +276,8 @@ if synth.kind != "custom_voice":
 # - The segmenter splits the corpus of all ten languages as expected: full-width ends without spaces, and no split
 #   inside numbers, abbreviations, URLs, emails, ellipses or German ordinals.
 # - A long text becomes segments of at most 60 tokens within a paragraph, each spoken with the same `Voice`
-#   (x-vector computed once) under its own frame cap of 8 frames per token + 25, joined with 0.3 s pauses and
-#   10 ms fades.
+#   (x-vector computed once) under its own frame cap (`pipeline.prompt.frame_cap`: 8 frames per token + 25), joined
+#   with 0.3 s pauses and 10 ms fades.
 # - The joined wav is exactly its segments plus the pauses, in the library and in `qtts say --text-file`.
 # - Voice clips with NaN/Inf, under 1 s, or silent are refused with a message (exit 2); clipped ones warned about;
 #   clips over 15 s cut at a quiet point (or refused when they come with a transcript).
@@ -259,7 +286,10 @@ if synth.kind != "custom_voice":
 # chapter report.
 #
 # **If your numbers differ**
-# - *A corpus case fails* → an abbreviation list or rule changed in `runtime.segment`; the case's note says which.
+# - *A corpus case fails* → an abbreviation list or rule changed in `runtime.text.segment`; the case's note says
+#   which.
+# - *More than one x-vector computed* → something builds the voice per segment; build one `Voice` and pass it to
+#   every segment.
 # - *A segment over the token bound* → the tokenizer is not the checkpoint's (`bpe.Tokenizer.from_dir`).
 # - *On a real checkpoint, a segment hits its cap* → it ran away (or the text is unusually slow to speak: digits,
 #   spelled-out letters): listen to it; raise `frames_per_token` only if it was cut mid-word.

@@ -36,5 +36,5 @@ def test_a_false_value_requires_nothing(value):
 
 
 def test_submission_counts():
-    assert vulkan.submissions_per_frame(28, 5) == 254
+    assert vulkan.submissions_per_frame(28, 5) == 238  # 57 + 1 for the talker, 15 x (11 + 1) for the predictor
     assert vulkan.submissions_per_frame(28, 5, rewritten=True) == 18
