@@ -68,7 +68,7 @@ def record(path: Path, producer: str, ckpt: str, inputs: dict | None = None, **e
     path = Path(path)
     entry = {
         "producer": producer,
-        "checkpoint": ckpt,
+        "checkpoint": str(ckpt),
         "checkpoint_fingerprint": checkpoint_fingerprint(ckpt),
         "inputs": inputs or {},
         "sha256": sha256(path),

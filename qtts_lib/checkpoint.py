@@ -7,8 +7,11 @@ in the exact layout that `qwen_tts.Qwen3TTSModel.from_pretrained` loads offline:
     vocab.json  merges.txt  tokenizer_config.json
     speech_tokenizer/{config.json, preprocessor_config.json, model.safetensors}
 
-`full-*` keeps every value of the real 0.6B config.json (carried in qtts_lib/configs/);
-`tiny-*` keeps the same keys, token ids and strides and shrinks only widths and depths.
+`full-*` keeps every value of the real 0.6B config.json (carried in qtts_lib/configs/), with the 1.7B
+dimensions where the name says 1.7b (`SIZE_1_7B`; qtts_lib/configs/README.md says where each value comes from);
+`tiny-*` keeps the same keys, token ids and strides and shrinks only widths and depths (`tiny-1.7b-*` and
+`tiny-voicedesign` with a talker wider than its code predictor, as 1.7B is, so the projection between them and the
+talker-width tables are real, not identities).
 Weights come from the model classes' own init under a fixed seed, plus the fixes a
 random init needs to exercise every path (see `_make_audible`).
 """
@@ -48,6 +51,12 @@ TINY_MIMI_ENCODER = dict(
     num_key_value_heads=4, head_dim=16, num_filters=8, codebook_dim=32,
     vector_quantization_hidden_dimension=32, upsample_groups=64,
 )
+# 1.7B: the talker (and the x-vector, its speaker row) 2048 wide, the code predictor as 0.6B's (1024): the predictor
+# reads its inputs through `small_to_mtp_projection` (Linear 2048 -> 1024, bias). tiny-1.7b-* keeps that shape.
+SIZE_1_7B = dict(hidden_size=2048, intermediate_size=6144)
+TINY_1_7B_TALKER = dict(hidden_size=192, intermediate_size=384, text_hidden_size=192)
+# VoiceDesign: a CustomVoice-style checkpoint (no speaker encoder) whose voices are described, not listed.
+VOICE_DESIGN = dict(tts_model_type="voice_design")
 # Random init at std 0.02 gives a near-silent tiny vocoder (std 3e-7); 0.07 gives std ~0.17 unclipped.
 CODEC_INIT_RANGE = {"tiny": 0.07, "full": 0.02}
 
@@ -57,18 +66,27 @@ def _read(rel: str) -> dict:
     return json.loads((paths.CONFIGS / rel).read_text())
 
 
-def model_config(size: str, variant: str) -> dict:
-    """config.json of a checkpoint: the real file, shrunk for tiny."""
-    cfg = _read(f"{variant}/config.json")
+def model_config(size: str, variant: str, model_size: str = "0.6b") -> dict:
+    """config.json of a checkpoint: the real 0.6B file (VoiceDesign: CustomVoice's, without its speakers), with the
+    1.7B dimensions for model_size 1.7b, shrunk for tiny."""
+    if size not in ("tiny", "full") or model_size not in ("0.6b", "1.7b"):
+        raise ValueError(f"size must be tiny or full and model_size 0.6b or 1.7b, not {size!r}, {model_size!r}")
+    cfg = _read(f"{'customvoice' if variant == 'voicedesign' else variant}/config.json")
+    talker = cfg["talker_config"]
+    if variant == "voicedesign":
+        cfg.update(VOICE_DESIGN)
+        talker["spk_id"], talker["spk_is_dialect"] = {}, {}
+    if model_size == "1.7b":
+        cfg["tts_model_size"] = "1b7"
+        talker.update(SIZE_1_7B)
     if size == "tiny":
-        talker = cfg["talker_config"]
-        talker.update(TINY_TALKER)
+        talker.update(TINY_TALKER | (TINY_1_7B_TALKER if model_size == "1.7b" else {}))
         talker["rope_scaling"]["mrope_section"] = list(TINY_MROPE)
         talker["code_predictor_config"].update(TINY_PREDICTOR)
         if "speaker_encoder_config" in cfg:
-            cfg["speaker_encoder_config"].update(TINY_SPEAKER, enc_dim=TINY_TALKER["hidden_size"])
-    elif size != "full":
-        raise ValueError(f"size must be tiny or full, not {size!r}")
+            cfg["speaker_encoder_config"].update(TINY_SPEAKER)
+    if "speaker_encoder_config" in cfg:  # the x-vector is the prompt's speaker row: talker-wide
+        cfg["speaker_encoder_config"]["enc_dim"] = talker["hidden_size"]
     return cfg
 
 
@@ -82,12 +100,12 @@ def speech_tokenizer_config(size: str) -> dict:
 
 
 def spec(name: str, seed: int = DEFAULT_SEED) -> dict:
-    size, variant = paths.SYNTHETIC[name]
+    size, variant, model_size = paths.SYNTHETIC[name]
     return {
         "spec_version": SPEC_VERSION,
         "name": name,
         "seed": seed,
-        "config": model_config(size, variant),
+        "config": model_config(size, variant, model_size),
         "speech_tokenizer_config": speech_tokenizer_config(size),
     }
 

@@ -19,8 +19,31 @@ PRODUCER = "03_make_golden"
 
 
 def voice_of(tts) -> dict:
-    """The golden voice: a clone of data/inputs/voice.wav (Base), or the first built-in speaker (CustomVoice)."""
+    """The main golden's voice (`capture_generation` arguments): a clone of data/inputs/voice.wav (Base), the first
+    built-in speaker (CustomVoice), a described voice (VoiceDesign)."""
     return reference.default_voice(tts, load_wav(paths.voice_wav()))
+
+
+def mode_of(tts) -> str:
+    """The main golden's name stem: xvec, speaker or design."""
+    return {"custom_voice": "speaker", "voice_design": "design"}.get(tts.model.tts_model_type, "xvec")
+
+
+def cases(tts) -> dict[str, dict]:
+    """Every greedy golden a checkpoint has, name -> `capture_generation` voice arguments: Base an x-vector and an
+    ICL clone; CustomVoice its first speaker, and with an instruction where the checkpoint follows one (the
+    reference drops it on 0.6B); VoiceDesign a described voice and no description at all."""
+    voice = voice_of(tts)
+    kind = tts.model.tts_model_type
+    if kind == "custom_voice":
+        out = {"speaker_greedy": voice}
+        if "0b6" not in (tts.model.tts_model_size or ""):  # qwen_tts's own test (qwen3_tts_model.py:799)
+            out["speaker_instruct_greedy"] = voice | {"instruct": reference.STYLE}
+        return out
+    if kind == "voice_design":
+        return {"design_greedy": voice, "design_plain_greedy": {"instruct": ""}}
+    transcript = (paths.INPUTS / "voice.txt").read_text().strip()
+    return {"xvec_greedy": voice, "icl_greedy": voice | {"voice_text": transcript}}
 
 
 def run_with_logits(tts, voice: dict, **kw) -> dict:
@@ -32,7 +55,8 @@ def run_with_logits(tts, voice: dict, **kw) -> dict:
         lambda m, a, out: logits.append(out[0, -1].detach().clone()))
     try:
         out = reference.capture_generation(tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice.get("voice_wav"),
-                                           speaker=voice.get("speaker"), **kw)
+                                           voice.get("voice_text"), speaker=voice.get("speaker"),
+                                           instruct=voice.get("instruct"), **kw)
     finally:
         hook.remove()
     out["logits"] = torch.stack(logits).numpy()  # (steps, vocab)
@@ -41,8 +65,10 @@ def run_with_logits(tts, voice: dict, **kw) -> dict:
 
 def save(ckpt: str, name: str, run: dict, eos_id: int, voice: dict, threads: int, **more_inputs) -> Path:
     """`data/golden/<ckpt>/<name>.npz` and its manifest entry."""
+    described = voice.get("speaker") or (None if voice.get("voice_wav") is None else
+                                         f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}")
     common = {"text": inputs.TARGET_TEXT, "language": inputs.LANGUAGE, "max_new_tokens": inputs.GOLDEN_MAX_NEW_TOKENS,
-              "voice": voice.get("speaker") or f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}"}
+              "voice": described, "instruct": voice.get("instruct"), "voice_text": voice.get("voice_text")}
     extra = {"threads": threads, "dtype": "float32", "device": "cpu", "attn": "sdpa", "greedy": True}
     seq = run["talker_sequences"]
     hit = np.flatnonzero(seq == eos_id)
@@ -54,31 +80,18 @@ def save(ckpt: str, name: str, run: dict, eos_id: int, voice: dict, threads: int
                               dict(common, eos_id=eos_id, **more_inputs), extra, **arrays)
 
 
-def names(custom_voice: bool) -> list[str]:
-    """The greedy goldens a checkpoint has: a built-in speaker's, or an x-vector clone's and an ICL clone's."""
-    return ["speaker_greedy"] if custom_voice else ["xvec_greedy", "icl_greedy"]
-
-
 def ensure(ckpt: str, tts, threads: int = 2) -> dict[str, dict[str, np.ndarray]]:
-    """The greedy goldens of `ckpt` (`names`), loaded where chapter 03 left them current, made here (by the same
+    """The greedy goldens of `ckpt` (`cases`), loaded where chapter 03 left them current, made here (by the same
     functions chapter 03 runs) where it did not."""
-    custom_voice = tts.model.tts_model_type == "custom_voice"
     eos = int(tts.model.config.talker_config.codec_eos_token_id)
-    voice = voice_of(tts)
     out = {}
-    for name in names(custom_voice):
+    for name, voice in cases(tts).items():
         path = paths.golden_dir(ckpt) / f"{name}.npz"
         try:
             out[name] = artifacts.load_npz(path, ckpt)[0]
             continue
         except artifacts.StaleArtifact:  # missing, changed, or made from another checkpoint
             pass
-        if name == "icl_greedy":
-            text = (paths.INPUTS / "voice.txt").read_text().strip()
-            run = run_with_logits(tts, voice, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS, voice_text=text)
-            save(ckpt, name, run, eos, voice, threads, voice_text=text)
-        else:
-            save(ckpt, name, run_with_logits(tts, voice, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS), eos, voice,
-                 threads)
+        save(ckpt, name, run_with_logits(tts, voice, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS), eos, voice, threads)
         out[name] = artifacts.load_npz(path, ckpt)[0]
     return out

@@ -163,3 +163,46 @@ def test_bad_sampling_options_are_one_line(exported, tmp_path, capsys, option, v
     assert say("--voice", str(paths.voice_wav()), "--text", "Hi.", option, value, "-o", str(tmp_path / "o.wav")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and option.lstrip("-").replace("-", "_") in err
+
+
+@pytest.fixture(scope="module")
+def designer():
+    from qtts_lib import checkpoint, export, reference
+
+    tts = reference.load(checkpoint.ensure("tiny-voicedesign"), threads=2)
+    export.ensure(tts, "tiny-voicedesign")
+    return paths.model_dir("tiny-voicedesign")
+
+
+def test_voice_design_and_instructions_from_the_command_line(designer, tmp_path, capsys):
+    """--instruct describes the voice on a VoiceDesign checkpoint; it changes the audio; a clip is refused there,
+    and an instruction is refused by a Base checkpoint."""
+    args = ["say", "--checkpoint", str(designer), "--text", "Hello.", "--greedy", "--max-frames", "4"]
+    assert main([*args, "--instruct", "A calm, low voice", "-o", str(tmp_path / "a.wav")]) == 0
+    assert main([*args, "-o", str(tmp_path / "b.wav")]) == 0
+    a, b = sf.read(tmp_path / "a.wav")[0], sf.read(tmp_path / "b.wav")[0]
+    assert len(a) == len(b) == 4 * 1920 and not np.array_equal(a, b)
+    capsys.readouterr()
+    assert main([*args, "--voice", str(paths.voice_wav()), "-o", str(tmp_path / "c.wav")]) == 2
+    assert "described in words" in capsys.readouterr().err
+    assert say("--voice", str(paths.voice_wav()), "--text", "Hi.", "--instruct", "softly",
+               "-o", str(tmp_path / "d.wav")) == 2
+    assert "takes no instruction" in capsys.readouterr().err
+
+
+def test_qtts_export_converts_a_checkpoint_directory(tmp_path, capsys):
+    """`qtts export DIR` on a checkpoint that has no exports: every graph, then the runtime speaks from it."""
+    from qtts_lib import checkpoint
+
+    src = checkpoint.ensure("tiny-1.7b-customvoice")
+    bare = tmp_path / "Qwen3-TTS-tiny"
+    shutil.copytree(src, bare, ignore=shutil.ignore_patterns("ncnn"))
+    assert main(["export", str(bare), "--no-int8"]) == 0
+    out = capsys.readouterr().out
+    assert "next: qtts say --checkpoint" in out and "--speaker" in out
+    assert main(["say", "--checkpoint", str(bare), "--speaker", "serena", "--instruct", "Speak softly.",
+                 "--text", "Hello.", "--greedy", "--max-frames", "3", "-o", str(tmp_path / "o.wav")]) == 0
+    assert len(sf.read(tmp_path / "o.wav")[0]) == 3 * 1920
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "nothing")]) == 3
+    assert "not a checkpoint directory" in capsys.readouterr().err

@@ -66,3 +66,22 @@ def test_the_gpu_loop_equals_the_golden(base):
     synth, gold = base
     gpu = Synthesizer(paths.model_dir("tiny-base"), device="vulkan")
     assert_matches(gpu, gpu.voice(xvector=gold["xvec_greedy"]["xvector"]), gold["xvec_greedy"])
+
+
+@pytest.mark.parametrize("ckpt", ["tiny-1.7b-base", "tiny-1.7b-customvoice", "tiny-voicedesign"])
+def test_every_prompt_kind_of_the_wider_checkpoints_equals_its_golden(ckpt):
+    """tiny-1.7b-* and tiny-voicedesign: a talker wider than its code predictor (the projection and the wide tables
+    are real); x-vector and ICL clones, a speaker with and without an instruction, a voice described and not."""
+    tts = reference.load(checkpoint.ensure(ckpt), threads=2)
+    export.ensure(tts, ckpt)
+    synth = Synthesizer(paths.model_dir(ckpt))
+    assert synth.config.talker["hidden_size"] != synth.config.predictor["hidden_size"]
+    goldens = golden.ensure(ckpt, tts)
+    for name, voice in golden.cases(tts).items():
+        if "voice_wav" in voice:
+            v = synth.voice(wav=voice["voice_wav"], text=voice.get("voice_text"))
+        elif "speaker" in voice:
+            v = synth.voice(speaker=voice["speaker"], instruct=voice.get("instruct"))
+        else:
+            v = synth.voice(instruct=voice["instruct"])
+        assert_matches(synth, v, goldens[name])

@@ -72,3 +72,67 @@ def test_voice_needs_exactly_one_source(base):
         synth.voice(xvector=np.zeros(128, np.float32), text="hello")
     with pytest.raises(InputError, match="unknown speaker"):
         synth.voice(speaker="nobody")
+
+
+@pytest.fixture(scope="module")
+def wide_custom():
+    """tiny-1.7b-customvoice: a talker wider than its code predictor, and instructions followed."""
+    tts = reference.load(checkpoint.ensure("tiny-1.7b-customvoice"), threads=2)
+    export.ensure(tts, "tiny-1.7b-customvoice")
+    return tts, Synthesizer(paths.model_dir("tiny-1.7b-customvoice"))
+
+
+@pytest.fixture(scope="module")
+def design():
+    tts = reference.load(checkpoint.ensure("tiny-voicedesign"), threads=2)
+    export.ensure(tts, "tiny-voicedesign")
+    return tts, Synthesizer(paths.model_dir("tiny-voicedesign"))
+
+
+@pytest.mark.parametrize("instruct", [None, reference.STYLE, "用欢快的语气说"], ids=["none", "english", "chinese"])
+@pytest.mark.parametrize("non_streaming", [None, False], ids=["default", "streaming"])
+def test_speaker_with_an_instruction(wide_custom, instruct, non_streaming):
+    """The instruction's rows come first, text only; the rest is the speaker's prompt."""
+    tts, synth = wide_custom
+    speaker = synth.speakers[0]
+    run = reference.capture_generation(tts, inputs.TARGET_TEXT, "english", speaker=speaker, instruct=instruct,
+                                       max_new_tokens=2, non_streaming=non_streaming)
+    voice = synth.voice(speaker=speaker, instruct=instruct)
+    assert_same_prompt(synth.prompt(inputs.TARGET_TEXT, "english", voice, non_streaming=non_streaming), run)
+
+
+@pytest.mark.parametrize("instruct", [reference.DESIGNED_VOICE, "", None], ids=["described", "empty", "none"])
+@pytest.mark.parametrize("language", ["english", "auto"])
+def test_voice_design(design, instruct, language):
+    """No speaker row; the description's rows first (none for an empty one); non-streaming by default."""
+    tts, synth = design
+    run = reference.capture_generation(tts, inputs.TARGET_TEXT, language, instruct=instruct, max_new_tokens=2)
+    voice = synth.voice(instruct=instruct)
+    assert voice.mode == "design" and voice.speaker_row is None
+    assert_same_prompt(synth.prompt(inputs.TARGET_TEXT, language, voice), run)
+
+
+def test_the_0_6b_customvoice_drops_an_instruction_as_the_reference_does(custom):
+    tts, synth = custom
+    speaker = synth.speakers[0]
+    assert not synth.follows_instructions
+    run = reference.capture_generation(tts, inputs.TARGET_TEXT, "english", speaker=speaker, instruct=reference.STYLE,
+                                       max_new_tokens=2)
+    voice = synth.voice(speaker=speaker, instruct=reference.STYLE)
+    assert_same_prompt(synth.prompt(inputs.TARGET_TEXT, "english", voice), run)
+    warned = []
+    synth.synthesize("Hi.", "english", voice, max_frames=2, on_warning=warned.append)
+    assert len(warned) == 1 and "dropped" in warned[0] and "0.6B" in warned[0]
+
+
+def test_who_takes_which_voice(base, design):
+    from qtts_lib.runtime.errors import InputError
+
+    _, synth = base
+    with pytest.raises(InputError, match="takes no instruction"):
+        synth.voice(xvector=np.zeros(128, np.float32), instruct="softly")
+    _, designer = design
+    with pytest.raises(InputError, match="described in words"):
+        designer.voice(speaker="serena")
+    with pytest.raises(InputError, match="instruction is text"):
+        designer.voice(instruct=5)

@@ -46,7 +46,7 @@ def request(url: str, path: str, body=None, method: str | None = None, read: int
         return e.code, dict(e.headers), e.read()
 
 
-def start_server(tmp_path, *extra):
+def start_server(tmp_path, *extra, ckpt: str = CKPT):
     voices = tmp_path / "voices"
     voices.mkdir(exist_ok=True)
     shutil.copy(paths.voice_wav(), voices / "alice.wav")
@@ -55,7 +55,7 @@ def start_server(tmp_path, *extra):
     port = free_port()
     log = open(tmp_path / "server.log", "w")  # a file, not a pipe nobody reads (a full pipe blocks the server)
     code = "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code, "serve", "--checkpoint", str(paths.model_dir(CKPT)),
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code, "serve", "--checkpoint", str(paths.model_dir(ckpt)),
                              "--port", str(port), "--voices", str(voices), "--threads", "2", *extra],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -288,3 +288,31 @@ def test_the_server_samples_by_default_and_takes_sampling_fields(server):
     assert served(seed=7, temperature=0.5, top_k=10) == library(synth.sampling.replace(seed=7, temperature=0.5,
                                                                                        top_k=10))
     assert served() != served(greedy=True) and served() != served(seed=7)
+
+
+def test_instructions_on_checkpoints_that_follow_them(tmp_path):
+    """A VoiceDesign server: /v1/models says so, its one voice is `design`, `instructions` describe it (and change
+    the audio); a 1.7B CustomVoice server takes them for a speaker; the 0.6B servers above refuse them (BAD)."""
+    from qtts_lib import checkpoint, export, reference
+
+    for ckpt in ("tiny-voicedesign", "tiny-1.7b-customvoice"):
+        export.ensure(reference.load(checkpoint.ensure(ckpt), threads=2), ckpt)
+    proc, url = start_server(tmp_path, "--max-frames", "4", ckpt="tiny-voicedesign")
+    try:
+        model = json.loads(request(url, "/v1/models")[2])["data"][0]["qtts"]
+        assert model["instructions"] and model["voices"] == ["design"] and model["kind"] == "voice_design"
+        body = {"input": "Hello.", "voice": "design", "response_format": "pcm", "greedy": True}
+        calm = request(url, "/v1/audio/speech", body | {"instructions": "A calm, low voice."})
+        plain = request(url, "/v1/audio/speech", body)
+        assert calm[0] == plain[0] == 200 and calm[2] != plain[2]
+        status, _, answer = request(url, "/v1/audio/speech", body | {"voice": "alice"})
+        assert status == 400 and "design" in json.loads(answer)["error"]["message"]
+    finally:
+        stop_server(proc)
+    proc, url = start_server(tmp_path, "--max-frames", "4", ckpt="tiny-1.7b-customvoice")
+    try:
+        body = {"input": "Hello.", "voice": "serena", "response_format": "pcm", "greedy": True}
+        styled = request(url, "/v1/audio/speech", body | {"instructions": "Speak cheerfully."})
+        assert styled[0] == 200 and styled[2] != request(url, "/v1/audio/speech", body)[2]
+    finally:
+        stop_server(proc)

@@ -70,11 +70,13 @@ def _np(t):
 
 def capture_generation(tts, text: str, language: str, voice_wav=None, voice_text: str | None = None,
                        max_new_tokens: int = 45, eos_token_id: int | None = None, speaker: str | None = None,
-                       non_streaming: bool | None = None, **gen_kwargs) -> dict:
+                       non_streaming: bool | None = None, instruct: str | None = None, **gen_kwargs) -> dict:
     """Run the original pipeline once and capture what the port must reproduce.
 
     Base checkpoints clone `voice_wav`: x-vector mode without `voice_text`, ICL mode with it.
-    CustomVoice checkpoints use the built-in `speaker` instead. Greedy unless `gen_kwargs` say
+    CustomVoice checkpoints use the built-in `speaker` instead, with an optional `instruct` (which the reference
+    drops on 0.6B); VoiceDesign checkpoints speak the voice `instruct` describes (empty: none). Greedy unless
+    `gen_kwargs` say
     otherwise. Probes wrap three methods of this model instance for the duration of the call:
     the talker's `generate` (prompt embeddings in, codebook-0 sequence out), the speaker
     encoder call (the x-vector) and the codec `decode` (the (T, 16) codes). Returns numpy arrays.
@@ -117,9 +119,13 @@ def capture_generation(tts, text: str, language: str, voice_wav=None, voice_text
         if non_streaming is not None:  # else each entry point's own default
             kwargs["non_streaming_mode"] = non_streaming
         with torch.inference_mode():
-            if speaker is not None:
+            if tts.model.tts_model_type == "voice_design":
+                wavs, sr = tts.generate_voice_design(
+                    text=text, language=language, instruct=instruct or "", max_new_tokens=max_new_tokens, **kwargs)
+            elif speaker is not None:
                 wavs, sr = tts.generate_custom_voice(
-                    text=text, language=language, speaker=speaker, max_new_tokens=max_new_tokens, **kwargs)
+                    text=text, language=language, speaker=speaker, instruct=instruct, max_new_tokens=max_new_tokens,
+                    **kwargs)
             else:
                 wavs, sr = tts.generate_voice_clone(
                     text=text, language=language, ref_audio=(np.asarray(voice_wav, np.float32), SAMPLE_RATE),
@@ -140,9 +146,16 @@ def _generated_frames(sequence, eos_token_id, tts) -> int:
     return hits[0] if hits else len(sequence) - 1
 
 
+DESIGNED_VOICE = "A calm, low female voice, speaking slowly and clearly."  # what the VoiceDesign goldens describe
+STYLE = "Speak cheerfully, a little faster than usual."                   # an instruction for a built-in speaker
+
+
 def default_voice(tts, voice_wav) -> dict:
     """Voice arguments for `capture_generation`: the voice clip for Base checkpoints, the first
-    built-in speaker (alphabetically) for CustomVoice ones, which have no speaker encoder."""
+    built-in speaker (alphabetically) for CustomVoice ones, which have no speaker encoder, and a described voice
+    for VoiceDesign ones."""
     if tts.model.tts_model_type == "custom_voice":
         return {"speaker": sorted(tts.model.config.talker_config.spk_id)[0]}
+    if tts.model.tts_model_type == "voice_design":
+        return {"instruct": DESIGNED_VOICE}
     return {"voice_wav": voice_wav}

@@ -3,6 +3,8 @@
     qtts say --checkpoint models/tiny-base --voice data/inputs/voice.wav --text "Hello." -o out.wav
     qtts say --voice clip.wav --voice-text "what clip.wav says" ...     (ICL cloning)
     qtts say --checkpoint tiny-customvoice --speaker serena ...        (built-in voice)
+    qtts say --checkpoint tiny-1.7b-customvoice --speaker serena --instruct "Speak cheerfully." ...
+    qtts say --checkpoint tiny-voicedesign --instruct "A calm, low female voice" ...   (a voice described)
     qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 12; - reads stdin)
     qtts say ... --temperature 0.7 --top-k 30 --seed 3                 (sampling; --greedy for the argmax)
 
@@ -24,7 +26,7 @@ from ..audio.clips import prepare_voice_clip
 from ..audio.wav import SAMPLE_RATE, WavFile, load_wav, pcm16, save_wav, wav_header
 from ..errors import InputError, MissingArtifact, QttsError
 from ..pipeline.longform import PAUSE_SECONDS, plan, synthesize_long
-from .options import add_generation_options, add_model_options, load_synthesizer, sampling_of
+from .options import add_generation_options, add_model_options, load_synthesizer, positive_int, sampling_of
 
 
 class Parser(argparse.ArgumentParser):
@@ -41,7 +43,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     say = sub.add_parser("say", help="synthesize speech into a wav file",
                          description="Base checkpoints clone a voice clip (--voice, plus --voice-text for ICL); "
-                                     "CustomVoice checkpoints speak with a built-in --speaker.")
+                                     "CustomVoice checkpoints speak with a built-in --speaker (the 1.7B ones follow "
+                                     "an --instruct too); VoiceDesign checkpoints speak the voice --instruct "
+                                     "describes.")
     text = say.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the text to speak")
     text.add_argument("--text-file", help="a UTF-8 text file to speak, of any length (- reads stdin)")
@@ -52,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     voice.add_argument("--speaker", help="a built-in speaker; needed by CustomVoice checkpoints")
     say.add_argument("--voice-text", "--ref-text", dest="voice_text",
                      help="transcript of --voice: clone in ICL mode (x-vector only without it)")
+    say.add_argument("--instruct", help="an instruction in words: the voice itself on a VoiceDesign checkpoint, a "
+                                        "style for a --speaker of a 1.7B CustomVoice checkpoint")
     say.add_argument("--resample", action="store_true", help="accept a wav at another rate/channels and convert it")
     say.add_argument("--keep-long-voice", action="store_true",
                      help="use all of a voice clip longer than 15 s instead of trimming it at a quiet point")
@@ -64,7 +70,30 @@ def parser() -> argparse.ArgumentParser:
                                 "also scales with its text")
     server.add_arguments(sub.add_parser("serve", help="a local HTTP speech server (OpenAI's /v1/audio/speech), "
                                         "streamed", description="Needs the serve extra: pip install 'qtts[serve]'."))
+    export = sub.add_parser("export", help="convert a checkpoint directory for the runtime (chapters 04-05 in one "
+                                           "command)", description="Needs the port extra: pip install 'qtts[port]' "
+                                                                   "and pip install --no-deps qwen-tts==0.1.1.")
+    export.add_argument("directory", type=Path, help="a Qwen3-TTS 12 Hz checkpoint directory (config.json, "
+                                                     "model.safetensors, speech_tokenizer/, tokenizer files)")
+    export.add_argument("--threads", type=positive_int, default=2, help="CPU threads (at least 1)")
+    export.add_argument("--no-int8", action="store_true", help="skip writing the int8 tier's files")
     return p
+
+
+def export(args: argparse.Namespace) -> int:
+    """`qtts export DIR`: the port's own code (`qtts_lib.export.command`), which needs torch and qwen-tts."""
+    if not (args.directory / "config.json").is_file() or not (args.directory / "model.safetensors").is_file():
+        raise MissingArtifact(f"{args.directory} is not a checkpoint directory (config.json and model.safetensors "
+                              "are needed)")
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "pnnx", "qwen_tts") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(f"qtts export needs the port extra ({', '.join(missing)} missing): pip install 'qtts[port]'"
+                         " and pip install --no-deps qwen-tts==0.1.1")
+    from ...export import command  # the port's side of qtts_lib: it imports torch when it runs
+
+    return command.run(args.directory, args.threads, int8=not args.no_int8)
 
 
 def say(args: argparse.Namespace) -> int:
@@ -82,12 +111,12 @@ def say(args: argparse.Namespace) -> int:
             print(f"qtts: {note}", file=sys.stderr)
     t0 = time.perf_counter()
     synth = load_synthesizer(args, log=lambda m: print(f"qtts: {m}", file=sys.stderr))
-    if clip is None and args.speaker is None:
+    if clip is None and args.speaker is None and synth.kind != "voice_design":
         raise InputError("this CustomVoice checkpoint speaks with a built-in voice: give --speaker "
                          f"({', '.join(synth.speakers)})" if synth.kind == "custom_voice" else
                          "this Base checkpoint clones a voice: give --voice CLIP.wav (x-vector), and add "
                          "--voice-text 'what the clip says' for ICL cloning")
-    voice = synth.voice(wav=clip, text=args.voice_text, speaker=args.speaker)
+    voice = synth.voice(wav=clip, text=args.voice_text, speaker=args.speaker, instruct=args.instruct)
     sampling = sampling_of(synth, args)
     todo = plan(synth, text, max_frames=args.max_frames)
     if len(todo) > 1:
@@ -205,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             from .server import serve
 
             return serve(args)
+        if args.command == "export":
+            return export(args)
         return say(args)
     except MissingArtifact as e:
         print(f"qtts: error: {e}", file=sys.stderr)

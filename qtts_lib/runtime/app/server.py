@@ -5,7 +5,10 @@
          -d '{"input": "Hello.", "voice": "alice"}' | ffplay -nodisp -autoexit -
 
 Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET /health`. The request's fields (`REQUEST_FIELDS`):
-`input`, `voice`, optional `model`, `response_format` (wav | pcm), `speed` (1.0 only), `language`, and the sampling
+`input`, `voice`, optional `model`, `response_format` (wav | pcm), `speed` (1.0 only), `language`, `instructions`
+(OpenAI's style prompt: a style for a built-in speaker on a 1.7B CustomVoice checkpoint, the voice itself on a
+VoiceDesign one, whose one voice is `design`; refused with a 400 where the checkpoint cannot follow it), and the
+sampling
 parameters of `pipeline.sampling.Sampling` (`temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed`,
 `greedy`); missing ones take the checkpoint's generation_config, so the server samples as the reference does. A
 `voice` is a built-in speaker (CustomVoice checkpoints) or the name of `<name>.wav` in the voices folder (Base
@@ -23,6 +26,7 @@ wait in a FIFO of `--queue` places in front of it; past that the answer is 503 a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import queue
@@ -42,6 +46,8 @@ MAX_INPUT_CHARS = 4096   # OpenAI's limit for `input`
 MAX_BODY_BYTES = 64 * 1024
 FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
 VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DESIGNED = "design"  # a VoiceDesign checkpoint's one voice: the one its `instructions` describe
+MAX_INSTRUCTIONS_CHARS = 4096
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # what OpenAI clients send: all mean the loaded model
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "greedy")
 REQUEST_FIELDS = ("model", "input", "voice", "response_format", "speed", "language", "instructions",
@@ -98,11 +104,16 @@ class Engine:
 
     # ------------------------------------------------------------ voices
     def voice_names(self) -> list[str]:
+        if self.synth.kind == "voice_design":
+            return [DESIGNED]
         files = sorted(self.voices_dir.glob("*.wav")) if self.voices_dir else []
         return self.synth.speakers + [f.stem for f in files if VOICE_NAME.match(f.stem)]
 
-    def voice(self, name: str):
-        """A built `Voice` for `name` (cached); on the engine thread: building runs the encoders."""
+    def voice(self, name: str, instructions: str | None = None):
+        """A built `Voice` for `name` (cached) with the request's `instructions`; on the engine thread: building runs
+        the encoders."""
+        if self.synth.kind == "voice_design":
+            return self.synth.voice(instruct=instructions)
         if name not in self.voices:
             if name.lower() in self.synth.speakers:
                 self.voices[name] = self.synth.voice(speaker=name.lower())
@@ -111,7 +122,7 @@ class Engine:
                 transcript = clip.with_suffix(".txt")
                 text = transcript.read_text(encoding="utf-8").strip() if transcript.is_file() else None
                 self.voices[name] = self.synth.voice(wav=load_wav(clip, strict=True, quiet=True), text=text or None)
-        return self.voices[name]
+        return dataclasses.replace(self.voices[name], instruct=instructions) if instructions else self.voices[name]
 
     # ------------------------------------------------------------ the engine thread
     def _work(self) -> None:
@@ -173,10 +184,17 @@ class Engine:
             raise RequestError(400, f"`input` is over {MAX_INPUT_CHARS} characters", "input")
         if not _is_text(text):
             raise RequestError(400, "`input` is not valid Unicode text (it holds a lone surrogate)", "input")
-        if req.get("instructions") not in (None, ""):
-            raise RequestError(400, "this checkpoint cannot follow `instructions`: the 12 Hz Base and CustomVoice "
-                                    "0.6B checkpoints take no style prompt (the 1.7B CustomVoice and VoiceDesign "
-                                    "checkpoints do, once this server loads them)", "instructions")
+        instructions = req.get("instructions")
+        if instructions is not None and (not isinstance(instructions, str) or not _is_text(instructions)
+                                         or len(instructions) > MAX_INSTRUCTIONS_CHARS):
+            raise RequestError(400, f"`instructions` must be text of at most {MAX_INSTRUCTIONS_CHARS} characters",
+                               "instructions")
+        if instructions and instructions.strip() and not self.synth.follows_instructions:
+            size = self.synth.config.config.get("tts_model_size")
+            raise RequestError(400, f"this checkpoint ({self.synth.kind}, {size}) cannot follow `instructions`: "
+                                    "Base checkpoints clone a voice and 0.6B "
+                                    "CustomVoice ones ignore style prompts; the 1.7B CustomVoice and VoiceDesign "
+                                    "checkpoints follow them", "instructions")
         fmt = req.get("response_format", "wav")
         if not isinstance(fmt, str) or fmt not in FORMATS:
             raise RequestError(400, f"response_format {_shown(fmt)} is not supported; use one of {', '.join(FORMATS)}",
@@ -209,11 +227,12 @@ class Engine:
             sampling = self.synth.sampling.replace(**given)
         except InputError as e:
             raise RequestError(400, str(e), next(iter(given), None)) from None
-        return {"text": text, "format": fmt, "language": language.lower(), "voice": name, "sampling": sampling}
+        return {"text": text, "format": fmt, "language": language.lower(), "voice": name, "sampling": sampling,
+                "instructions": (instructions or "").strip() or None}
 
     def stream(self, req: dict, job: Job):
         """What the engine runs for a request: the voice, then its segments streamed (errors before any audio)."""
-        voice = self.voice(req["voice"])
+        voice = self.voice(req["voice"], req["instructions"])
         return stream_long(self.synth, req["text"], req["language"], voice, req["sampling"],
                            max_frames=self.max_frames, chunk_frames=self.chunk_frames, on_frame=job.check)
 
@@ -301,7 +320,8 @@ def build_app(engine: Engine, model_id: str):
         return JSONResponse({"object": "list", "data": [
             {"id": model_id, "object": "model", "created": 0, "owned_by": "qtts",
              "qtts": {"kind": s.kind, "clone": s.kind == "base", "speakers": s.speakers, "languages": s.languages,
-                      "voices": engine.voice_names(), "instructions": False, "formats": list(FORMATS),
+                      "voices": engine.voice_names(), "instructions": s.follows_instructions,
+                      "formats": list(FORMATS),
                       "aliases": list(OPENAI_MODELS)}}]})
 
     async def health(request):

@@ -59,8 +59,17 @@ class ModelConfig:
 
     @property
     def kind(self) -> str:
-        """"base" (clones a voice clip) or "custom_voice" (built-in speakers)."""
+        """"base" (clones a voice clip), "custom_voice" (built-in speakers) or "voice_design" (voices described in
+        words)."""
         return self.config.get("tts_model_type", "base")
+
+    @property
+    def follows_instructions(self) -> bool:
+        """Whether an instruction reaches the prompt: VoiceDesign always (it is the voice), CustomVoice except at
+        0.6B, where the reference drops it (qwen_tts's own test of `tts_model_size`, qwen3_tts_model.py:799); Base
+        never (a clone takes none)."""
+        size = self.config.get("tts_model_size") or ""
+        return self.kind == "voice_design" or (self.kind == "custom_voice" and size not in "0b6")
 
     @property
     def groups(self) -> int:

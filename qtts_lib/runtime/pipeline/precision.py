@@ -5,11 +5,15 @@ predictor 15 times (6.6 GB per frame in fp32 at full size): it is memory-bound, 
 below its fp32 floor is fewer bytes per weight. A tier changes the talker's and the predictor's
 transformer layers only; embeddings, the two heads and the codec stay fp32 in every tier.
 
-    fp32  the exported weights; one-position steps run `decode_step` (InnerProduct on a
-          1-D input). The parity default.
-    fp16  the same step graph with ncnn's fp16 weight storage on the InnerProducts (x86 F16C:
-          weights held as fp16, converted while they are read, fp32 arithmetic). Every other
-          layer is masked back to fp32 (`31=2`), so only the weights are rounded. Same .bin.
+    fp32  the exported graph for prefill and steps: one net, each weight held once. (Its Gemms are
+          threaded at one row; `decode_step`'s InnerProduct form, which the runtime ran for steps before,
+          measured the same on full-base at 2 threads and held a second copy of every weight.)
+          The parity default.
+    fp16  one-position steps run `decode_step` with ncnn's fp16 weight storage on the InnerProducts
+          (x86 F16C: weights held as fp16, converted while they are read, fp32 arithmetic). Every other
+          layer is masked back to fp32 (`31=2`), so only the weights are rounded. Same .bin. Prefill
+          runs the exported fp32 graph (ncnn's x86 Gemm has no fp16 storage), so this tier holds the
+          decoders' weights 1.5 times: fp32 and fp16.
     int8  every projection (constant-B Gemm) as ncnn's int8 Gemm: weights int8 with a per-row
           scale, activations quantized per row at run time (dynamic, absmax) and multiplied on
           VNNI; the per-row weight scale is applied by a BinaryOp after the Gemm (ncnn's int8
@@ -131,11 +135,10 @@ def cached_layers(ncnn_dir: str | Path, name: str) -> int:
 
 def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, threads: int = 2, device: str = "cpu",
             precision: str = "fp32", fast_steps: bool | None = None, log=None) -> KvCacheNet:
-    """Cached decoder `name` as `precision` runs it. int8: one graph for prefill and steps (its Gemms are threaded
-    at one row). fp32 and fp16 on the CPU: the exported graph for prefill and `step_graph` for one-position steps,
-    two nets over the same `.bin` (each holds its own copy of the weights: the memory this speed costs);
-    `fast_steps=False` keeps the exported graph for steps too (chapter 09 compares them). On a GPU, fp32 only,
-    the exported graph for both."""
+    """Cached decoder `name` as `precision` runs it. fp32 and int8: one graph for prefill and steps (their Gemms
+    are threaded at one row), each weight held once. fp16 (CPU only): the exported graph for prefill and
+    `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
+    whether steps run the step graph (chapter 09 times fp32 both ways). On a GPU, fp32 only, the exported graph."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     layers = cached_layers(ncnn_dir, name)
     param = ncnn_dir / f"{name}_kv.param"
@@ -145,7 +148,6 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
         return KvCacheNet(step_graph(ncnn_dir, name, "int8", log).net(threads, device), layers, head_dim, theta,
                           name=name)
     prefill = make_net(param, ncnn_dir / f"{name}.bin", threads, device)
-    on_cpu = (device or "cpu").strip().lower() == "cpu"
-    fast = on_cpu if fast_steps is None else fast_steps
+    fast = tier == "fp16" if fast_steps is None else fast_steps
     step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast else None
     return KvCacheNet(prefill, layers, head_dim, theta, step=step, name=name)

@@ -2,8 +2,12 @@
 
 The prompt is two tracks summed position by position (`PromptBuilder.build`):
 
-    text track   role prefix   tts_pad … tts_pad   tts_bos     first text token
-    codec track  -             codec tags, speaker row, codec_pad   codec_bos
+    text track   [instruction]   role prefix   tts_pad … tts_pad   tts_bos     first text token
+    codec track  -               -             codec tags, speaker row, codec_pad   codec_bos
+
+An instruction (`Voice.instruct`: a style for a built-in speaker, or the voice itself on a VoiceDesign checkpoint)
+comes first, text-only, as the reference wraps it: `<|im_start|>user\n{instruct}<|im_end|>\n`, tokenized on its own.
+A VoiceDesign voice has no speaker row.
 
 The rest of the text, then tts_eos, is "trailing text", added one position per frame, then tts_pad forever. With
 `non_streaming` (the reference's default for built-in speakers) the whole text goes into the prompt instead, over
@@ -32,6 +36,7 @@ from .embeddings import Embeddings
 # ("<|im_end|>\n<|im_start|>assistant\n"); the voice clip's transcript ends after VOICE_END_TOKENS
 # ("<|im_end|>\n"). The counts are checked against the tokenizer when a PromptBuilder is made.
 ROLE_PREFIX = "<|im_start|>assistant\n"
+INSTRUCT = "<|im_start|>user\n{}<|im_end|>\n"  # qwen_tts `_build_instruct_text`
 TEXT_END = "<|im_end|>\n<|im_start|>assistant\n"
 VOICE_TEXT_END = "<|im_end|>\n"
 ROLE_TOKENS, END_TOKENS, VOICE_END_TOKENS = 3, 5, 2
@@ -49,16 +54,21 @@ def frame_cap(tokens: int, max_frames: int | None = None, frames_per_token: floa
 
 @dataclass
 class Voice:
-    """Who speaks. `speaker_row` fills the prompt's speaker slot: an x-vector from a voice clip,
-    or a built-in speaker's row of the codec embedding (`speaker` names it). ICL cloning adds the
-    clip's `codes` (T, 16) and its transcript `text`. Build one with `Synthesizer.voice` and reuse it."""
-    speaker_row: np.ndarray
+    """Who speaks, and how. `speaker_row` fills the prompt's speaker slot: an x-vector from a voice clip, or a
+    built-in speaker's row of the codec embedding (`speaker` names it); None on a VoiceDesign checkpoint, where
+    `instruct` describes the voice. ICL cloning adds the clip's `codes` (T, 16) and its transcript `text`. `instruct`
+    is an instruction in words (a style for a built-in speaker). Build one with `Synthesizer.voice` and reuse it."""
+    speaker_row: np.ndarray | None
     speaker: str | None = None
     codes: np.ndarray | None = None
     text: str | None = None
+    instruct: str | None = None
 
     @property
     def mode(self) -> str:
+        """"xvector" or "icl" (a clone), "speaker" (a built-in speaker), "design" (a described voice)."""
+        if self.speaker_row is None:
+            return "design"
         return "speaker" if self.speaker else ("icl" if self.codes is not None else "xvector")
 
 
@@ -108,10 +118,12 @@ class PromptBuilder:
 
     def build(self, text: str, language: str, voice: Voice, non_streaming: bool | None = None) -> Prompt:
         """The prompt for `text` in `language` spoken by `voice` (see module docstring). `non_streaming` defaults
-        like the reference's entry points: False when cloning, True for built-in speakers."""
+        like the reference's entry points: False when cloning, True for built-in speakers and designed voices. An
+        instruction reaches the prompt only where the checkpoint follows one (`ModelConfig.follows_instructions`;
+        the synthesizer warns when it does not)."""
         if not isinstance(text, str) or not text.strip():
             raise InputError("the text is empty")
-        non_streaming = (voice.speaker is not None) if non_streaming is None else non_streaming
+        non_streaming = (voice.mode in ("speaker", "design")) if non_streaming is None else non_streaming
         cfg, c, embed = self.cfg.config, self.cfg.talker, self.embed
         ids = self.tokenizer.encode(ROLE_PREFIX + text + TEXT_END)
         role_ids, text_ids = ids[:ROLE_TOKENS], ids[ROLE_TOKENS:-END_TOKENS]
@@ -119,11 +131,15 @@ class PromptBuilder:
             [cfg["tts_bos_token_id"], cfg["tts_eos_token_id"], cfg["tts_pad_token_id"]])
         codec_pad, codec_bos = embed.codec([c["codec_pad_id"], c["codec_bos_id"]])
 
-        # 1. role prefix, then the codec tags, the speaker row and codec_pad under tts_pad … tts_bos
-        codec_track = np.concatenate([embed.codec(self.codec_tags(language, voice.speaker)),
-                                      voice.speaker_row[None], codec_pad[None]])
+        # 1. [the instruction, text only], the role prefix, then the codec tags, the speaker row (if any) and
+        #    codec_pad under tts_pad … tts_bos
+        speaker_row = [] if voice.speaker_row is None else [voice.speaker_row[None]]
+        codec_track = np.concatenate([embed.codec(self.codec_tags(language, voice.speaker)), *speaker_row,
+                                      codec_pad[None]])
         text_track = np.concatenate([np.repeat(tts_pad[None], len(codec_track) - 1, 0), tts_bos[None]])
         head = [embed.text(role_ids), text_track + codec_track]
+        if voice.instruct and self.cfg.follows_instructions:
+            head.insert(0, embed.text(self.tokenizer.encode(INSTRUCT.format(voice.instruct))))
         # 2. the text: beside the voice clip's codes (ICL), or on its own
         if voice.codes is not None:
             tail, trailing = self.icl_tail(text_ids, voice, codec_bos, codec_pad, tts_eos, tts_pad, non_streaming)

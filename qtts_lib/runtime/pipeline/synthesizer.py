@@ -136,14 +136,29 @@ class Synthesizer:
 
     @property
     def kind(self) -> str:
-        """"base" (clones a voice clip) or "custom_voice" (built-in speakers)."""
+        """"base" (clones a voice clip), "custom_voice" (built-in speakers), "voice_design" (described voices)."""
         return self.config.kind
+
+    @property
+    def follows_instructions(self) -> bool:
+        """Whether `Voice.instruct` reaches the model (VoiceDesign; CustomVoice above 0.6B)."""
+        return self.config.follows_instructions
 
     # ------------------------------------------------------------ voice
     def voice(self, wav: np.ndarray | None = None, text: str | None = None, speaker: str | None = None,
-              xvector: np.ndarray | None = None) -> Voice:
-        """A `Voice` from a voice clip (x-vector; ICL with its transcript `text`), a built-in
-        `speaker`, or a precomputed `xvector`. Compute it once and reuse it for many texts."""
+              xvector: np.ndarray | None = None, instruct: str | None = None) -> Voice:
+        """A `Voice`: on a Base checkpoint from a voice clip (x-vector; ICL with its transcript `text`) or a
+        precomputed `xvector`; on a CustomVoice checkpoint a built-in `speaker`, with an optional `instruct` (a
+        style in words); on a VoiceDesign checkpoint the voice `instruct` describes (empty or None: the model's
+        own choice). Compute it once and reuse it for many texts."""
+        if instruct is not None and not isinstance(instruct, str):
+            raise InputError(f"an instruction is text, not {type(instruct).__name__}")
+        instruct = instruct.strip() if instruct else None
+        if self.kind == "voice_design":
+            if any(x is not None for x in (wav, text, speaker, xvector)):
+                raise InputError("a VoiceDesign checkpoint speaks a voice described in words: give an instruction "
+                                 "(e.g. 'A calm, low female voice'), not a voice clip or a speaker")
+            return Voice(None, instruct=instruct)
         if sum(x is not None for x in (wav, speaker, xvector)) != 1:
             options = (f"a built-in speaker ({', '.join(self.speakers)})" if self.kind == "custom_voice"
                        else "a voice clip to clone (x-vector; add its transcript for ICL)")
@@ -157,7 +172,11 @@ class Synthesizer:
             if speaker.lower() not in spk_id:
                 valid = ", ".join(self.speakers) or "(none in this checkpoint)"
                 raise InputError(f"unknown speaker {speaker!r}; valid: {valid}")
-            return Voice(self.embeddings.codec([spk_id[speaker.lower()]])[0], speaker=speaker.lower())
+            return Voice(self.embeddings.codec([spk_id[speaker.lower()]])[0], speaker=speaker.lower(),
+                         instruct=instruct)
+        if instruct:
+            raise InputError("a Base checkpoint clones the voice it is given and takes no instruction; instructions "
+                             "need a CustomVoice (1.7B) or VoiceDesign checkpoint")
         if xvector is not None:
             return Voice(np.asarray(xvector, np.float32).reshape(-1))
         return Voice(self.voices.xvector(wav), codes=self.voices.codes(wav) if text is not None else None, text=text)
@@ -208,6 +227,10 @@ class Synthesizer:
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise InputError(f"max_frames must be a whole number, at least 1, not {max_frames!r}")
         warnings = []
+        if voice.instruct and not self.follows_instructions:
+            warnings.append("this checkpoint does not follow instructions (0.6B CustomVoice): the instruction is "
+                            "dropped, as the reference drops it; the 1.7B CustomVoice and VoiceDesign checkpoints "
+                            "follow them")
         if len(prompt.trailing) > cap:
             warnings.append(f"the text has {prompt.text_tokens} tokens but at most {cap} frames "
                             f"({cap / FRAME_RATE:.0f} s) will be generated: the end of the text will not be spoken")
