@@ -175,10 +175,10 @@ def _make_audible(speech_tokenizer, generator) -> None:
 
 
 def _save_safetensors(module, path: Path) -> None:
-    from safetensors.torch import save_file
+    """The module's weights, without a second copy in memory (a 1.7B checkpoint is 8 GB of fp32)."""
+    from safetensors.torch import save_model
 
-    state = {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
-    save_file(state, str(path), metadata={"format": "pt"})
+    save_model(module, str(path), metadata={"format": "pt"})
 
 
 def build_random(name: str, seed: int = DEFAULT_SEED, out: Path | None = None) -> Path:

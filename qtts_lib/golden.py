@@ -37,7 +37,7 @@ def cases(tts) -> dict[str, dict]:
     kind = tts.model.tts_model_type
     if kind == "custom_voice":
         out = {"speaker_greedy": voice}
-        if "0b6" not in (tts.model.tts_model_size or ""):  # qwen_tts's own test (qwen3_tts_model.py:799)
+        if (tts.model.tts_model_size or "") not in "0b6":  # qwen_tts's own test (qwen3_tts_model.py:799)
             out["speaker_instruct_greedy"] = voice | {"instruct": reference.STYLE}
         return out
     if kind == "voice_design":

@@ -170,3 +170,21 @@ def test_fusing_shared_input_gemms_changes_nothing(exported, tmp_path):
     for _ in range(4):
         x = rng.standard_normal((1, 1, cfg["hidden_size"])).astype(np.float32)
         np.testing.assert_array_equal(a.forward(x, ca), b.forward(x, cb))
+
+
+def test_a_gemm_with_a_bias_is_int8_and_keeps_its_bias(tmp_path):
+    """1.7B's small_to_mtp_projection is a Linear with a bias (Gemm `6=1 10=4`): int8 weights, row scales, then the
+    fp32 bias added; against the numpy model of the int8 Gemm plus the bias."""
+    w = RNG.standard_normal((24, 40)).astype(np.float32)
+    bias = RNG.standard_normal(24).astype(np.float32)
+    text = GEMM.replace("10=-1", "10=4").replace("6=1", "6=1")
+    text, data, stats = int8.int8_graph(text, weights.FP32_TAG + w.tobytes() + weights.FP32_TAG + bias.tobytes())
+    assert stats["gemms"] == 1 and "18=2" in text and " 0=0" in text  # the add after the scales
+    (tmp_path / "g.param").write_text(text)
+    (tmp_path / "g.bin").write_bytes(data)
+    x = RNG.standard_normal((3, 40)).astype(np.float32)
+    (y,) = run(make_net(tmp_path / "g.param", tmp_path / "g.bin", 2), {"in": x}, ["out"])
+    q, scale = int8.quantize_rows(w)
+    a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
+    xq = np.clip(np.rint(x * a_scale), -127, 127)
+    np.testing.assert_allclose(y, (xq @ q.T.astype(np.float64)) / (a_scale * 127) * scale + bias, rtol=1e-5, atol=1e-5)

@@ -70,12 +70,14 @@ def _np(t):
 
 def capture_generation(tts, text: str, language: str, voice_wav=None, voice_text: str | None = None,
                        max_new_tokens: int = 45, eos_token_id: int | None = None, speaker: str | None = None,
-                       non_streaming: bool | None = None, instruct: str | None = None, **gen_kwargs) -> dict:
+                       non_streaming: bool | None = None, instruct: str | None = None, xvector=None,
+                       **gen_kwargs) -> dict:
     """Run the original pipeline once and capture what the port must reproduce.
 
     Base checkpoints clone `voice_wav`: x-vector mode without `voice_text`, ICL mode with it.
     CustomVoice checkpoints use the built-in `speaker` instead, with an optional `instruct` (which the reference
-    drops on 0.6B); VoiceDesign checkpoints speak the voice `instruct` describes (empty: none). Greedy unless
+    drops on 0.6B); VoiceDesign checkpoints speak the voice `instruct` describes (empty: none). A Base checkpoint can
+    also be given an `xvector` (a speaker embedding) instead of a clip (no mel frontend needed). Greedy unless
     `gen_kwargs` say
     otherwise. Probes wrap three methods of this model instance for the duration of the call:
     the talker's `generate` (prompt embeddings in, codebook-0 sequence out), the speaker
@@ -122,6 +124,12 @@ def capture_generation(tts, text: str, language: str, voice_wav=None, voice_text
             if tts.model.tts_model_type == "voice_design":
                 wavs, sr = tts.generate_voice_design(
                     text=text, language=language, instruct=instruct or "", max_new_tokens=max_new_tokens, **kwargs)
+            elif xvector is not None:
+                prompt = {"ref_code": [None], "ref_spk_embedding": [torch.as_tensor(np.asarray(xvector, np.float32))],
+                          "x_vector_only_mode": [True], "icl_mode": [False]}
+                wavs, sr = tts.generate_voice_clone(text=text, language=language, voice_clone_prompt=prompt,
+                                                    max_new_tokens=max_new_tokens, **kwargs)
+                got.setdefault("xvector", np.asarray(xvector, np.float32))
             elif speaker is not None:
                 wavs, sr = tts.generate_custom_voice(
                     text=text, language=language, speaker=speaker, instruct=instruct, max_new_tokens=max_new_tokens,

@@ -107,14 +107,16 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
 
 
 def split_bin(text: str, data: bytes) -> dict[str, list[Segment]]:
-    """The .bin cut into each layer's loads (layer name -> segments); checks it is consumed exactly."""
+    """The .bin cut into each layer's loads (layer name -> segments); checks it is consumed exactly. The segments
+    are views of `data` (bytes, or an mmap of a file), not copies: a 1.7B talker is 5.6 GB."""
+    data = memoryview(data)
     pos, out = 0, {}
     for layer in parse_param(text).layers:
         segs = []
         for count, tagged in layer_loads(layer):
             n = 4 * count
             if tagged:
-                tag = data[pos : pos + 4]
+                tag = bytes(data[pos : pos + 4])
                 if tag == FP16_TAG:
                     n = 4 + ((2 * count + 3) // 4) * 4
                 elif tag == INT8_TAG:

@@ -27,6 +27,7 @@ a tier is asked for (`ensure_int8`), and `qtts_lib.export` calls the same functi
 from __future__ import annotations
 
 import json
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ from ..rewrites.int8 import int8_graph
 
 TIERS = ("fp32", "fp16", "int8")
 DECODERS = ("talker_decoder", "predictor_decoder")
-INT8_FORMAT = 2          # bump when the written files change meaning
+INT8_FORMAT = 3          # bump when the written files change meaning (3: biased Gemms are int8 too)
 
 
 def check_tier(precision: str, device: str = "cpu") -> str:
@@ -77,7 +78,8 @@ def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
         return param, bin_
     if log:
         log(f"writing the int8 tier of {name} (once; {src_bin.stat().st_size / 1e9:.2f} GB of fp32 weights)")
-    text, data, stats = int8_graph(src_param.read_text(), src_bin.read_bytes())
+    with src_bin.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as fp32:
+        text, data, stats = int8_graph(src_param.read_text(), fp32)  # the fp32 weights mapped, not copied
     param.parent.mkdir(parents=True, exist_ok=True)
     tmp = bin_.with_suffix(".bin.tmp")
     tmp.write_bytes(data)

@@ -29,32 +29,42 @@ def dequantize_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return q.astype(np.float32) / 127.0 * scale[:, None]
 
 
+def _has_bias(d: dict[str, str]) -> bool:
+    """A constant C broadcast along N (`10=4`): a Linear's bias (1.7B's `small_to_mtp_projection`)."""
+    return d.get("6", "0") == "1" and d.get("10", "-1") == "4"
+
+
 def _int8_eligible(layer: ParamLayer) -> bool:
     d = params_dict(layer)
     return (layer.type == "Gemm" and d.get("5") == "1" and d.get("3") == "1" and d.get("4", "0") == "0"
             and d.get("2", "0") == "0" and d.get("18", "0") == "0" and len(layer.inputs) == 1
-            and (d.get("6", "0") == "0" or d.get("10", "-1") == "-1") and d.get("14", "0") == "0"
-            and float(d.get("0", "1")) == 1.0)
+            and (d.get("6", "0") == "0" or d.get("10", "-1") == "-1" or _has_bias(d)) and d.get("14", "0") == "0"
+            and float(d.get("0", "1")) == 1.0 and float(d.get("1", "1")) == 1.0)
+
+
+def _parts(w) -> tuple[np.ndarray, ...]:
+    return w if isinstance(w, tuple) else (w,)
 
 
 def fuse_shared_input(g: Graph, weights: dict[str, np.ndarray]) -> int:
     """Gemms fed by the same Split (q/k/v; gate/up) -> one Gemm over their stacked weights and a Slice of its
     output. Exact under int8 too: the shared input is quantized once per row either way, and every weight row
-    has its own scale. `weights` (layer name -> (N, K) fp32) is updated; returns the number of Gemms removed."""
+    has its own scale. `weights` (layer name -> (N, K) fp32, or a tuple of row blocks to stack) is updated; returns
+    the number of Gemms removed."""
     removed = 0
     for split in [lyr for lyr in g.layers if lyr.type == "Split"]:
         users = [next((c for c in g.consumers(b) if c.type == "Gemm" and c.name in weights), None)
                  for b in split.outputs]
-        group = [(b, c) for b, c in zip(split.outputs, users) if c is not None and _int8_eligible(c)]
-        if len(group) < 2 or len({weights[c.name].shape[1] for _, c in group}) != 1:
+        group = [(b, c) for b, c in zip(split.outputs, users)
+                 if c is not None and _int8_eligible(c) and not _has_bias(params_dict(c))]
+        if len(group) < 2 or len({_parts(weights[c.name])[0].shape[1] for _, c in group}) != 1:
             continue
         first = group[0][1]
-        stacked = np.concatenate([weights[c.name] for _, c in group])
-        sizes = [weights[c.name].shape[0] for _, c in group]
+        parts = [p for _, c in group for p in _parts(weights[c.name])]
+        stacked = tuple(parts)  # concatenated when quantized (`int8_graph`), one layer at a time
+        sizes = [sum(p.shape[0] for p in _parts(weights[c.name])) for _, c in group]
         fused_out = g.fresh(first.name + "_fused")
         d = params_dict(first)
-        d["8"] = str(stacked.shape[0])
-        set_params(first, d)
         slice_ = ParamLayer("Slice", g.fresh(first.name + "_slice"), [fused_out], [c.outputs[0] for _, c in group],
                             [f"-23300={len(sizes)}," + ",".join(map(str, sizes)), "1=-1"])
         first.outputs = [fused_out]
@@ -65,6 +75,8 @@ def fuse_shared_input(g: Graph, weights: dict[str, np.ndarray]) -> int:
                 del weights[c.name]
         g.layers[pos:pos] = [first, slice_]
         weights[first.name] = stacked
+        d["8"] = str(sum(sizes))
+        set_params(first, d)
         gone = {b for b, _ in group[1:]}
         split.outputs = [b for b in split.outputs if b not in gone]
         removed += len(group) - 1
@@ -73,7 +85,8 @@ def fuse_shared_input(g: Graph, weights: dict[str, np.ndarray]) -> int:
 
 def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, dict]:
     """The int8 form of a decoder graph and its .bin: Gemms sharing an input fused (`fuse_shared_input`), then
-    each eligible Gemm -> int8 Gemm -> BinaryOp(mul, MemoryData row scales). Returns (param text, bin, stats)."""
+    each eligible Gemm -> int8 Gemm -> BinaryOp(mul, MemoryData row scales) [-> BinaryOp(add, MemoryData bias) for a
+    Gemm with a bias, whose bias stays fp32]. Returns (param text, bin, stats)."""
     segs = split_bin(text, data)
     g = Graph(text)
     weights = {}
@@ -90,7 +103,11 @@ def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, d
             continue
         d = params_dict(layer)
         n, k = int(d["8"]), int(d["9"])
-        w = weights[layer.name]
+        w = np.concatenate(_parts(weights.pop(layer.name)))  # this layer's weights only, then freed
+        bias = segs[layer.name][1].array() if _has_bias(d) else None
+        if bias is not None:  # the int8 Gemm gets no C; the bias is added after the row scales
+            d["6"] = "0"
+            d.pop("10", None)
         q, scale = quantize_rows(w)
         err = dequantize_rows(q, scale) - w
         stats["rel_rms"].append(float(np.sqrt((err**2).mean() / max((w**2).mean(), 1e-30))))
@@ -104,9 +121,15 @@ def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, d
         final = layer.outputs[0]
         layer.outputs = [scaled]
         i = g.layers.index(layer)
-        g.layers[i + 1 : i + 1] = [ParamLayer("MemoryData", table, [], [table], [f"0={n}"]),
-                                   ParamLayer("BinaryOp", g.fresh(layer.name + "_mul"), [scaled, table], [final],
-                                              ["0=2"])]
+        unbiased = final if bias is None else g.fresh(layer.name + "_scaled")
+        added = [ParamLayer("MemoryData", table, [], [table], [f"0={n}"]),
+                 ParamLayer("BinaryOp", g.fresh(layer.name + "_mul"), [scaled, table], [unbiased], ["0=2"])]
         out[table] = [Segment.of(scale, False)]
+        if bias is not None:
+            bias_table = g.fresh(layer.name + "_bias")
+            added += [ParamLayer("MemoryData", bias_table, [], [bias_table], [f"0={n}"]),
+                      ParamLayer("BinaryOp", g.fresh(layer.name + "_add"), [unbiased, bias_table], [final], ["0=0"])]
+            out[bias_table] = [Segment.of(bias, False)]
+        g.layers[i + 1 : i + 1] = added
     new = g.text()
     return new, join_bin(new, out), stats
