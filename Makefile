@@ -5,6 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.qtts-installed
 CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]*.py))
+# The chapters that port a checkpoint (split, goldens, export, pitfalls, KV cache, generation, voices; 13 where it
+# exists) run again on each of VARIANTS after the default pass: a 1.7B talker wider than its code predictor, with
+# instructions, and a VoiceDesign checkpoint.
+PER_CHECKPOINT := 02 03 04 04b 04c 05 06 07 13
+VARIANT_CHAPTERS := $(filter $(foreach n,$(PER_CHECKPOINT),notebooks/$(n)_%),$(CHAPTERS))
+VARIANTS := tiny-1.7b-customvoice tiny-voicedesign
+NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q
 # Figures vanish from executed notebooks under MPLBACKEND=Agg.
 unexport MPLBACKEND
 export PYTHONHASHSEED := 0
@@ -35,9 +42,14 @@ unit: setup
 lint: setup
 	$(BIN)/ruff check qtts_lib tests notebooks/*.py
 
+# Every chapter on the default checkpoint, then VARIANT_CHAPTERS on each of VARIANTS (converted once, run again).
 notebooks: setup
 	$(BIN)/jupytext --to ipynb -q $(CHAPTERS)
-	$(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q $(CHAPTERS:.py=.ipynb)
+	$(NBVAL) $(CHAPTERS:.py=.ipynb)
+	for ckpt in $(VARIANTS); do \
+	  echo "== $(notdir $(VARIANT_CHAPTERS:.py=)) on $$ckpt"; \
+	  QTTS_CHECKPOINT=$$ckpt $(NBVAL) $(VARIANT_CHAPTERS:.py=.ipynb) || exit 1; \
+	done
 
 # PyTorch vs ncnn on BENCH_CKPT (default full-base, built and exported first if missing), interleaved repeats,
 # the machine described; writes data/bench/$(BENCH_NAME).json. See qtts_lib/bench/loop.py. BENCH_PRECISION lists the

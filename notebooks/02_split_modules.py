@@ -16,8 +16,8 @@
 # > Control flow stays in the host language; only tensor math goes into a graph.
 #
 # **You will:** meet the ten torch wrappers in `qtts_lib.modules` — eight graphs for generation and two encoders
-# for cloning — see the rewrites each needs, and check every wrapper against the original model's blocks at two
-# sequence lengths.
+# for cloning (a CustomVoice or VoiceDesign checkpoint has no speaker encoder: nine) — see the rewrites each needs,
+# and check every wrapper against the original model's blocks at two sequence lengths.
 #
 # **You will learn:** why `jit.trace` cannot carry the sampler, the per-step table choice or the prompt builder; which
 # innocent-looking PyTorch idioms pnnx/ncnn cannot carry and what replaces them; why two lengths.
@@ -37,7 +37,12 @@ ckpt = settings.checkpoint()
 torch.set_num_threads(settings.threads())
 report = check.begin("02_split_modules", ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=settings.threads())
+kind = tts.model.tts_model_type  # base | custom_voice | voice_design
 has_speaker_encoder = tts.model.speaker_encoder is not None
+NO_SPEAKER_ENCODER = (f"skipped speaker_encoder because a {kind} checkpoint has no speaker encoder "
+                      f"({'built-in speakers' if kind == 'custom_voice' else 'voices described in words'} "
+                      "take the x-vector's place)")
+print(f"{ckpt}: {kind}, tts_model_size {tts.model.tts_model_size}")
 
 # %% [markdown]
 # ## 1. Where to cut
@@ -55,6 +60,7 @@ def describe(t: torch.Tensor) -> str:
 rows = []
 for spec in modules.all_specs():
     if spec.name == "speaker_encoder" and not has_speaker_encoder:
+        print(NO_SPEAKER_ENCODER)
         continue
     ins = spec.inputs(tts, spec.lengths[0], seed=0)
     outs = spec.run_original(tts, ins)
@@ -64,6 +70,24 @@ for spec in modules.all_specs():
                 f"{' …' if len(outs) > 3 else ''}</td></tr>")
 display(HTML("<table><tr><th>module</th><th>what</th><th>inputs (first length)</th><th>outputs</th></tr>"
              + "".join(rows) + "</table>"))
+
+# %% [markdown]
+# The code predictor reads the talker's hidden state. On 0.6B both have one width and the code predictor's
+# `small_to_mtp_projection` is an `Identity`; on 1.7B the talker is wider and that projection is a `Linear` down to
+# the code predictor's width. The `predictor_decoder` wrapper applies it first, so the exported graph takes
+# talker-width input on every checkpoint and the runtime needs no change for 1.7B:
+
+# %%
+talker_width = tts.model.talker.config.hidden_size
+predictor_width = tts.model.talker.code_predictor.config.hidden_size
+print(f"talker hidden {talker_width}, code predictor hidden {predictor_width}, small_to_mtp_projection: "
+      f"{tts.model.talker.code_predictor.small_to_mtp_projection}")
+spec = modules.get("predictor_decoder")
+ins = spec.inputs(tts, spec.lengths[0], seed=0)
+with torch.inference_mode():
+    hidden = spec.build(tts)(*ins.values())  # (1, L, predictor hidden)
+check.equal("predictor_decoder: input width = talker hidden", "width", ins["inputs_embeds"].shape[-1], talker_width)
+check.equal("predictor_decoder: output width = code predictor hidden", "width", hidden.shape[-1], predictor_width)
 
 # %% [markdown]
 # ## 2. The rewrites, each shown equal in torch
@@ -130,7 +154,7 @@ print("\n".join(f"{s.name:20} {s.metric:8} {s.tolerance:g}" for s in modules.all
 results = []
 for spec in modules.all_specs():
     if spec.name == "speaker_encoder" and not has_speaker_encoder:
-        print("skipped speaker_encoder because this CustomVoice checkpoint has none")
+        print(NO_SPEAKER_ENCODER)
         continue
     wrapper = spec.build(tts)
     for length in spec.lengths:
@@ -150,7 +174,7 @@ for spec in modules.all_specs():
                         "rel": check.rel_err(o_all, r_all), "metric": spec.metric, "value": row["value"]})
 
 # %% [markdown]
-# One picture for all ten: relative L2 error per module at both lengths (a bar at the floor means bitwise equal).
+# One picture for all of them: relative L2 error per module at both lengths (a bar at the floor means bitwise equal).
 # The wrappers reuse the original weights and mostly the same op order, so many are exactly equal; the codec decoder
 # and the encoders reorder sums (folded codebooks, convolutions) and land at fp32 rounding.
 
@@ -160,8 +184,9 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 
 # %% [markdown]
 # ## Summary
-# - Ten modules: text/codec embeddings, talker decoder, codec head, predictor decoder, fused predictor embeddings,
-#   15 predictor heads, codec decoder; speaker encoder and Mimi encoder for cloning.
+# - Ten modules: text/codec embeddings, talker decoder, codec head, predictor decoder (with 1.7B's projection from
+#   the talker's width folded in), fused predictor embeddings, 15 predictor heads, codec decoder; speaker encoder
+#   (Base only) and Mimi encoder for cloning.
 # - Mask, rope tables and ids are inputs; GQA by `repeat_interleave(dim=-3)`; fused tables with offsets; sums by
 #   matmul; crops by negative pad; static padding; constants folded. Each rewrite equals the original idiom in torch.
 # - Every wrapper matches the original blocks at two lengths (table above); chapter 04 exports them.
@@ -173,6 +198,7 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 #   look for Python ints from shapes.
 # - *Decoders off by ~1e-1* → mask or rope table layout (full vs half width, or a transposed table).
 # - *Codec SNR low* → the sliding-window mask is off by one, or a codebook was folded without its projection.
+# - *predictor_decoder off on a 1.7B checkpoint only* → `small_to_mtp_projection` not applied (the widths above).
 
 # %%
 check.table()

@@ -18,7 +18,8 @@
 #
 # **You will:** run the original greedily (talker and sub-talker `do_sample=False`) on CPU fp32 at a fixed thread
 # count, save the codes `(T, 16)`, the EOS step, the waveform and the prompt embeddings; make an early-stop case and
-# an ICL case; then see why "token for token" only means something inside one numeric domain.
+# the other voices of the checkpoint's kind (ICL on Base, an instruction on CustomVoice, no description on
+# VoiceDesign); then see why "token for token" only means something inside one numeric domain.
 #
 # **You will learn:** what a golden file must carry to be trusted later (manifest: producer, inputs, sha256,
 # versions, threads, checkpoint fingerprint); how small the argmax margins are and what that means for parity.
@@ -47,25 +48,31 @@ golden_dir = paths.golden_dir(ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)
 EOS = cfg["talker_config"]["codec_eos_token_id"]
-custom_voice = cfg["tts_model_type"] == "custom_voice"
-voice = golden.voice_of(tts)
-SPEAKER = voice.get("speaker")
-print(f"{ckpt}: {'built-in speaker ' + SPEAKER if custom_voice else 'x-vector clone of data/inputs/voice.wav'}, "
-      f"{THREADS} threads")
+kind = cfg["tts_model_type"]  # base | custom_voice | voice_design
+cases = golden.cases(tts)     # every greedy golden of this kind: name -> the reference's voice arguments
+mode = golden.mode_of(tts)    # the main golden's stem: xvec, speaker or design
+voice = cases[f"{mode}_greedy"]
+described = {"base": "x-vector clone of data/inputs/voice.wav",
+             "custom_voice": f"built-in speaker {voice.get('speaker')}",
+             "voice_design": f"described voice {voice.get('instruct')!r}"}[kind]
+print(f"{ckpt} ({kind}): main golden {mode}_greedy, {described}; {THREADS} threads")
+print("goldens of this kind:", {name: sorted(args) for name, args in cases.items()})
 
 # %% [markdown]
 # ## 1. Generate the main golden: greedy, fp32, CPU, fixed threads
 # A forward hook on `codec_head` records the talker's logits at every step: they tell us later how close each
 # argmax decision was. `reference.capture_generation` wraps three methods of the loaded model for one call to capture
-# the prompt embeddings going into the talker, the x-vector, and the codes going into the codec. Both live in
-# `qtts_lib.golden`, because tests/test_golden.py makes the same files when this chapter has not run yet:
+# the prompt embeddings going into the talker, the x-vector, and the codes going into the codec. Which voice it
+# speaks comes from `golden.cases`, by the checkpoint's `tts_model_type`. All of it lives in `qtts_lib.golden`,
+# because tests/test_golden.py makes the same files when this chapter has not run yet:
 
 # %%
+print(inspect.getsource(golden.cases))
 print(inspect.getsource(golden.run_with_logits))
 
 
-def run_with_logits(model_tts, **kw):
-    return golden.run_with_logits(model_tts, voice, **kw)
+def run_with_logits(model_tts, voice_args=voice, **kw):
+    return golden.run_with_logits(model_tts, voice_args, **kw)
 
 
 t0 = time.perf_counter()
@@ -102,31 +109,51 @@ check.tokens_equal("early stop: codes = prefix of the main golden", early["codes
 # fingerprint. `artifacts.load_npz` refuses a file whose entry does not match and names this chapter.
 
 # %%
-def save(name, run, eos_id, **more_inputs):
-    path = golden.save(ckpt, name, run, eos_id, voice, THREADS, **more_inputs)
+def save(name, run, eos_id, voice_args=voice):
+    path = golden.save(ckpt, name, run, eos_id, voice_args, THREADS)
     arrays, _ = artifacts.load_npz(path, ckpt)
-    print(f"{path.name:22} {path.stat().st_size / 1024:8.1f} KiB  "
+    print(f"{path.name:26} {path.stat().st_size / 1024:8.1f} KiB  "
           + ", ".join(f"{k}{tuple(v.shape)}" for k, v in arrays.items()))
 
 
-mode = "speaker" if custom_voice else "xvec"
 save(f"{mode}_greedy", main, EOS)
 save(f"{mode}_eos", early, early_eos)
 
 # %% [markdown]
-# For base checkpoints also an **ICL** golden (the voice transcript plus the voice codes from the Mimi encoder
-# go into the prompt); chapter 07 matches it. Its decoded audio includes the voice clip's part, which the
-# original cuts off by frame ratio.
+# Then the other goldens of this kind, which chapter 07 matches:
+# - **Base**: an **ICL** golden (the voice transcript plus the voice codes from the Mimi encoder go into the
+#   prompt). Its decoded audio includes the voice clip's part, which the original cuts off by frame ratio.
+# - **CustomVoice**: the same speaker with an **instruction** (`reference.STYLE`), where the checkpoint follows one
+#   (the reference drops it on 0.6B, so there is no such golden there).
+# - **VoiceDesign**: **no description** at all (the model's own voice).
+#
+# An instruction is a user turn of its own, `<|im_start|>user\n{instruct}<|im_end|>\n`, tokenized alone and put in
+# front of the prompt as text rows only; so a prompt with one is longer than the same prompt without by exactly
+# that turn's tokens. Each extra golden is checked for what makes it different:
 
 # %%
-if not custom_voice:
-    voice_text = (paths.INPUTS / "voice.txt").read_text().strip()
-    icl = run_with_logits(tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS, voice_text=voice_text)
-    print(f"ICL: {icl['voice_codes'].shape[0]} reference frames + {icl['codes'].shape[0]} generated frames")
-    save("icl_greedy", icl, EOS, voice_text=voice_text)
-    check.equal("ICL: generated frames", "frames", int(icl["codes"].shape[0]), inputs.GOLDEN_MAX_NEW_TOKENS - 1)
-else:
-    print("skipped the ICL golden because a CustomVoice checkpoint has no speaker/Mimi cloning path")
+instruct_rows = lambda text: len(tts.processor.tokenizer(f"<|im_start|>user\n{text}<|im_end|>\n")["input_ids"])
+extra = {name: args for name, args in cases.items() if name != f"{mode}_greedy"}
+if not extra:
+    print(f"no other golden for this {kind} checkpoint: it does not follow instructions "
+          f"(tts_model_size {cfg.get('tts_model_size')!r}), so the reference has no instruction golden to make")
+made = {f"{mode}_greedy": main}
+for name, args in extra.items():
+    made[name] = run = run_with_logits(tts, args, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
+    save(name, run, EOS, args)
+    frames = int(run["codes"].shape[0])
+    print(f"{name}: prompt {run['inputs_embeds'].shape[0]} rows, {run['voice_codes'].shape[0]} voice frames, "
+          f"{frames} generated frames")
+    check.equal(f"{name}: generated frames", "frames", frames, inputs.GOLDEN_MAX_NEW_TOKENS - 1)
+if "icl_greedy" in made:
+    check.at_least("icl_greedy: voice codes of the clip in the prompt", "frames",
+                   int(made["icl_greedy"]["voice_codes"].shape[0]), 1)
+for with_it, without in (("speaker_instruct_greedy", "speaker_greedy"), ("design_greedy", "design_plain_greedy")):
+    if with_it in made and without in made:
+        text = cases[with_it]["instruct"]
+        check.equal(f"{with_it}: prompt rows - {without}'s = the instruction's tokens", "rows",
+                    made[with_it]["inputs_embeds"].shape[0] - made[without]["inputs_embeds"].shape[0],
+                    instruct_rows(text))
 
 # %%
 for name in sorted(p.name for p in golden_dir.glob("*.npz")):
@@ -213,18 +240,22 @@ ax.set_title("how close each greedy decision was");
 # ## Summary
 # - Golden files: codes `(T, 16)`, EOS step, waveform, prompt embeddings, x-vector and talker logits, greedy on
 #   CPU fp32 at a fixed thread count, each `.npz` with a manifest entry that consumers verify.
-# - An early-stop golden (an EOS id the greedy path emits at step ≥ 2) exercises the stop branch; an ICL golden
-#   carries the voice codes.
+# - An early-stop golden (an EOS id the greedy path emits at step ≥ 2) exercises the stop branch; per kind
+#   (`golden.cases`) an ICL golden carries the voice codes (Base), an instruction golden the style turn
+#   (CustomVoice above 0.6B), a no-description golden the model's own voice (VoiceDesign).
 # - Same domain ⇒ bitwise repeatable; another thread count or attention kernel moves the low bits, and a near-tie
 #   argmax can flip. Compare only within one numeric domain.
 #
-# **Artifacts left:** `data/golden/<ckpt>/{xvec_greedy,xvec_eos,icl_greedy}.npz` (or `speaker_*` for CustomVoice),
-# `manifest.json`.
+# **Artifacts left:** `data/golden/<ckpt>/`: Base `{xvec_greedy,xvec_eos,icl_greedy}.npz`, CustomVoice
+# `{speaker_greedy,speaker_eos}.npz` (+ `speaker_instruct_greedy.npz` above 0.6B), VoiceDesign
+# `{design_greedy,design_eos,design_plain_greedy}.npz`; `manifest.json`.
 #
 # **If your numbers differ**
 # - *Rerun not bitwise equal* → another process changed the thread pool, or `QTTS_THREADS` differs between runs.
 # - *A later chapter says a golden is stale* → the checkpoint was rebuilt; re-run this chapter.
 # - *Tokens differ across domains here* → a near tie; the histogram shows which margin was under the change.
+# - *An instruction golden's prompt is not longer by the instruction's tokens* → the reference's prompt layout
+#   changed (qwen-tts version); the runtime's `pipeline.prompt` follows the layout described above.
 
 # %%
 check.table()

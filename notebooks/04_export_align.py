@@ -69,6 +69,12 @@ print(" ".join(f"{d} {metadata.version(d)}" for d in ("pnnx", "ncnn", "torch")),
 t0 = time.perf_counter()
 entries = export.export_all(tts, ckpt)
 print(f"{len(entries)} modules ready in {time.perf_counter() - t0:.1f} s")
+has_speaker_encoder = tts.model.speaker_encoder is not None
+if not has_speaker_encoder:
+    print(f"skipped speaker_encoder because a {cfg['tts_model_type']} checkpoint has no speaker encoder (chapter 02)")
+wrappers = [s.name for s in modules.all_specs() if has_speaker_encoder or s.name != "speaker_encoder"]
+check.equal("modules exported = chapter 02's wrappers of this checkpoint", "names", ", ".join(sorted(entries)),
+            ", ".join(sorted(wrappers)))
 rows = "".join(
     f"<tr><td><code>{n}</code></td><td>{e['export_seconds']}</td><td>{e['bin_bytes'] / 2**20:.2f}</td>"
     f"<td>{e['work_bytes_before_cleanup'] / 2**20:.1f}</td><td>{e['pnnx_inputshape']}</td>"
@@ -92,6 +98,23 @@ for name in entries:
     for layer_type, n in export.expected_layers(name, cfg).items():
         check.equal(f"{name}: {layer_type} layers", "count", info.counts[layer_type], n)
 print("".join((out_dir / "talker_decoder.param").read_text().splitlines(keepends=True)[:30]))
+
+# %% [markdown]
+# Each decoder layer has seven projections (q, k, v, o, gate, up, down), each a `Gemm`. The code predictor's graph
+# has one more where the checkpoint has a `small_to_mtp_projection` (1.7B: the talker is wider than the code
+# predictor; chapter 02), the first Gemm of the graph, from the talker's width `9=K` to the predictor's `8=N`, with
+# its bias as a constant C (`6=1`):
+
+# %%
+predictor_cfg = cfg["talker_config"]["code_predictor_config"]
+projected = not isinstance(tts.model.talker.code_predictor.small_to_mtp_projection, torch.nn.Identity)
+for name, layers, extra in (("talker_decoder", cfg["talker_config"]["num_hidden_layers"], 0),
+                            ("predictor_decoder", predictor_cfg["num_hidden_layers"], int(projected))):
+    check.equal(f"{name}: Gemm layers (7 per layer{' + the projection' if extra else ''})", "count",
+                export.read_param(out_dir / f"{name}.param").counts["Gemm"], 7 * layers + extra)
+first_gemm = next(line for line in (out_dir / "predictor_decoder.param").read_text().splitlines()
+                  if line.startswith("Gemm"))
+print(" ".join(first_gemm.split()), "<- the projection" if projected else "<- q_proj of layer 0 (no projection)")
 
 # %% [markdown]
 # ### The one rewrite after pnnx: half-width rope tables
@@ -219,8 +242,9 @@ check.at_most(f"talker_decoder: 1 vs {THREADS} threads, worst of {len(threads_pr
 
 # %% [markdown]
 # ## Summary
-# - pnnx with two real input sets and `fp16=0` converts all ten wrappers with no leftover ops; the decoders get one
-#   SDPA per layer and RotaryEmbed for q and k once the in-graph widening of the rope tables is removed.
+# - pnnx with two real input sets and `fp16=0` converts all ten wrappers (nine without a speaker encoder) with no
+#   leftover ops; the decoders get one SDPA per layer and RotaryEmbed for q and k once the in-graph widening of the
+#   rope tables is removed; a 1.7B code predictor's projection is one more Gemm at the front.
 # - `runtime.net.Net` is the only place where numpy becomes `ncnn.Mat`: owning copies, fp16/bf16 off, the batch
 #   axes pnnx chose.
 # - Every module matches its torch wrapper in ncnn at two lengths; Mimi's latent through the numpy split RVQ gives

@@ -25,7 +25,8 @@
 # stateless and the cache is the sequence's; why caches must never leave ncnn.
 #
 # **You need:** `models/<ckpt>/ncnn/{talker,predictor}_decoder.param/.bin` (chapter 04; exported here if missing or
-# stale); chapter 03's `xvec_greedy.npz` for a real prompt to prefill (a synthetic one otherwise, said so).
+# stale); chapter 03's main golden (`xvec_greedy.npz`, `speaker_greedy.npz` or `design_greedy.npz`, by the
+# checkpoint's kind) for a real prompt to prefill (a synthetic one otherwise, said so).
 # **Leaves behind:** `models/<ckpt>/ncnn/{talker,predictor}_decoder_kv.param` (+ manifest),
 # `data/reports/<ckpt>/05_inject_kv_cache.json`.
 
@@ -36,7 +37,7 @@ import ncnn
 import numpy as np
 import torch
 
-from qtts_lib import artifacts, check, checkpoint, export, modules, paths, plots, probe, reference, settings
+from qtts_lib import artifacts, check, checkpoint, export, golden, modules, paths, plots, probe, reference, settings
 from qtts_lib.export import kvcache
 from qtts_lib.modules import common
 from qtts_lib.runtime.binding import rope
@@ -51,6 +52,8 @@ report = check.begin("05_inject_kv_cache", ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)["talker_config"]
 DECODERS = {"talker_decoder": cfg, "predictor_decoder": cfg["code_predictor_config"]}
+# both graphs take talker-width input: the code predictor's projection (1.7B) is folded into its graph (chapter 02)
+WIDTH = cfg["hidden_size"]
 out_dir = paths.ncnn_dir(ckpt)
 export.export_all(tts, ckpt, names=list(DECODERS))  # reuses chapter 04's exports when they are current
 
@@ -100,8 +103,9 @@ print(inspect.getsource(KvCache))
 # forward from a new, empty cache. Prefill feeds empty caches and a causal mask `(L, L)`; every step feeds the caches
 # of the previous call **untouched**, a zero mask `(1, past+1)` (the new position may see everything before it) and
 # the cos/sin rows of its absolute position. The grown caches come out with `type=1` (the `raw=` outputs of
-# `binding.net.run`). On the CPU a one-position step may run a faster form of the same graph over the same weights
-# (`step_net`, chapter 09); the interface is the same.
+# `binding.net.run`). A precision tier may give a one-position step another form of the same graph over the same
+# weights (`step_net`: fp16's InnerProduct step graph, chapters 09 and 10); fp32 runs the one exported graph for
+# prefill and steps. The interface is the same.
 
 # %%
 print(inspect.getsource(KvCacheNet.forward))
@@ -113,7 +117,7 @@ print(inspect.getsource(KvCacheNet.forward))
 # %%
 c = DECODERS["predictor_decoder"]
 net = precision.decoder(out_dir, "predictor_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
-xs = np.random.default_rng(3).standard_normal((2, 1, 6, c["hidden_size"]), dtype=np.float32)  # 2 x (1, 6, hidden)
+xs = np.random.default_rng(3).standard_normal((2, 1, 6, WIDTH), dtype=np.float32)  # 2 x (1, 6, talker hidden)
 
 
 def alone(x: np.ndarray) -> np.ndarray:
@@ -138,7 +142,7 @@ for i, (x, (hidden, kv_cache)) in enumerate(zip(xs, turns)):
 # the code predictor its real 2-position prefill length; then 24 steps of unit-Gaussian inputs.
 #
 # The decoders are the runtime's own: `pipeline.precision.decoder` builds one as a precision tier runs it (fp32
-# here: the exported `_kv.param` for the prefill, its one-position form for the steps).
+# here: the exported `_kv.param` for the prefill and for the steps, one graph, each weight held once).
 # `probe.probe_decode` (chapter 04's probe, for a cached graph) drives it exactly as the runtime does (`forward` on
 # a cache of its own, one call per step) and, inside each call's own Extractor, also extracts every Gemm's output
 # blob: before `out0`, so no layer runs twice and the caches go back into ncnn untouched. It pairs those blobs with
@@ -146,10 +150,10 @@ for i, (x, (hidden, kv_cache)) in enumerate(zip(xs, turns)):
 # at every layer.
 
 # %%
-golden = paths.golden_dir(ckpt) / "xvec_greedy.npz"
+main_golden = paths.golden_dir(ckpt) / f"{golden.mode_of(tts)}_greedy.npz"
 try:
-    prompt = artifacts.load_npz(golden, ckpt)[0]["inputs_embeds"][None]  # (1, P, hidden)
-    print(f"talker prefill: the {prompt.shape[1]}-position prompt of {golden.name}")
+    prompt = artifacts.load_npz(main_golden, ckpt)[0]["inputs_embeds"][None]  # (1, P, hidden)
+    print(f"talker prefill: the {prompt.shape[1]}-position prompt of {main_golden.name}")
 except artifacts.StaleArtifact as e:
     prompt = None
     print(f"talker prefill: synthetic, because {e}")
@@ -160,8 +164,8 @@ for name, c in DECODERS.items():
     wrapper = modules.get(name).build(tts)
     g = np.random.default_rng(5)
     first = (prompt if name == "talker_decoder" and prompt is not None
-             else g.standard_normal((1, 2, c["hidden_size"]), dtype=np.float32))
-    x = np.concatenate([first, g.standard_normal((1, STEPS, c["hidden_size"]), dtype=np.float32)], axis=1)
+             else g.standard_normal((1, 2, WIDTH), dtype=np.float32))
+    x = np.concatenate([first, g.standard_normal((1, STEPS, WIDTH), dtype=np.float32)], axis=1)
     P = first.shape[1]
 
     def torch_inputs(n, c=c, x=x):
@@ -201,7 +205,7 @@ plots.layer_errors({f"call {i}": probed["talker_decoder"][i] for i in calls}, th
 # %%
 c = DECODERS["talker_decoder"]
 net = precision.decoder(out_dir, "talker_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
-x = np.random.default_rng(1).standard_normal((1, 16, c["hidden_size"]), dtype=np.float32)
+x = np.random.default_rng(1).standard_normal((1, 16, WIDTH), dtype=np.float32)
 _, kv_cache = net.prefill(x[:, :4])
 for t in range(4, 16):
     k = kv_cache.blobs["cache_k_in_0"]  # what the next call feeds layer 0
@@ -222,7 +226,7 @@ def run_steps(mode: str, steps: int = 4) -> list[np.ndarray]:
     c = DECODERS["talker_decoder"]
     net = make_net(out_dir / "talker_decoder_kv.param", out_dir / "talker_decoder.bin", THREADS)
     layers = c["num_hidden_layers"]
-    x = np.random.default_rng(2).standard_normal((1, 8 + steps, c["hidden_size"]), dtype=np.float32)
+    x = np.random.default_rng(2).standard_normal((1, 8 + steps, WIDTH), dtype=np.float32)
     caches, outs = None, []
     for t in [0] + list(range(8, 8 + steps)):
         length = 8 if t == 0 else 1

@@ -25,8 +25,9 @@
 # the runtime counts frames where the reference counts tokens; that the runtime samples like the checkpoint unless
 # told to be greedy; why the codec must be decoded in the reference's chunks.
 #
-# **You need:** `data/golden/<ckpt>/` (chapter 03: this chapter stops without it); `models/<ckpt>/ncnn/` (chapters
-# 04–05; exported here if missing or stale).
+# **You need:** `data/golden/<ckpt>/` (chapter 03: this chapter stops without it; its main golden and early-stop
+# golden, `xvec_*`, `speaker_*` or `design_*` by the checkpoint's kind); `models/<ckpt>/ncnn/` (chapters 04–05;
+# exported here if missing or stale).
 # **Leaves behind:** `data/outputs/<ckpt>/06_ncnn.wav`, `data/reports/<ckpt>/06_generate_end_to_end.json`.
 
 # %%
@@ -39,6 +40,7 @@ import torch
 from IPython.display import Audio, display
 
 from qtts_lib import artifacts, check, checkpoint, export, inputs, paths, plots, reference, settings
+from qtts_lib.golden import mode_of, voice_of
 from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, save_wav
 from qtts_lib.runtime.pipeline import sampling
@@ -54,10 +56,13 @@ report = check.begin("06_generate_end_to_end", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)  # the reference, for the tokenizer and sampler comparisons only
 export.ensure(tts, ckpt)                          # chapters 04-05's graphs, reused when current
-custom_voice = tts.model.tts_model_type == "custom_voice"
-mode = "speaker" if custom_voice else "xvec"
+kind = tts.model.tts_model_type    # base | custom_voice | voice_design
+mode = mode_of(tts)                # the main golden's stem: xvec, speaker or design
+voice_args = voice_of(tts)         # the voice chapter 03 gave the reference for it
 golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / f"{mode}_greedy.npz", ckpt)
 early, _ = artifacts.load_npz(paths.golden_dir(ckpt) / f"{mode}_eos.npz", ckpt)
+print(f"{ckpt} ({kind}): goldens {mode}_greedy and {mode}_eos, voice",
+      {k: v if isinstance(v, str) else "data/inputs/voice.wav" for k, v in voice_args.items()})
 
 # %% [markdown]
 # ## 1. Tokenize without a tokenizer library
@@ -129,15 +134,23 @@ check.equal("greedy token = golden token at step 6", "token",
 # %% [markdown]
 # ## 3. Build the prompt: two tracks summed position by position
 # The text track carries the role prefix, `tts_pad`s, `tts_bos` and the first text token; the codec track carries the
-# think/language tags, the speaker row (the x-vector, or a built-in speaker's codec embedding) and `codec_pad`,
-# `codec_bos`. The rest of the text, then `tts_eos`, waits as *trailing text*, one position per frame.
+# think/language tags, the speaker row (the x-vector, or a built-in speaker's codec embedding; a designed voice has
+# none) and `codec_pad`, `codec_bos`. The rest of the text, then `tts_eos`, waits as *trailing text*, one position
+# per frame. An instruction (a VoiceDesign description, or a CustomVoice style) is a user turn of its own in front,
+# text rows only. Built-in speakers and designed voices use the **non-streaming** layout by default, as the
+# reference's entry points do: the whole text rides on `codec_pad` rows in the prompt and the trailing text is only
+# `tts_pad` (chapter 07).
 # `Synthesizer.prompt` builds it (`pipeline.prompt.PromptBuilder`); the synthesizer's other parts are its config,
 # tokenizer, embeddings (`pipeline.embeddings`), voice encoders (`pipeline.voices`), loop and codec.
 
 # %%
 synth = Synthesizer(model_dir, threads=THREADS)
-speaker = sorted(cfg["talker_config"]["spk_id"])[0] if custom_voice else None
-voice = synth.voice(speaker=speaker) if custom_voice else synth.voice(xvector=golden["xvector"])
+if synth.kind == "base":            # the golden's x-vector: chapter 07 computes it from the clip with ncnn
+    voice = synth.voice(xvector=golden["xvector"])
+elif synth.kind == "custom_voice":
+    voice = synth.voice(speaker=voice_args["speaker"])
+else:                               # voice_design: the voice is the description
+    voice = synth.voice(instruct=voice_args["instruct"])
 prompt = synth.prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, voice)
 print(f"prompt {prompt.embeds.shape}, trailing text {prompt.trailing.shape}")
 check.close("prompt embeddings = reference", prompt.embeds, golden["inputs_embeds"], rel=1e-5)
@@ -261,10 +274,11 @@ check.equal("sampled vs greedy: other codes", "equal", same(runs[0], product.cod
 
 # %%
 cli_out = paths.outputs_dir(ckpt) / "06_cli.wav"
-voice_args = ["--speaker", speaker] if custom_voice else ["--voice", str(paths.voice_wav())]
+cli_voice = {"base": ["--voice", str(paths.voice_wav())], "custom_voice": ["--speaker", voice_args.get("speaker")],
+             "voice_design": ["--instruct", voice_args.get("instruct")]}[synth.kind]
 run = qtts_without_torch("say", "--checkpoint", str(model_dir), "--text", inputs.TARGET_TEXT,
                          "--language", inputs.LANGUAGE, "--greedy", "--max-frames", "20", "-o", str(cli_out),
-                         "--threads", str(THREADS), *voice_args)
+                         "--threads", str(THREADS), *cli_voice)
 print(run.stdout, run.stderr[-600:])
 check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
 
@@ -274,7 +288,7 @@ check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
 # %%
 for label, extra in [("empty text", ["--text", "   "]),
                      ("unknown language", ["--text", "hi", "--language", "klingon"])]:
-    args = ["say", "--checkpoint", str(model_dir), "-o", str(cli_out), "--language", "english"] + voice_args + extra
+    args = ["say", "--checkpoint", str(model_dir), "-o", str(cli_out), "--language", "english"] + cli_voice + extra
     r = qtts_without_torch(*args)
     print(f"{label}: exit {r.returncode}: {r.stderr.strip()}")
     check.equal(f"CLI refuses {label}", "exit status", r.returncode, 2)

@@ -359,19 +359,37 @@ pd.DataFrame(rows)
 
 # %% [markdown]
 # ## 7. Step the decoders through the threaded GEMV: Gemm → InnerProduct
-# At one position a `Gemm` runs its matrix-vector product on one thread; an `InnerProduct` on a 1-D input splits the
-# output rows over all threads. `rewrites.decode_step.decode_step` rewrites every constant-weight Gemm of a
-# `_kv.param` that way, and the decoder `pipeline.precision.decoder` loads on the CPU runs that form for one-position
-# steps (prefill keeps the original graph, whose many-row Gemms are threaded anyway); `fast_steps=False` keeps the
-# exported graph for steps too. The two nets hold separate copies of the weights: that is the memory this costs (the
-# `peak_rss_gb` column above). Same inputs through both forms:
+# Every projection of the exported decoders is a `Gemm`. `rewrites.decode_step.decode_step` rewrites each
+# constant-weight Gemm of a `_kv.param` as an `InnerProduct` on a 1-D input, ncnn's threaded GEMV path, over the same
+# `.bin`: a graph for one-position steps only. The fp32 runtime used to step through that form (prefill kept the
+# exported graph). It no longer does. Measured on full-base at 2 threads, the two forms ran within this VM's noise of
+# each other (56.4 and 53.2 ms per talker step, 10.3 ms per code-predictor step both ways), while the step graph is a
+# second net holding a second copy of every weight: loading the talker both ways took 3.88 GB of RSS against 1.89 GB
+# for the one graph. So fp32 runs the exported graph for prefill and steps, each weight held once. The **fp16** tier
+# (chapter 10) still steps through the InnerProduct form, with fp16 weight storage on it: ncnn's x86 Gemm has no fp16
+# storage (with it switched on, its outputs were bitwise the fp32 ones). `precision.decoder(..., fast_steps=True)`
+# still builds the step graph for comparison; `fast_steps=False` is what fp32 runs. What each tier loads:
 
 # %%
 from qtts_lib.runtime.pipeline import precision
 
 c = cfg
+loaded = {tier: precision.decoder(paths.ncnn_dir(ckpt), "talker_decoder", c["head_dim"], c["rope_theta"], THREADS,
+                                  precision=tier) for tier in ("fp32", "fp16")}
+for tier, kv in loaded.items():
+    print(f"{tier}: prefill net + {'an InnerProduct step net' if kv.step_net is not None else 'no step net'}")
+check.equal("fp32 runtime decoder: one graph for prefill and steps", "step net", loaded["fp32"].step_net is None, True)
+check.equal("fp16 runtime decoder: steps through the InnerProduct graph", "step net",
+            loaded["fp16"].step_net is not None, True)
+del loaded
+
+# %% [markdown]
+# Same inputs through both forms, in fp32 (timings on a tiny checkpoint are overhead, not a result; the numbers above
+# are the full-size ones):
+
+# %%
 step_ms, outs = {}, {}
-for label, fast in (("Gemm (as exported)", False), ("InnerProduct steps (runtime)", True)):
+for label, fast in (("Gemm (as exported; fp32 runtime)", False), ("InnerProduct steps (fp16's form)", True)):
     kv = precision.decoder(paths.ncnn_dir(ckpt), "talker_decoder", c["head_dim"], c["rope_theta"], THREADS,
                            fast_steps=fast)
     rng = np.random.default_rng(4)
@@ -396,11 +414,12 @@ pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (me
 #   bytes over the measured bandwidth are its floor, and each row says how far it is from it.
 # - The codec is compute-bound; its yardstick is PyTorch's codec on the same codes and threads.
 # - `make bench` writes the same measurement on `full-base` to `data/bench/`; this chapter plots what is there.
-# - The runtime loads two graphs in a faster equivalent form on the CPU: the codec with 2-D kernels, polyphase
+# - The runtime loads the codec in a faster equivalent form on the CPU: 2-D kernels, polyphase
 #   upsampling, convolutions cut along time and channels (`rewrites.codec_cpu`), in parts whose upsampling stages run
-#   chunk by chunk with a measured left context (cached in `ncnn/fast/` by `codec.cpu_form`), and decode steps
-#   through InnerProduct (`rewrites.decode_step`); both are checked equal here, and chapters 06-07 (which run the
-#   runtime) hold token parity with them.
+#   chunk by chunk with a measured left context (cached in `ncnn/fast/` by `codec.cpu_form`); it is checked equal
+#   here, and chapters 06-07 (which run the runtime) hold token parity with it. fp32 decode steps run the exported
+#   graph: the InnerProduct step form (`rewrites.decode_step`) measured no faster at full size and held every weight
+#   twice, so only the fp16 tier keeps it; both forms are checked equal here.
 # - The codec is timed twice per run: the first decode in a process (what `qtts say` pays, fresh memory included) and
 #   a second one (what a server pays); `python -m qtts_lib.bench codec` compares the two codecs with everything else
 #   held still.
@@ -411,7 +430,7 @@ pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (me
 # - *ncnn much slower at 2 threads than at 1* → another process is using the CPU: ncnn's OpenMP threads spin while
 #   they wait (FACTS); look at the load average printed with the table and rerun on a quiet machine.
 # - *Loop far above its floor at full size* → check that the fp16/bf16 paths are off and the right threads are set
-#   (`runtime.binding.net.make_net`); a Gemm at one row runs one thread.
+#   (`runtime.binding.net.make_net`); a 2-D InnerProduct at one row runs one thread.
 # - *Bandwidth much lower than your hardware's datasheet* → a VM or a busy neighbour; the floor is what this
 #   machine delivers now, which is the honest yardstick.
 

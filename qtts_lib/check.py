@@ -95,6 +95,8 @@ class Report:
         self.path.write_text(json.dumps(self.checks, indent=1, allow_nan=True))
 
     def record(self, name: str, metric: str, value, threshold, ok: bool, op: str = "<=") -> Row:
+        if value is None or isinstance(value, (list, tuple)):
+            value = str(value)
         value = value if isinstance(value, (str, int)) else float(value)
         row = Row(name=name, metric=metric, value=value, threshold=threshold, ok=bool(ok))
         self.checks = [c for c in self.checks if c["name"] != name] + [row]
