@@ -28,3 +28,8 @@ class DeviceError(QttsError, ValueError):
 
 class PrecisionError(QttsError, ValueError):
     """An unknown precision tier, or one the device cannot run; the message lists what can."""
+
+
+class BatchError(QttsError, ValueError):
+    """Batching that this build or device cannot do (an unknown cache layout, a GPU) or was not asked for properly
+    (a batch size below 1); the message says what works instead."""

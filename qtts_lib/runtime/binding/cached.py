@@ -14,6 +14,13 @@ backend's private layout and spare capacity (see chapter 05).
 The cache of one sequence is a `KvCache`, held by whoever runs the sequence (the generation loop keeps one per
 utterance), so one `KvCacheNet` serves any number of sequences. A cache is the set of blobs to feed next time,
 whatever their layout: one pair per layer, or on a GPU all layers in one blob (`rewrites.gpu.packed_cache_params`).
+
+Several sequences decoded together (chapter 14) share one `KvCache`: the graph is `rewrites.batch.fold_batch`'s,
+each sequence its own group of kv_heads channels of every cache blob, all with the same number of positions
+(`past`); a shorter one is left-padded and `lengths` says how many positions are each sequence's own. The inputs
+then are B·L rows (sequence-major), cos/sin rows at each sequence's own positions, and a per-head mask
+(B·heads, L, past+L) that hides each sequence's padding. `merge` and `KvCache.keep` move sequences in and out,
+reading and writing the SDPA layer's private layout (`binding.cache_layout`).
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from collections.abc import Sequence
 import ncnn
 import numpy as np
 
-from . import rope
+from . import cache_layout, rope
 from .net import run
 
 
@@ -37,16 +44,88 @@ def layer_cache_outputs(layers: int) -> list[str]:
 
 
 class KvCache:
-    """One sequence's cache: the Mats to feed next time (blob name -> Mat) and the positions they hold."""
+    """The Mats to feed next time (blob name -> Mat) and the positions they hold: `past` in the blobs, of which
+    `lengths[b]` are sequence b's own (one sequence: `lengths == [past]`; module docstring)."""
 
-    def __init__(self, layers: int):
+    def __init__(self, layers: int, sequences: int = 1):
         self.blobs: dict[str, ncnn.Mat] = {b: ncnn.Mat() for i in range(layers) for b in cache_blob_names(i)[:2]}
         self.past = 0
+        self.lengths = [0] * sequences
+
+    @property
+    def sequences(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def padding(self) -> list[int]:
+        """Per sequence, the positions at the front that are not its own."""
+        return [self.past - n for n in self.lengths]
 
     def grow(self, outputs: Sequence[str], mats: Sequence[ncnn.Mat], positions: int) -> None:
         """Take a call's cache outputs (`cache_*_out*`) as the next call's inputs."""
         self.blobs = {name.replace("_out", "_in"): m for name, m in zip(outputs, mats)}
         self.past += positions
+        self.lengths = [n + positions for n in self.lengths]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every blob as numpy (channels, past, head_dim), read from the SDPA layer's layout."""
+        layout = cache_layout.probe()
+        return {name: layout.read(m, _kind(name)) for name, m in self.blobs.items()}
+
+    def keep(self, indices: Sequence[int]) -> None:
+        """Keep only the sequences at `indices` (in that order), and drop the padding they all share."""
+        if not indices:
+            raise ValueError("a cache keeps at least one sequence")
+        past = max(self.lengths[i] for i in indices)
+        arrays, kv = self.arrays(), self._kv_heads()
+        layout = cache_layout.probe()
+        self.blobs = {name: layout.write(np.concatenate([a[i * kv:(i + 1) * kv, self.past - past:] for i in indices]),
+                                         _kind(name)) for name, a in arrays.items()}
+        self.lengths = [self.lengths[i] for i in indices]
+        self.past = past
+
+    def _kv_heads(self) -> int:
+        channels = next(iter(self.blobs.values())).c
+        if channels % self.sequences:
+            raise ValueError(f"{channels} cache channels do not split into {self.sequences} sequences")
+        return channels // self.sequences
+
+
+def _kind(blob: str) -> str:
+    return "k" if blob.startswith("cache_k") else "v"
+
+
+def merge(caches: Sequence[KvCache]) -> KvCache:
+    """One cache holding the sequences of `caches` in order, each left-padded to the longest (module docstring)."""
+    if any(c.past == 0 for c in caches):
+        raise ValueError("only prefilled caches can be merged")
+    past = max(c.past for c in caches)
+    layout = cache_layout.probe()
+    arrays = [c.arrays() for c in caches]
+    out = KvCache(0)
+    out.blobs = {}
+    for name in caches[0].blobs:
+        parts = []
+        for c, a in zip(caches, arrays):
+            x = a[name]
+            parts.append(np.pad(x, ((0, 0), (past - c.past, 0), (0, 0))) if c.past < past else x)
+        out.blobs[name] = layout.write(np.concatenate(parts), _kind(name))
+    out.past = past
+    out.lengths = [n for c in caches for n in c.lengths]
+    return out
+
+
+def batch_mask(cache: KvCache, length: int, heads: int) -> np.ndarray:
+    """The attention mask of `length` new positions per sequence after `cache`: causal (length, past+length) when
+    no sequence is padded, else per head (sequences·heads, length, past+length) with each sequence's padding hidden."""
+    causal = rope.causal_mask(length, cache.past)
+    padding = cache.padding
+    if not any(padding):
+        return causal
+    mask = np.repeat(np.broadcast_to(causal, (cache.sequences,) + causal.shape).copy(), heads, axis=0)
+    for b, pad in enumerate(padding):
+        mask[b * heads:(b + 1) * heads, :, :pad] = -np.inf
+    return mask
 
 
 class KvCacheNet:
@@ -54,29 +133,47 @@ class KvCacheNet:
 
     `prefill` is the graph for any number of positions; `step`, where given, a faster form of the same graph over
     the same weights for one position after the first call (`pipeline.precision` picks both per tier). `packed`:
-    the graphs take and give every layer's cache as one blob (Vulkan: one download instead of 2·layers)."""
+    the graphs take and give every layer's cache as one blob (Vulkan: one download instead of 2·layers). `heads`
+    (query heads of one sequence) is given when the graph takes several sequences at once (`rewrites.batch`)."""
 
     def __init__(self, prefill: ncnn.Net, layers: int, head_dim: int, theta: float, step: ncnn.Net | None = None,
-                 packed: bool = False, name: str = "decoder"):
+                 packed: bool = False, name: str = "decoder", heads: int | None = None):
         self.prefill_net, self.step_net, self.layers = prefill, step, layers
-        self.head_dim, self.theta, self.name = head_dim, theta, name
+        self.head_dim, self.theta, self.name, self.heads = head_dim, theta, name, heads
         self.cache_outputs = ["cache_all_out"] if packed else layer_cache_outputs(layers)
 
-    def new_cache(self) -> KvCache:
-        return KvCache(self.layers)
+    @property
+    def batches(self) -> bool:
+        """Whether one call can take several sequences."""
+        return self.heads is not None
+
+    def new_cache(self, sequences: int = 1) -> KvCache:
+        return KvCache(self.layers, sequences)
 
     def forward(self, embeds: np.ndarray, cache: KvCache) -> np.ndarray:
-        """embeds (1, L, hidden) after `cache.past` positions -> hidden (1, L, hidden); the cache grows by L."""
-        length = embeds.shape[1]
-        cos, sin = rope.tables(self.head_dim, self.theta, cache.past, length)
-        stepping = self.step_net is not None and length == 1 and cache.past > 0
-        inputs = {"in0": embeds, "in1": rope.causal_mask(length, cache.past), "in2": cos, "in3": sin} | cache.blobs
+        """embeds (B, L, hidden), L new positions for each of the cache's B sequences -> hidden (B, L, hidden);
+        the cache grows by L."""
+        sequences, length = embeds.shape[:2]
+        if sequences != cache.sequences:
+            raise ValueError(f"{self.name}: {sequences} sequences of embeddings for a cache of {cache.sequences}")
+        if sequences > 1 and not self.batches:
+            raise ValueError(f"{self.name}: this graph takes one sequence at a time")
+        if sequences == 1:
+            cos, sin = rope.tables(self.head_dim, self.theta, cache.past, length)
+            mask = rope.causal_mask(length, cache.past)
+        else:
+            tables = [rope.tables(self.head_dim, self.theta, n, length) for n in cache.lengths]
+            cos, sin = (np.concatenate(t) for t in zip(*tables))
+            mask = batch_mask(cache, length, self.heads)
+        stepping = self.step_net is not None and sequences * length == 1 and cache.past > 0
+        rows = embeds.reshape(1, sequences * length, embeds.shape[2])
+        inputs = {"in0": rows, "in1": mask, "in2": cos, "in3": sin} | cache.blobs
         out, *mats = run(self.step_net if stepping else self.prefill_net, inputs, ["out0", *self.cache_outputs],
                          axes={"in0": 0, "out0": 0}, raw=self.cache_outputs, name=self.name)
         cache.grow(self.cache_outputs, mats, length)
-        return out
+        return out.reshape(sequences, length, -1)
 
     def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, KvCache]:
-        """embeds (1, L, hidden) from an empty cache -> (hidden (1, L, hidden), the cache)."""
-        cache = self.new_cache()
+        """embeds (B, L, hidden) from an empty cache -> (hidden (B, L, hidden), the cache of B sequences)."""
+        cache = self.new_cache(embeds.shape[0])
         return self.forward(embeds, cache), cache

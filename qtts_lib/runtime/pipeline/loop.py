@@ -12,10 +12,15 @@ for step. Per frame:
 3. the frame is complete only then, so the talker's next input, embed(c0) + Σ tables(c1..c15) + the next row of
    trailing text (`Prompt.text_at`), is one step late: the talker steps once and the next frame begins.
 
-Everything one utterance carries from step to step lives in its `Sequence` (its prompt, sampler, talker cache,
-hidden state, codes so far), so the loop itself holds only the graphs: one `Loop` serves any number of sequences,
-and `frames` is a generator every consumer shares (`synthesize` decodes at the end, `stream` as frames come, the
-server's engine thread and long texts one segment at a time).
+Everything one utterance carries from step to step lives in its `Sequence` (its prompt, sampler, hidden state,
+codes so far), so the loop itself holds only the graphs: one `Loop` serves any number of sequences, and `frames`
+is a generator every consumer shares (`synthesize` decodes at the end, `stream` as frames come, the server's engine
+thread and long texts one segment at a time).
+
+Several sequences advance together in a `Batch` (chapter 14): each graph call then takes one row per sequence, so
+the weights, which every step reads once, are read once for all of them. `Loop.step(seq)` is a batch of one: both
+run `Loop.advance`, the loop's one frame-making path. A sequence joins a batch after its own prefill (`Batch.add`)
+and leaves it the frame it ends (continuous batching).
 """
 from __future__ import annotations
 
@@ -29,8 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from ..binding import rope
-from ..binding.cached import KvCache, KvCacheNet
+from ..binding.cached import KvCache, KvCacheNet, merge
 from ..binding.net import Net, net_from_text, parse_device, run
+from ..errors import BatchError
 from ..rewrites.gpu import fused_predictor_param, packed_cache_params
 from . import precision
 from .config import ModelConfig
@@ -53,7 +59,7 @@ class Sequence:
     prompt: Prompt
     sampler: Sampler
     max_frames: int
-    cache: KvCache | None = None
+    cache: KvCache | None = None              # its talker cache while it runs alone (a `Batch` holds one for all)
     hidden: np.ndarray | None = None          # the talker's last hidden state (H,)
     tokens: list[int] = field(default_factory=list)       # every codebook-0 token sampled, EOS included
     codes: list[np.ndarray] = field(default_factory=list)  # the frames so far, (groups,) each
@@ -67,21 +73,32 @@ class CodePredictor:
     def __init__(self, decoder: KvCacheNet, heads: Net, embeddings: Embeddings):
         self.decoder, self.heads, self.embed = decoder, heads, embeddings
 
-    def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
-        """A 2-position prefill, then 14 steps (table s-1, head s); each code is looked up once."""
+    @property
+    def batches(self) -> bool:
+        return self.decoder.batches
+
+    def frames(self, hidden: np.ndarray, c0: list[int], samplers: list[Sampler]) -> list[Frame]:
+        """The frames of B sequences at once: hidden (B, H) talker states and their codebook-0 codes. A 2-position
+        prefill per sequence, then 14 steps (table s-1, head s), one graph call for all B; each code is looked up
+        once."""
         groups = self.embed.groups
-        codes = [c0]
-        embed = self.embed.codec([c0])[0]
-        h, cache = self.decoder.prefill(np.stack([hidden, embed])[None].astype(np.float32))
-        h = h[0, -1]
+        codes = [[c] for c in c0]
+        embed = self.embed.codec(c0)
+        h, cache = self.decoder.prefill(np.stack([hidden, embed], axis=1).astype(np.float32))
+        h = h[:, -1]
         for s in range(groups - 1):
-            logits = self.heads.run([h[None]], [s])[0][0]
-            codes.append(sampler.code(logits, codes[1:], s))
-            e = self.embed.acoustic(s, codes[-1])
+            logits = self.heads.run([h], [s])[0]
+            for b, sampler in enumerate(samplers):
+                codes[b].append(sampler.code(logits[b], codes[b][1:], s))
+            e = np.stack([self.embed.acoustic(s, c[-1]) for c in codes])
             embed = embed + e
             if s < groups - 2:
-                h = self.decoder.forward(e[None, None].astype(np.float32), cache)[0, -1]
-        return Frame(np.array(codes, np.int64), embed)
+                h = self.decoder.forward(e[:, None].astype(np.float32), cache)[:, -1]
+        return [Frame(np.array(c, np.int64), x) for c, x in zip(codes, embed)]
+
+    def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
+        """One sequence's frame (`frames` of one)."""
+        return self.frames(hidden[None], [c0], [sampler])[0]
 
 
 class FusedCodePredictor:
@@ -97,6 +114,11 @@ class FusedCodePredictor:
         cos, sin = rope.tables(self.head_dim, self.theta, 0, length)
         inputs = {"in0": seq[None].astype(np.float32), "in1": rope.causal_mask(length), "in2": cos, "in3": sin}
         return run(self.net, inputs, [f"logits_{s}"], axes={"in0": 0}, name="fused predictor")[0][-1]
+
+    batches = False  # one sequence per call
+
+    def frames(self, hidden: np.ndarray, c0: list[int], samplers: list[Sampler]) -> list[Frame]:
+        return [self.frame(h, c, s) for h, c, s in zip(hidden, c0, samplers)]
 
     def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
         codes, embed = [c0], self.embed.codec([c0])[0]
@@ -127,14 +149,19 @@ class Loop:
                        FusedCodePredictor(_fused_predictor_net(d, threads, device), p["head_dim"], p["rope_theta"],
                                           embeddings))
         talker = precision.decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device,
-                                   precision_tier, log=log)
+                                   precision_tier, log=log, heads=t["num_attention_heads"])
         decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
-                                    precision_tier, log=log)
+                                    precision_tier, log=log, heads=p["num_attention_heads"])
         return cls(talker, head, CodePredictor(decoder, Net(d, "predictor_heads", threads, device), embeddings))
 
-    # ------------------------------------------------------------ one sequence
+    @property
+    def batches(self) -> bool:
+        """Whether sequences can share graph calls (the CPU graphs; on a GPU one sequence at a time)."""
+        return self.talker.batches and self.predictor.batches
+
+    # ------------------------------------------------------------ sequences
     def start(self, prompt: Prompt, sampler: Sampler, max_frames: int) -> Sequence:
-        """A new sequence, its prompt prefilled."""
+        """A new sequence, its prompt prefilled (alone: a prefill has as many rows as the prompt)."""
         if max_frames < 1:
             raise ValueError(f"max_frames must be at least 1, not {max_frames}")
         seq = Sequence(prompt, sampler, max_frames)
@@ -148,25 +175,54 @@ class Loop:
         """The sequence's next frame, or None when it has ended (EOS, or `max_frames` frames made)."""
         if seq.stopped:
             return None
-        t0 = time.perf_counter()
-        token = seq.sampler.first(self.head(seq.hidden[None])[0][0], seq.tokens)
-        seq.tokens.append(token)
-        t1 = time.perf_counter()
-        seq.seconds["talker"] += t1 - t0
-        if token == seq.sampler.eos_id:
-            seq.stopped = "eos"
-            return None
-        frame = self.predictor.frame(seq.hidden, token, seq.sampler)
-        seq.codes.append(frame.codes)
-        t2 = time.perf_counter()
-        seq.seconds["predictor"] += t2 - t1
-        if len(seq.codes) >= seq.max_frames:
-            seq.stopped = "cap"  # no talker step for a frame that will not come
-        else:
-            x = frame.embed + seq.prompt.text_at(len(seq.codes) - 1)
-            seq.hidden = self.talker.forward(x[None, None].astype(np.float32), seq.cache)[0, -1]
-            seq.seconds["talker"] += time.perf_counter() - t2
+        frame = self.advance([seq], seq.cache)[0]
+        if seq.stopped:
+            seq.cache = None
         return frame
+
+    def advance(self, seqs: list[Sequence], cache: KvCache) -> list[Frame | None]:
+        """One frame for each of `seqs`, whose talker cache is `cache` (one sequence's, or a batch's: the same
+        order); None for a sequence that ended instead (EOS). Afterwards `cache` holds only the sequences that go
+        on, in order (those not `stopped`). Every graph call takes all the sequences it concerns at once:
+
+        1. the codec head on every hidden state: codebook 0 of each (EOS ends that sequence);
+        2. the code predictor for the others, together (`CodePredictor.frames`);
+        3. one talker step for those that go on (a sequence that reached its frame cap needs no next state)."""
+        t0 = time.perf_counter()
+        logits = self.head(np.stack([s.hidden for s in seqs]))[0]
+        live = []
+        for seq, row in zip(seqs, logits):
+            token = seq.sampler.first(row, seq.tokens)
+            seq.tokens.append(token)
+            if token == seq.sampler.eos_id:
+                seq.stopped = "eos"
+            else:
+                live.append(seq)
+        t1 = time.perf_counter()
+        made = self.predictor.frames(np.stack([s.hidden for s in live]), [s.tokens[-1] for s in live],
+                                     [s.sampler for s in live]) if live else []
+        t2 = time.perf_counter()
+        frames = dict(zip(map(id, live), made))
+        going = []
+        for seq in live:
+            seq.codes.append(frames[id(seq)].codes)
+            if len(seq.codes) >= seq.max_frames:
+                seq.stopped = "cap"  # no talker step for a frame that will not come
+            else:
+                going.append(seq)
+        if len(going) < len(seqs) and going:
+            cache.keep([i for i, s in enumerate(seqs) if not s.stopped])
+        if going:
+            x = np.stack([frames[id(s)].embed + s.prompt.text_at(len(s.codes) - 1) for s in going])
+            hidden = self.talker.forward(x[:, None].astype(np.float32), cache)[:, -1]
+            for seq, h in zip(going, hidden):
+                seq.hidden = h
+        t3 = time.perf_counter()
+        stepped = set(map(id, going))
+        for seq in seqs:  # each sequence waited for the whole of every call it took part in
+            seq.seconds["talker"] += (t1 - t0) + ((t3 - t2) if id(seq) in stepped else 0.0)
+            seq.seconds["predictor"] += (t2 - t1) if id(seq) in frames else 0.0
+        return [frames.get(id(s)) for s in seqs]
 
     def frames(self, prompt: Prompt, sampler: Sampler, max_frames: int) -> Iterator[Frame]:
         """Every frame of one sequence as it is made; the generator's return value is the ended `Sequence`.
@@ -182,6 +238,59 @@ class Loop:
         while self.step(seq) is not None:
             pass
         return seq
+
+
+class Batch:
+    """Sequences that advance together, one talker cache for all (continuous batching; module docstring).
+
+        batch = Batch(loop, max_batch=4)
+        a = batch.add(prompt_a, sampler_a, 200)      # prefilled alone, then joins
+        while batch:
+            for seq, frame in batch.step():          # one frame of every sequence; None: it ended now
+                ...
+            if waiting and batch.room: batch.add(...) # a new one joins between frames
+
+    A sequence that ends leaves at once (its cache channels dropped), so the next frame's calls are narrower."""
+
+    def __init__(self, loop: Loop, max_batch: int = 4):
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise BatchError(f"max_batch must be a whole number, at least 1, not {max_batch!r}")
+        if max_batch > 1 and not loop.batches:
+            raise BatchError("this loop takes one sequence per call (a GPU, or graphs loaded without heads): "
+                             "use max_batch=1")
+        self.loop, self.max_batch = loop, max_batch
+        self.sequences: list[Sequence] = []
+        self.cache: KvCache | None = None
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def room(self) -> int:
+        return self.max_batch - len(self.sequences)
+
+    def add(self, prompt: Prompt, sampler: Sampler, max_frames: int) -> Sequence:
+        """Prefill a new sequence and join it to the batch (its cache merged into the batch's)."""
+        if not self.room:
+            raise BatchError(f"the batch is full ({self.max_batch} sequences)")
+        seq = self.loop.start(prompt, sampler, max_frames)
+        t0 = time.perf_counter()
+        self.cache = seq.cache if self.cache is None else merge([self.cache, seq.cache])
+        seq.cache = None
+        seq.seconds["prefill"] += time.perf_counter() - t0
+        self.sequences.append(seq)
+        return seq
+
+    def step(self) -> list[tuple[Sequence, Frame | None]]:
+        """One frame of every sequence in the batch (None for one that ended at EOS); those that ended leave."""
+        if not self.sequences:
+            return []
+        seqs = list(self.sequences)
+        frames = self.loop.advance(seqs, self.cache)
+        self.sequences = [s for s in seqs if not s.stopped]
+        if not self.sequences:
+            self.cache = None
+        return list(zip(seqs, frames))
 
 
 def _packed_decoder(ncnn_dir: Path, name: str, head_dim: int, theta: float, threads: int, device: str) -> KvCacheNet:

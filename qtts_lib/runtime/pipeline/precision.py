@@ -30,13 +30,15 @@ import json
 import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from ..binding.cached import KvCacheNet
-from ..binding.net import make_net
+from ..binding.net import make_net, parse_device
 from ..errors import MissingArtifact, PrecisionError
+from ..rewrites.batch import fold_batch
 from ..rewrites.decode_step import decode_step, fp16_step
 from ..rewrites.int8 import int8_graph
 
@@ -136,20 +138,27 @@ def cached_layers(ncnn_dir: str | Path, name: str) -> int:
 
 
 def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, threads: int = 2, device: str = "cpu",
-            precision: str = "fp32", fast_steps: bool | None = None, log=None) -> KvCacheNet:
+            precision: str = "fp32", fast_steps: bool | None = None, log=None, heads: int | None = None) -> KvCacheNet:
     """Cached decoder `name` as `precision` runs it. fp32 and int8: one graph for prefill and steps (their Gemms
     are threaded at one row), each weight held once. fp16 (CPU only): the exported graph for prefill and
     `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
-    whether steps run the step graph (chapter 09 times fp32 both ways). On a GPU, fp32 only, the exported graph."""
+    whether steps run the step graph (chapter 09 times fp32 both ways). On a GPU, fp32 only, the exported graph.
+
+    `heads` (the config's num_attention_heads), on the CPU, makes the graph take several sequences at once
+    (`rewrites.batch.fold_batch`; at one sequence it computes what the exported graph does). fp16's step graph
+    stays one sequence, one position: a batch runs the fp32-storage graph."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     layers = cached_layers(ncnn_dir, name)
     param = ncnn_dir / f"{name}_kv.param"
     if not param.is_file():
         raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
+    batched = heads is not None and parse_device(device) is None
+    fold = partial(fold_batch, heads=heads) if batched else None
     if tier == "int8":
-        return KvCacheNet(step_graph(ncnn_dir, name, "int8", log).net(threads, device), layers, head_dim, theta,
-                          name=name)
-    prefill = make_net(param, ncnn_dir / f"{name}.bin", threads, device)
+        graph = step_graph(ncnn_dir, name, "int8", log)
+        return KvCacheNet(make_net(graph.param, graph.bin, threads, device, fold), layers, head_dim, theta,
+                          name=name, heads=heads if batched else None)
+    prefill = make_net(param, ncnn_dir / f"{name}.bin", threads, device, fold)
     fast = tier == "fp16" if fast_steps is None else fast_steps
     step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast else None
-    return KvCacheNet(prefill, layers, head_dim, theta, step=step, name=name)
+    return KvCacheNet(prefill, layers, head_dim, theta, step=step, name=name, heads=heads if batched else None)

@@ -1,0 +1,116 @@
+"""The SDPA layer's private KV-cache layout, found by probing, so that caches can be read and written. Introduced
+in 14.
+
+A cache Mat extracted with `type=1` (chapter 05) says (c=kv_heads, h=positions, w=head_dim), but its memory is the
+x86 SDPA kernel's own: positions come in tiles of `t` (16 on an AVX-512 build), with capacity to spare in `cstep`:
+
+    K: per channel (capacity/t, head_dim, t)          K[j, d] at (j // t)·t·head_dim + d·t + j % t
+    V: per channel (capacity/t, head_dim/t, t, t)     V[j, d] at (j // t)·t·head_dim + (d // t)·t² + (j % t)·t + d % t
+
+A plain (c, h, w) Mat fed back is read in that layout: wrong attention, no error (chapter 05 shows it). Batching
+has to move caches between sequences (a sequence joins a batch; one leaves), so `probe()` runs one SDPA layer on
+numbered inputs, finds `t` and checks every element against the formulas above. If this ncnn build keeps its
+cache any other way, `probe` says so and batching is refused (one sequence at a time still works: its cache never
+leaves ncnn).
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import ncnn
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ..errors import BatchError
+from .net import net_from_text, to_mat
+
+_PROBE = """7767517
+5 8
+Input q_input 0 1 q
+Input k_input 0 1 k
+Input v_input 0 1 v
+Input cache_input 0 2 past_k past_v
+SDPA sdpa 5 3 q k v past_k past_v out out_k out_v 7=1
+"""
+
+
+def _channel_memory(mat: ncnn.Mat) -> np.ndarray:
+    """A view of a 3-D Mat's whole channels, capacity included: (c, cstep)."""
+    view = mat.numpy()
+    return as_strided(view, shape=(mat.c, mat.cstep), strides=(mat.cstep * mat.elemsize, mat.elemsize))
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """How this ncnn build's SDPA lays out a cache: positions in tiles of `tile` (module docstring)."""
+    tile: int
+
+    def key_index(self, positions: int, dim: int) -> np.ndarray:
+        j, d = np.arange(positions)[:, None], np.arange(dim)[None, :]
+        t = self.tile
+        return (j // t) * t * dim + d * t + j % t
+
+    def value_index(self, positions: int, dim: int) -> np.ndarray:
+        j, d = np.arange(positions)[:, None], np.arange(dim)[None, :]
+        t = self.tile
+        return (j // t) * t * dim + (d // t) * t * t + (j % t) * t + d % t
+
+    def _index(self, kind: str, positions: int, dim: int) -> np.ndarray:
+        return self.key_index(positions, dim) if kind == "k" else self.value_index(positions, dim)
+
+    def read(self, mat: ncnn.Mat, kind: str) -> np.ndarray:
+        """A cache Mat as numpy (c, positions, head_dim); `kind` "k" or "v"."""
+        if mat.dims != 3 or mat.elemsize != 4 or mat.elempack != 1:
+            raise BatchError(f"a cache Mat of dims {mat.dims}, elemsize {mat.elemsize}, elempack {mat.elempack}: "
+                               "only fp32 CPU caches can be moved between sequences")
+        return _channel_memory(mat)[:, self._index(kind, mat.h, mat.w)]
+
+    def write(self, array: np.ndarray, kind: str, spare: int = 64) -> ncnn.Mat:
+        """numpy (c, positions, head_dim) as a cache Mat the SDPA layer reads, with room for `spare` more
+        positions (appended in place, as the layer's own caches are)."""
+        c, positions, dim = array.shape
+        capacity = -(-(positions + spare) // self.tile) * self.tile
+        mat = ncnn.Mat(dim, capacity, c)  # owns its memory; cstep = capacity * dim (dim is a multiple of 4)
+        if mat.cstep != capacity * dim:
+            raise BatchError(f"a cache Mat of {capacity} x {dim} got cstep {mat.cstep}")
+        memory = _channel_memory(mat)
+        memory[:] = 0
+        memory[:, self._index(kind, positions, dim)] = array
+        mat.h = positions  # the positions held; the capacity stays in cstep
+        return mat
+
+
+@cache
+def probe() -> CacheLayout:
+    """This build's layout, found on one SDPA layer (cached for the process). Raises BatchError if it is none
+    of the tiled layouts the module docstring describes."""
+    heads, kv_heads, dim, positions = 4, 2, 64, 37
+    rng = np.random.default_rng(14)
+    q, k, v = (rng.standard_normal((n, positions, dim)).astype(np.float32) for n in (heads, kv_heads, kv_heads))
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = Path(tmp) / "empty.bin"
+        empty.write_bytes(b"\0" * 4)
+        net = net_from_text(_PROBE, empty, threads=1)
+    ex = net.create_extractor()
+    held = [to_mat(a) for a in (q, k, v)]
+    for name, m in zip("qkv", held):
+        ex.input(name, m)
+    ex.input("past_k", ncnn.Mat())
+    ex.input("past_v", ncnn.Mat())
+    out_k, out_v = ncnn.Mat(), ncnn.Mat()
+    if ex.extract("out_k", out_k, 1) != 0 or ex.extract("out_v", out_v, 1) != 0:
+        raise BatchError("the SDPA probe failed to run")
+    for tile in (16, 8, 4, 1):
+        layout = CacheLayout(tile)
+        if out_k.cstep % (tile * dim) or out_v.cstep % (tile * dim):
+            continue
+        try:
+            if np.array_equal(layout.read(out_k, "k"), k) and np.array_equal(layout.read(out_v, "v"), v):
+                return layout
+        except (IndexError, ValueError):
+            continue
+    raise BatchError(f"this ncnn build ({ncnn.__version__}) keeps the SDPA cache in a layout qtts does not know: "
+                       "sequences cannot be batched here (one at a time still works)")
