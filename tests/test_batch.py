@@ -138,3 +138,33 @@ def test_batch_refuses_what_it_cannot_do(synth, prompts):
     batch.add(prompts[0], sampler(synth, 0, True), 3)
     with pytest.raises(BatchError, match="full"):
         batch.add(prompts[1], sampler(synth, 1, True), 3)
+
+
+def test_synthesize_many_gives_what_synthesize_gives(synth):
+    """Results in the order given, each one `synthesize`'s: codes, stop reason and audio (ICL's voice prefix
+    included), with more utterances than places (a new one starts as soon as one ends)."""
+    from qtts_lib.check import snr_db
+    from qtts_lib.runtime.pipeline.synthesizer import Utterance
+
+    clip = load_wav(paths.voice_wav())
+    voices = [synth.voice(wav=clip),
+              synth.voice(wav=clip, text=(paths.INPUTS / "voice.txt").read_text(encoding="utf-8").strip())]
+    todo = [Utterance(t, "english", voices[i % 2], Sampling(seed=i), max_frames=12 + 3 * i)
+            for i, t in enumerate(TEXTS + TEXTS[:2])]
+    many = synth.synthesize_many(todo, max_batch=3)
+    for i, (u, got) in enumerate(zip(todo, many)):
+        alone = synth.synthesize(u.text, u.language, u.voice, u.sampling, max_frames=u.max_frames)
+        np.testing.assert_array_equal(got.codes, alone.codes, err_msg=f"utterance {i}")
+        assert got.stopped == alone.stopped and len(got.wav) == len(alone.wav)
+        assert snr_db(got.wav, alone.wav) > 100
+
+
+def test_synthesize_many_checks_every_utterance_first(synth):
+    from qtts_lib.runtime.errors import InputError
+    from qtts_lib.runtime.pipeline.synthesizer import Utterance
+
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    with pytest.raises(InputError, match="language"):
+        synth.synthesize_many([Utterance("Fine.", "english", voice), Utterance("Bad.", "klingon", voice)])
+    with pytest.raises(BatchError, match="max_batch"):
+        synth.synthesize_many([Utterance("Fine.", "english", voice)], max_batch=0)

@@ -281,6 +281,15 @@ class Batch:
         self.sequences.append(seq)
         return seq
 
+    def remove(self, seq: Sequence) -> None:
+        """Take a running sequence out of the batch (cancelled): it makes no more frames."""
+        i = next(i for i, s in enumerate(self.sequences) if s is seq)
+        del self.sequences[i]
+        if self.sequences:
+            self.cache.keep([j for j in range(len(self.sequences) + 1) if j != i])
+        else:
+            self.cache = None
+
     def step(self) -> list[tuple[Sequence, Frame | None]]:
         """One frame of every sequence in the batch (None for one that ended at EOS); those that ended leave."""
         if not self.sequences:

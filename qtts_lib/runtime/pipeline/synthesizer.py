@@ -10,11 +10,17 @@ and prompt builder (`pipeline.prompt`), the voice encoders (`pipeline.voices`), 
 (`pipeline.loop`) and the codec (`codec`). `synthesize` and `stream` are one path: the loop's frames are pushed
 into a decoder, which returns audio when it has some (`codec.stream`): at the end for `synthesize` (the reference's
 whole decode), every `chunk_frames` frames for `stream`.
+
+Many utterances at once: `synthesize_many` (a list of `Utterance`s, results in order), or a `Scheduler` that
+utterances are submitted to at any time and that makes one frame of every running one per `step` (continuous
+batching over `pipeline.loop.Batch`; the server runs one). `synthesize` and `stream` are a scheduler of one.
 """
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +33,7 @@ from ..errors import InputError, MissingArtifact
 from ..text.bpe import Tokenizer
 from .config import ModelConfig
 from .embeddings import Embeddings
-from .loop import Loop, Sequence
+from .loop import Batch, Loop, Sequence
 from .precision import check_tier
 from .prompt import Prompt, PromptBuilder, Voice, frame_cap
 from .sampling import Sampler, Sampling
@@ -36,6 +42,7 @@ from .voices import VoiceEncoder
 GRAPHS = ["talker_text_embed", "talker_codec_embed", "talker_decoder", "talker_codec_head",
           "predictor_decoder", "predictor_embeds", "predictor_heads", "codec_decoder"]
 CACHED_GRAPHS = ["talker_decoder", "predictor_decoder"]
+DEFAULT_MAX_BATCH = 4   # chapter 14: four rows cost about what one costs in a memory-bound step
 
 
 @dataclass
@@ -182,6 +189,28 @@ class Synthesizer:
         return Voice(self.voices.xvector(wav), codes=self.voices.codes(wav) if text is not None else None, text=text)
 
     # ------------------------------------------------------------ speech
+    def synthesize_many(self, utterances: Iterable[Utterance], max_batch: int = DEFAULT_MAX_BATCH,
+                        on_frame: Callable[[int, int], None] | None = None,
+                        on_warning: Callable[[int, str], None] | None = None) -> list[Result]:
+        """Every utterance, `max_batch` at a time in one batch (a new one joins as soon as one ends); results in
+        the order given, each as `synthesize` would give it (chapter 14 says how equal). Every utterance is checked
+        before the first frame. `on_frame(i, n)` after frame n of utterance i; `on_warning(i, message)`."""
+        todo = list(utterances)
+        scheduler = Scheduler(self, max_batch)
+        tickets = [scheduler.submit(u, on_warning=(lambda m, i=i: on_warning(i, m)) if on_warning else None,
+                                    on_frame=(lambda n, i=i: on_frame(i, n)) if on_frame else None)
+                   for i, u in enumerate(todo)]
+        audio: dict[int, list[np.ndarray]] = {t.id: [] for t in tickets}
+        try:
+            while scheduler:
+                for event in scheduler.step():
+                    audio[event.ticket.id] += event.pieces
+        finally:
+            scheduler.close()
+        for t in tickets:
+            t.result.wav = np.concatenate(audio[t.id]).astype(np.float32) if audio[t.id] else np.zeros(0, np.float32)
+        return [t.result for t in tickets]
+
     def synthesize(self, text: str, language: str, voice: Voice, sampling: Sampling | None = None,
                    max_frames: int | None = None, non_streaming: bool | None = None,
                    on_frame: Callable[[int], None] | None = None,
@@ -240,29 +269,138 @@ class Synthesizer:
         return _Job(prompt, self.sampling if sampling is None else sampling, cap, warnings)
 
     def _speak(self, job: _Job, decoder, on_frame):
-        """The one path: the loop's frames pushed into `decoder`, its pieces yielded as they come; returns the
-        `Result`. Closed early, the loop stops at once and the decoder is closed."""
-        seq = self.loop.start(job.prompt, Sampler(job.sampling, self.config.talker), job.max_frames)
-        codec_s = 0.0
+        """The one path: a scheduler of one, its pieces yielded as they come; returns the `Result`. Closed early,
+        the loop stops at once and the decoder is closed."""
+        scheduler = Scheduler(self, 1)
+        ticket = scheduler.enqueue(job, decoder, on_frame)
         try:
-            while (frame := self.loop.step(seq)) is not None:
-                t0 = time.perf_counter()
-                ready = decoder.push(frame.codes)
-                codec_s += time.perf_counter() - t0
-                if on_frame:
-                    on_frame(len(seq.codes))
-                yield from ready
-            t0 = time.perf_counter()
-            last = decoder.finish()
-            codec_s += time.perf_counter() - t0
+            while ticket.result is None:
+                for event in scheduler.step():
+                    yield from event.pieces
         finally:
-            decoder.close()
-        if len(last):
-            yield last
-        result = Result.of(seq, self.config.groups)
-        result.warnings = job.warnings
-        result.seconds["codec"] = codec_s
-        return result
+            scheduler.close()
+        return ticket.result
+
+
+@dataclass
+class Utterance:
+    """One thing to say (`Synthesizer.synthesize_many`, `Scheduler.submit`): `synthesize`'s arguments."""
+    text: str
+    language: str
+    voice: Voice
+    sampling: Sampling | None = None
+    max_frames: int | None = None
+    non_streaming: bool | None = None
+
+
+class Ticket:
+    """A submitted utterance: its job, its decoder, its sequence while it runs, its `Result` once done."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, job: _Job, decoder, on_frame: Callable[[int], None] | None = None):
+        self.id = next(self._ids)
+        self.job, self.decoder, self.on_frame = job, decoder, on_frame
+        self.seq: Sequence | None = None
+        self.result: Result | None = None
+        self.codec_s = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+
+@dataclass
+class Event:
+    """What one `Scheduler.step` produced for one ticket: audio `pieces` (maybe none) and, on its last frame,
+    its `result`."""
+    ticket: Ticket
+    pieces: list[np.ndarray]
+    result: Result | None = None
+
+
+class Scheduler:
+    """Continuous batching over the synthesizer's loop: `submit` utterances whenever, `step` makes one frame of
+    each running one (at most `max_batch`), starting waiting ones first as places free up. Each ticket has its
+    own decoder: a whole decode at its end (`chunk_frames` None) or pieces as frames come. One thread only (the
+    one that runs ncnn)."""
+
+    def __init__(self, synth: Synthesizer, max_batch: int = DEFAULT_MAX_BATCH):
+        self.synth = synth
+        self.batch = Batch(synth.loop, max_batch)
+        self.waiting: deque[Ticket] = deque()
+        self.running: dict[int, Ticket] = {}   # id(sequence) -> its ticket
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch.max_batch
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def submit(self, utterance: Utterance, chunk_frames: int | None = None,
+               on_warning: Callable[[str], None] | None = None,
+               on_frame: Callable[[int], None] | None = None) -> Ticket:
+        """Queue an utterance (checked now: bad input raises here). `chunk_frames`: stream its audio in pieces of
+        that many frames; None: one whole decode when it ends."""
+        if not isinstance(utterance, Utterance):
+            raise InputError(f"expected an Utterance, not {type(utterance).__name__}")
+        if chunk_frames is not None and (not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool)
+                                         or chunk_frames < 1):
+            raise InputError(f"chunk_frames must be a whole number, at least 1, not {chunk_frames!r}")
+        u = utterance
+        job = self.synth._job(u.text, u.language, u.voice, u.sampling, u.max_frames, u.non_streaming, on_warning)
+        return self.enqueue(job, self.synth.decoders.decoder(chunk_frames, u.voice.codes), on_frame)
+
+    def enqueue(self, job: _Job, decoder, on_frame=None) -> Ticket:
+        ticket = Ticket(job, decoder, on_frame)
+        self.waiting.append(ticket)
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop a ticket where it is (waiting or running); it gets no result."""
+        if ticket in self.waiting:
+            self.waiting.remove(ticket)
+        elif ticket.seq is not None and id(ticket.seq) in self.running:
+            self.batch.remove(ticket.seq)
+            del self.running[id(ticket.seq)]
+        ticket.decoder.close()
+
+    def step(self) -> list[Event]:
+        """Start waiting tickets while there is room, then one frame of every running one."""
+        while self.waiting and self.batch.room:
+            ticket = self.waiting.popleft()
+            sampler = Sampler(ticket.job.sampling, self.synth.config.talker)
+            ticket.seq = self.batch.add(ticket.job.prompt, sampler, ticket.job.max_frames)
+            self.running[id(ticket.seq)] = ticket
+        events = []
+        for seq, frame in self.batch.step():
+            ticket = self.running[id(seq)]
+            t0 = time.perf_counter()
+            pieces = ticket.decoder.push(frame.codes) if frame is not None else []
+            ticket.codec_s += time.perf_counter() - t0
+            event = Event(ticket, pieces)
+            if frame is not None and ticket.on_frame:
+                ticket.on_frame(len(seq.codes))
+            if seq.stopped:
+                t0 = time.perf_counter()
+                last = ticket.decoder.finish()
+                ticket.decoder.close()
+                ticket.codec_s += time.perf_counter() - t0
+                if len(last):
+                    event.pieces.append(last)
+                del self.running[id(seq)]
+                result = Result.of(seq, self.synth.config.groups)
+                result.warnings = ticket.job.warnings
+                result.seconds["codec"] = ticket.codec_s
+                ticket.result = event.result = result
+            events.append(event)
+        return events
+
+    def close(self) -> None:
+        """Cancel everything still waiting or running."""
+        for ticket in list(self.waiting) + list(self.running.values()):
+            self.cancel(ticket)
 
 
 @dataclass
