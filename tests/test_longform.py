@@ -133,7 +133,8 @@ def test_streamed_fades_equal_the_whole_fade(sizes):
     rng = np.random.default_rng(len(sizes))
     pieces = [rng.standard_normal(n).astype(np.float32) for n in sizes]
     whole = longform.fade(np.concatenate(pieces), 240)
-    streamed = list(longform._faded(iter(pieces), 240))
+    fader = longform.Fader(240)
+    streamed = [f for p in pieces for f in fader.push(p)] + fader.finish()
     np.testing.assert_array_equal(np.concatenate(streamed), whole)
 
 

@@ -16,6 +16,11 @@ an ICL clip's codes are computed once, by the caller), and joins the pieces:
   at its cap can end mid-waveform, and a step into silence clicks; 10 ms is shorter than any
   phoneme, so nothing spoken is lost. Fades do not change lengths: the joined wav has exactly
   `sum(segment samples) + (segments - 1) * pause samples`.
+
+The segments are independent generations, so they can run side by side (chapter 14): `LongText` submits up to
+`ahead` of them to a `Scheduler` at once and gives their audio back in order. `synthesize_long` runs
+`DEFAULT_MAX_BATCH` segments at a time; `stream_long` one (the next starts when one ends: a stream's first audio
+comes soonest that way), or `max_batch` when asked.
 """
 from __future__ import annotations
 
@@ -30,9 +35,10 @@ from ..audio.wav import SAMPLE_RATE
 from ..text.segment import segments
 from .prompt import FRAMES_PER_TOKEN, MARGIN_FRAMES, Voice, frame_cap
 from .sampling import Sampling
+from .synthesizer import DEFAULT_MAX_BATCH, Scheduler, Utterance
 
 if TYPE_CHECKING:
-    from .synthesizer import Synthesizer
+    from .synthesizer import Event, Synthesizer
 
 MAX_SEGMENT_TOKENS = 60     # ~15-20 s of speech: a paragraph's worth, well inside the range the model speaks well
 PAUSE_SECONDS = 0.3
@@ -93,81 +99,171 @@ def join(wavs: list[np.ndarray], pause_samples: int, fade_samples: int) -> tuple
     return (np.concatenate(out) if out else np.zeros(0, np.float32)), starts
 
 
+class Fader:
+    """`fade` over a segment that arrives in pieces: `push` each piece, `finish` at its end; the pieces given back
+    are, concatenated, `fade` of the whole. The first `samples` wait until the segment is known to hold at least
+    2·samples (then `fade` uses the full ramp), and the last `samples` are held back until the end."""
+
+    def __init__(self, samples: int):
+        self.samples, self.buf, self.started = samples, np.zeros(0, np.float32), False
+        self.ramp = fade(np.ones(2 * samples, np.float32), samples)[:samples] if samples else None
+
+    def push(self, piece: np.ndarray) -> list[np.ndarray]:
+        n = self.samples
+        self.buf = np.concatenate([self.buf, np.asarray(piece, np.float32)])
+        if not self.started and n and len(self.buf) >= 2 * n:
+            self.buf[:n] *= self.ramp
+            self.started = True
+        if (self.started or not n) and len(self.buf) > n:
+            out, self.buf = self.buf[: len(self.buf) - n], self.buf[len(self.buf) - n:]
+            return [out]
+        return []
+
+    def finish(self) -> list[np.ndarray]:
+        buf, self.buf = self.buf, np.zeros(0, np.float32)
+        if self.started:
+            buf[len(buf) - self.samples:] *= self.ramp[::-1]
+            return [buf]
+        return [fade(buf, self.samples)] if len(buf) else []
+
+
+class LongText:
+    """One text's segments (`plan`) through a `Scheduler` that may serve others too: up to `ahead` segments in
+    flight, their audio given back in order by `take`, faded, with a pause before every segment but the first.
+    Segment i samples with `sampling.seed + i`. The first segment is submitted (its input checked) on creation."""
+
+    def __init__(self, synth: Synthesizer, scheduler: Scheduler, text: str, language: str, voice: Voice,
+                 sampling: Sampling | None = None, max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
+                 frames_per_token: float = FRAMES_PER_TOKEN, margin: int = MARGIN_FRAMES,
+                 chunk_frames: int | None = None, pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS,
+                 ahead: int = 1, on_segment: Callable[[int, int, TextSegment, np.ndarray], None] | None = None,
+                 on_frame: Callable[[int], None] | None = None, on_warning: Callable[[str], None] | None = None):
+        self.segments = plan(synth, text, max_tokens, max_frames, frames_per_token, margin)
+        self.scheduler, self.language, self.voice, self.chunk_frames = scheduler, language, voice, chunk_frames
+        self.sampling = synth.sampling if sampling is None else sampling
+        self.pause_samples = int(round(pause * SAMPLE_RATE))
+        fade_samples = int(round(fade_seconds * SAMPLE_RATE))
+        self.ahead, self.on_segment, self.on_frame, self.on_warning = max(1, ahead), on_segment, on_frame, on_warning
+        n = len(self.segments)
+        self.faders = [Fader(fade_samples) for _ in range(n)]
+        self.ready: list[list[np.ndarray]] = [[] for _ in range(n)]   # faded audio not given back yet
+        self.spoken: list[list[np.ndarray]] = [[] for _ in range(n)]  # all of it, for `on_segment`
+        self.finished = [False] * n
+        self.tickets: dict[int, tuple[int, object]] = {}              # ticket id -> (segment, ticket)
+        self.submitted = self.current = 0
+        self.started = time.perf_counter()
+        self._fill()
+
+    @property
+    def done(self) -> bool:
+        return self.current >= len(self.segments)
+
+    def _fill(self) -> None:
+        n = len(self.segments)
+        while self.submitted < n and self.submitted - self.current < self.ahead:
+            i, seg = self.submitted, self.segments[self.submitted]
+            where = f"segment {i + 1}/{n}"
+            warn = (lambda m, w=where: self.on_warning(f"{w}: {m}")) if self.on_warning else None
+            ticket = self.scheduler.submit(
+                Utterance(seg.text, self.language, self.voice, self.sampling.replace(seed=self.sampling.seed + i),
+                          max_frames=seg.cap), self.chunk_frames, on_warning=warn, on_frame=self.on_frame)
+            self.tickets[ticket.id] = (i, ticket)
+            self.submitted += 1
+
+    def take(self, events: list[Event]) -> list[np.ndarray]:
+        """The audio that is now next in order, from one `Scheduler.step`'s events (other texts' are ignored)."""
+        for event in events:
+            if event.ticket.id not in self.tickets:
+                continue
+            i, _ = self.tickets[event.ticket.id]
+            self.segments[i].samples += sum(len(p) for p in event.pieces)
+            fader = self.faders[i]
+            faded = [f for p in event.pieces for f in fader.push(p)]
+            if event.result is not None:
+                faded += fader.finish()
+                self._record(i, event.result)
+            self.ready[i] += faded
+            if self.on_segment:
+                self.spoken[i] += faded
+        out = []
+        while not self.done:
+            i = self.current
+            out += self.ready[i]
+            self.ready[i] = []
+            if not self.finished[i]:
+                break
+            if self.on_segment:
+                self.on_segment(i, len(self.segments), self.segments[i], np.concatenate(self.spoken[i]) if
+                                self.spoken[i] else np.zeros(0, np.float32))
+                self.spoken[i] = []
+            self.current += 1
+            if not self.done:
+                out.append(np.zeros(self.pause_samples, np.float32))
+        self._fill()
+        return out
+
+    def _record(self, i: int, result) -> None:
+        seg = self.segments[i]
+        self.finished[i] = True
+        seg.frames, seg.stopped, seg.warnings, seg.codes = len(result.codes), result.stopped, result.warnings, \
+            result.codes
+        seg.seconds = time.perf_counter() - self.started
+
+    def cancel(self) -> None:
+        """Stop every segment still waiting or running."""
+        for i, ticket in self.tickets.values():
+            if not self.finished[i]:
+                self.scheduler.cancel(ticket)
+
+
 def synthesize_long(synth: Synthesizer, text: str, language: str, voice: Voice, sampling: Sampling | None = None,
                     max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
                     frames_per_token: float = FRAMES_PER_TOKEN, margin: int = MARGIN_FRAMES,
                     pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS,
+                    max_batch: int = DEFAULT_MAX_BATCH,
                     on_segment: Callable[[int, int, TextSegment, np.ndarray], None] | None = None,
                     on_frame: Callable[[int], None] | None = None,
                     on_warning: Callable[[str], None] | None = None) -> LongResult:
-    """Speak `text` segment by segment with one `voice` (see the module docstring): `plan`'s segments, each with
-    `Synthesizer.synthesize` and its own frame cap, joined with pauses and fades.
+    """Speak `text` segment by segment with one `voice` (see the module docstring): `plan`'s segments, each a
+    whole utterance with its own frame cap, `max_batch` of them at a time, joined with pauses and fades.
 
     Segment i samples with `sampling` (the checkpoint's defaults unless given) and seed `sampling.seed + i`.
-    `on_segment(i, n, segment, wav)` runs as each segment is done, with its faded wav (progress bars; streaming);
-    `on_frame(n)` after each frame of the current segment; `on_warning` gets the synthesizer's warnings prefixed
+    `on_segment(i, n, segment, wav)` runs as each segment is done, in order, with its faded wav (progress bars;
+    streaming); `on_frame(n)` after frame n of any segment; `on_warning` gets the synthesizer's warnings prefixed
     with "segment i/n"."""
-    todo = plan(synth, text, max_tokens, max_frames, frames_per_token, margin)
-    sampling = synth.sampling if sampling is None else sampling
-    pause_samples, fade_samples = int(round(pause * SAMPLE_RATE)), int(round(fade_seconds * SAMPLE_RATE))
-    wavs = []
-    for i, seg in enumerate(todo):
-        where = f"segment {i + 1}/{len(todo)}"
-        t0 = time.perf_counter()
-        result = synth.synthesize(seg.text, language, voice, sampling.replace(seed=sampling.seed + i),
-                                  max_frames=seg.cap, on_frame=on_frame,
-                                  on_warning=(lambda m, w=where: on_warning(f"{w}: {m}")) if on_warning else None)
-        seg.seconds = time.perf_counter() - t0
-        seg.frames, seg.samples = len(result.codes), len(result.wav)
-        seg.stopped = result.stopped
-        seg.warnings = result.warnings
-        seg.codes = result.codes
-        wavs.append(result.wav)
-        if on_segment:
-            on_segment(i, len(todo), seg, fade(result.wav, fade_samples))
-    wav, starts = join(wavs, pause_samples, fade_samples)
-    for seg, start in zip(todo, starts):
-        seg.start = start
-    return LongResult(wav, todo, pause_samples)
-
-
-def _faded(pieces, samples: int):
-    """`fade` applied to a stream of pieces: the first `samples` wait until the segment is known to hold at least
-    2·samples (then `fade` uses the full ramp), and the last `samples` are held back until the stream ends."""
-    buf, started = np.zeros(0, np.float32), False
-    ramp = fade(np.ones(2 * samples, np.float32), samples)[:samples] if samples else None
-    for piece in pieces:
-        buf = np.concatenate([buf, np.asarray(piece, np.float32)])
-        if not started and samples and len(buf) >= 2 * samples:
-            buf[:samples] *= ramp
-            started = True
-        if (started or not samples) and len(buf) > samples:
-            out, buf = buf[: len(buf) - samples], buf[len(buf) - samples :]
-            yield out
-    if started:
-        buf[len(buf) - samples :] *= ramp[::-1]
-        yield buf
-    elif len(buf):
-        yield fade(buf, samples)
+    scheduler = Scheduler(synth, max_batch)
+    long = LongText(synth, scheduler, text, language, voice, sampling, max_tokens, max_frames, frames_per_token,
+                    margin, None, pause, fade_seconds, ahead=max_batch, on_segment=on_segment, on_frame=on_frame,
+                    on_warning=on_warning)
+    pieces = []
+    try:
+        while not long.done:
+            pieces += long.take(scheduler.step())
+    finally:
+        scheduler.close()
+    wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    at = 0
+    for seg in long.segments:
+        seg.start = at
+        at += seg.samples + long.pause_samples
+    return LongResult(wav, long.segments, long.pause_samples)
 
 
 def stream_long(synth: Synthesizer, text: str, language: str, voice: Voice, sampling: Sampling | None = None,
                 max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
                 frames_per_token: float = FRAMES_PER_TOKEN, margin: int = MARGIN_FRAMES, chunk_frames: int = 4,
-                pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS,
+                pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS, max_batch: int = 1,
                 on_frame: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
-    """`synthesize_long`, streamed (what `qtts serve` speaks): float32 pieces as they are generated, each segment
-    through `Synthesizer.stream`, the pauses as pieces of silence. Concatenated they equal `synthesize_long`'s wav
-    as closely as each segment's stream equals its `synthesize`. The first segment's prompt is built (and bad input
-    refused) before the first piece; closing the generator stops the loop at once, and so does an exception raised
-    by `on_frame(n)` (called after each frame of the current segment: the server's way to stop for a client that
-    left)."""
-    todo = plan(synth, text, max_tokens, max_frames, frames_per_token, margin)
-    sampling = synth.sampling if sampling is None else sampling
-    pause_samples, fade_samples = int(round(pause * SAMPLE_RATE)), int(round(fade_seconds * SAMPLE_RATE))
-    for i, seg in enumerate(todo):
-        if i:
-            yield np.zeros(pause_samples, np.float32)
-        with synth.stream(seg.text, language, voice, sampling.replace(seed=sampling.seed + i), max_frames=seg.cap,
-                          chunk_frames=chunk_frames, on_frame=on_frame) as pieces:
-            yield from _faded(pieces, fade_samples)
+    """`synthesize_long`, streamed: float32 pieces as they are generated, each segment decoded in pieces of
+    `chunk_frames` frames, the pauses as pieces of silence. Concatenated they equal `synthesize_long`'s wav as
+    closely as each segment's stream equals its whole decode. `max_batch` segments run at once (default one: the
+    first audio comes soonest). The first segment's prompt is built (and bad input refused) before the first
+    piece; closing the generator stops the loop at once, and so does an exception raised by `on_frame(n)`."""
+    scheduler = Scheduler(synth, max_batch)
+    try:
+        long = LongText(synth, scheduler, text, language, voice, sampling, max_tokens, max_frames, frames_per_token,
+                        margin, chunk_frames, pause, fade_seconds, ahead=max_batch, on_frame=on_frame)
+        while not long.done:
+            yield from long.take(scheduler.step())
+    finally:
+        scheduler.close()
