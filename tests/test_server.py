@@ -198,8 +198,9 @@ def test_soak_four_clients_good_bad_and_abandoned(server):
 
 
 def test_a_full_queue_answers_503(tts, tmp_path):
-    """--queue 0: one request runs, none may wait; the others are told at once, and the server carries on."""
-    proc, url = start_server(tmp_path, "--max-frames", "40", "--queue", "0")
+    """--max-batch 1 --queue 0: one request runs, none may wait; the others are told at once, and the server
+    carries on."""
+    proc, url = start_server(tmp_path, "--max-frames", "40", "--queue", "0", "--max-batch", "1")
     try:
         body = {"input": "A request that takes a while to speak.", "voice": "alice"}
         with ThreadPoolExecutor(4) as pool:
@@ -314,5 +315,29 @@ def test_instructions_on_checkpoints_that_follow_them(tmp_path):
         body = {"input": "Hello.", "voice": "serena", "response_format": "pcm", "greedy": True}
         styled = request(url, "/v1/audio/speech", body | {"instructions": "Speak cheerfully."})
         assert styled[0] == 200 and styled[2] != request(url, "/v1/audio/speech", body)[2]
+    finally:
+        stop_server(proc)
+
+
+def test_four_concurrent_clients_are_served_in_one_batch(tts, tmp_path):
+    """Four requests at once (different texts, voices and seeds) are decoded together (`/health` saw a batch of
+    four), and each gets exactly the audio it gets when it is alone on the server."""
+    proc, url = start_server(tmp_path, "--max-frames", "120", "--max-batch", "4")
+    try:
+        bodies = [{"input": text, "voice": voice, "seed": i, "response_format": "pcm"} for i, (text, voice) in
+                  enumerate([("A request that takes a while to speak.", "alice"),
+                             ("Another one, a little longer than the first, to be spoken now.", "bob"),
+                             ("The third voice in the batch.", "alice"), ("And the fourth.", "bob")])]
+        alone = [request(url, "/v1/audio/speech", b) for b in bodies]
+        health = json.loads(request(url, "/health")[2])
+        assert health["largest_batch"] == 1 and health["max_batch"] == 4
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda b: request(url, "/v1/audio/speech", b), bodies))
+        health = json.loads(request(url, "/health")[2])
+        assert health["largest_batch"] == 4, health
+        assert health["batch"] == 0 and not health["busy"]
+        for i, (a, t) in enumerate(zip(alone, together)):
+            assert a[0] == t[0] == 200 and len(a[2]) > 0
+            assert a[2] == t[2], f"request {i}: batched audio differs from its audio alone"
     finally:
         stop_server(proc)

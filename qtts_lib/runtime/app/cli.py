@@ -5,7 +5,8 @@
     qtts say --checkpoint tiny-customvoice --speaker serena ...        (built-in voice)
     qtts say --checkpoint tiny-1.7b-customvoice --speaker serena --instruct "Speak cheerfully." ...
     qtts say --checkpoint tiny-voicedesign --instruct "A calm, low female voice" ...   (a voice described)
-    qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 12; - reads stdin)
+    qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 12, four segments at
+                                             a time, chapter 14, --max-batch N; - reads stdin)
     qtts say ... --temperature 0.7 --top-k 30 --seed 3                 (sampling; --greedy for the argmax)
 
 `--checkpoint` is a checkpoint directory (with its `ncnn/` exports), or a name looked up
@@ -26,7 +27,15 @@ from ..audio.clips import prepare_voice_clip
 from ..audio.wav import SAMPLE_RATE, WavFile, load_wav, pcm16, save_wav, wav_header
 from ..errors import InputError, MissingArtifact, QttsError
 from ..pipeline.longform import PAUSE_SECONDS, plan, synthesize_long
-from .options import add_generation_options, add_model_options, load_synthesizer, positive_int, sampling_of
+from .options import (
+    add_batch_option,
+    add_generation_options,
+    add_model_options,
+    load_synthesizer,
+    max_batch_of,
+    positive_int,
+    sampling_of,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -68,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     add_model_options(say)
     add_generation_options(say, "cap on generated frames per segment (12.5 per second); each segment's own cap "
                                 "also scales with its text")
+    add_batch_option(say, "segments of a long text")
     server.add_arguments(sub.add_parser("serve", help="a local HTTP speech server (OpenAI's /v1/audio/speech), "
                                         "streamed", description="Needs the serve extra: pip install 'qtts[serve]'."))
     export = sub.add_parser("export", help="convert a checkpoint directory for the runtime (chapters 04-05 in one "
@@ -207,8 +217,9 @@ def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segmen
             bar.update(1)
 
         try:
+            batch = max_batch_of(synth, args, lambda m: bar.write(f"qtts: {m}", file=sys.stderr))
             result = synthesize_long(synth, text, args.language, voice, sampling, max_frames=args.max_frames,
-                                     on_segment=done,
+                                     max_batch=batch, on_segment=done,
                                      on_frame=lambda n: bar.set_postfix_str(f"frame {n}", refresh=n % 8 == 0),
                                      on_warning=lambda m: bar.write(f"qtts: warning: {m} (raise --max-frames)",
                                                                     file=sys.stderr))

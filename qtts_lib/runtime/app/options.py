@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import MissingArtifact
 from ..pipeline.precision import TIERS
 from ..pipeline.sampling import Sampling
-from ..pipeline.synthesizer import Synthesizer
+from ..pipeline.synthesizer import DEFAULT_MAX_BATCH, Synthesizer
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "repetition_penalty")  # exposed beside --greedy and --seed
 
@@ -68,6 +68,22 @@ def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> 
     g.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1] (default: the checkpoint's, 1.0)")
     g.add_argument("--repetition-penalty", type=float,
                    help="penalty on codebook-0 codes already spoken (default: the checkpoint's, 1.05)")
+
+
+def add_batch_option(p, what: str) -> None:
+    """--max-batch: how many `what` are decoded together (chapter 14); default DEFAULT_MAX_BATCH where the loop
+    batches, one on a GPU."""
+    p.add_argument("--max-batch", type=positive_int, default=None,
+                   help=f"{what} decoded together in one batch (default {DEFAULT_MAX_BATCH}; 1 on a GPU)")
+
+
+def max_batch_of(synth: Synthesizer, args: argparse.Namespace, log) -> int:
+    """--max-batch, or its default; a GPU loop takes one sequence per call (told to `log` when more was asked)."""
+    if synth.loop.batches:
+        return args.max_batch or DEFAULT_MAX_BATCH
+    if (args.max_batch or 1) > 1:
+        log(f"--max-batch {args.max_batch}: the {args.device} loop takes one sequence per call; using 1")
+    return 1
 
 
 def sampling_of(synth: Synthesizer, args: argparse.Namespace) -> Sampling:

@@ -18,8 +18,11 @@ unknown length. A long `input` is spoken segment by segment with short pauses (`
 chapter 12), each segment capped by its own length and by `--max-frames`.
 
 One thread runs every piece of ncnn work (`Engine`): OpenMP keeps a worker pool per thread that ran ncnn, so ncnn
-called from whichever thread the event loop lends would starve on a machine with few cores (chapter 11). Requests
-wait in a FIFO of `--queue` places in front of it; past that the answer is 503 at once. Every bad request gets a
+called from whichever thread the event loop lends would starve on a machine with few cores (chapter 11). Up to
+`--max-batch` requests are decoded together in one batch (`pipeline.synthesizer.Scheduler`, chapter 14): each
+frame's graph calls serve all of them, a request joins between two frames and leaves the frame it ends, and each
+response still streams as its own frames come. More wait in a FIFO of `--queue` places; past that the answer is
+503 at once. `/health` shows the batch in flight. Every bad request gets a
 4xx with an OpenAI-style JSON error body before any audio is sent. Built on Starlette + uvicorn
 (`pip install qtts[serve]`), imported only when serving.
 """
@@ -39,8 +42,9 @@ from pathlib import Path
 from ..audio.wav import SAMPLE_RATE, load_wav, pcm16, wav_header
 from ..binding.net import release_threads
 from ..errors import AudioError, InputError
-from ..pipeline.longform import stream_long
-from .options import add_model_options, load_synthesizer, model_dir, positive_int
+from ..pipeline.longform import LongText
+from ..pipeline.synthesizer import DEFAULT_MAX_BATCH, Scheduler
+from .options import add_batch_option, add_model_options, load_synthesizer, max_batch_of, model_dir, positive_int
 
 MAX_INPUT_CHARS = 4096   # OpenAI's limit for `input`
 MAX_BODY_BYTES = 64 * 1024
@@ -66,13 +70,9 @@ class RequestError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-class Cancelled(Exception):
-    """The client is gone: the engine stops the request at its next frame."""
-
-
 class Job:
-    """One request on its way through the engine: `start(job)` (run on the engine thread) returns its stream of
-    pieces; what comes out (pieces, then the end, or an error) is put on `out` through the event loop."""
+    """One request on its way through the engine: `start()` (run on the engine thread) gives its `LongText`;
+    what comes out (pieces, then the end, or an error) is put on `out` through the event loop."""
 
     def __init__(self, start: Callable, loop: asyncio.AbstractEventLoop):
         self.start, self.loop = start, loop
@@ -82,25 +82,33 @@ class Job:
     def send(self, kind: str, value=None) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
 
-    def check(self, _frame: int = 0) -> None:
-        if self.cancelled.is_set():
-            raise Cancelled
-
 
 class Engine:
-    """The synthesizer behind the one thread that runs ncnn, the voices it has built and the queue in front of it."""
+    """The synthesizer behind the one thread that runs ncnn, its scheduler (the batch), the voices it has built
+    and the queue in front of it."""
 
-    def __init__(self, synth, voices_dir: Path | None, max_frames: int, chunk_frames: int, queue_places: int):
+    def __init__(self, synth, voices_dir: Path | None, max_frames: int, chunk_frames: int, queue_places: int,
+                 max_batch: int = DEFAULT_MAX_BATCH):
         self.synth, self.voices_dir = synth, voices_dir
         self.max_frames, self.chunk_frames, self.queue_places = max_frames, chunk_frames, queue_places
+        self.scheduler = Scheduler(synth, max_batch)
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.pending = 0   # jobs queued or running (changed on the event loop only)
-        self.running = False
+        self.active = 0    # requests the engine is speaking (their segments running or waiting in the scheduler)
+        self.largest_batch = 0
         self.served = 0
         self.voices: dict = {}
         release_threads()  # loading ran ncnn in this thread; from now on only the engine's thread does
         self.thread = threading.Thread(target=self._work, name="qtts-engine", daemon=True)
         self.thread.start()
+
+    @property
+    def max_batch(self) -> int:
+        return self.scheduler.max_batch
+
+    @property
+    def running(self) -> bool:
+        return self.active > 0
 
     # ------------------------------------------------------------ voices
     def voice_names(self) -> list[str]:
@@ -126,26 +134,55 @@ class Engine:
 
     # ------------------------------------------------------------ the engine thread
     def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            if job.cancelled.is_set():
-                job.send("done")
-                continue
-            self.running = True
+        speaking: dict[Job, object] = {}   # job -> its LongText
+        while True:
+            # new requests: wait for one when idle, else take what has come without waiting
+            incoming = []
             try:
-                pieces = job.start(job)
-                job.send("started")
-                for piece in pieces:
-                    job.check()
+                incoming.append(self.jobs.get(block=not speaking))
+                while True:
+                    incoming.append(self.jobs.get_nowait())
+            except queue.Empty:
+                pass
+            if None in incoming:
+                for job, long in speaking.items():
+                    long.cancel()
+                    job.send("done")
+                return
+            for job in incoming:
+                if job.cancelled.is_set():
+                    job.send("done")
+                    continue
+                try:
+                    speaking[job] = job.start()
+                    job.send("started")
+                except (InputError, AudioError) as e:
+                    job.send("refused", e)
+                except BaseException as e:  # noqa: BLE001 - handed to the request, answered there
+                    job.send("error", e)
+            for job in [j for j in speaking if j.cancelled.is_set()]:  # the client left
+                speaking.pop(job).cancel()
+                job.send("done")
+            self.active = len(speaking)
+            if not speaking:
+                continue
+            try:
+                events = self.scheduler.step()
+            except BaseException as e:  # noqa: BLE001 - every request in the batch is told
+                for job, long in speaking.items():
+                    long.cancel()
+                    job.send("error", e)
+                speaking.clear()
+                self.active = 0
+                continue
+            self.largest_batch = max(self.largest_batch, len(self.scheduler.batch))
+            for job, long in list(speaking.items()):
+                for piece in long.take(events):
                     job.send("audio", piece)
-                job.send("done")
-            except Cancelled:
-                job.send("done")
-            except (InputError, AudioError) as e:
-                job.send("refused", e)
-            except BaseException as e:  # noqa: BLE001 - handed to the request, answered there
-                job.send("error", e)
-            finally:
-                self.running = False
+                if long.done:
+                    del speaking[job]
+                    job.send("done")
+            self.active = len(speaking)
 
     def submit(self, start: Callable) -> Job:
         job = Job(start, asyncio.get_running_loop())
@@ -230,11 +267,12 @@ class Engine:
         return {"text": text, "format": fmt, "language": language.lower(), "voice": name, "sampling": sampling,
                 "instructions": (instructions or "").strip() or None}
 
-    def stream(self, req: dict, job: Job):
-        """What the engine runs for a request: the voice, then its segments streamed (errors before any audio)."""
+    def speak(self, req: dict) -> LongText:
+        """What the engine runs for a request (on its thread): the voice, then its text's segments one after
+        another on the shared scheduler, streamed in pieces (bad input raises here, before any audio)."""
         voice = self.voice(req["voice"], req["instructions"])
-        return stream_long(self.synth, req["text"], req["language"], voice, req["sampling"],
-                           max_frames=self.max_frames, chunk_frames=self.chunk_frames, on_frame=job.check)
+        return LongText(self.synth, self.scheduler, req["text"], req["language"], voice, req["sampling"],
+                        max_frames=self.max_frames, chunk_frames=self.chunk_frames)
 
 
 def _is_text(s: str) -> bool:
@@ -270,10 +308,11 @@ def build_app(engine: Engine, model_id: str):
             req = engine.parse(await request.body(), model_id)
         except RequestError as e:
             return error(e)
-        if engine.pending > engine.queue_places:  # one running + `queue` waiting
-            return error(RequestError(503, f"server busy: {engine.queue_places} requests already queued; retry "
-                                           "later", kind="server_error", code="overloaded"))
-        job = engine.submit(lambda j: engine.stream(req, j))
+        if engine.pending >= engine.max_batch + engine.queue_places:  # a full batch + `queue` waiting
+            return error(RequestError(503, f"server busy: {engine.max_batch} requests speaking and "
+                                           f"{engine.queue_places} queued; retry later", kind="server_error",
+                                      code="overloaded"))
+        job = engine.submit(lambda: engine.speak(req))
         ended = False
 
         def end() -> None:
@@ -325,8 +364,11 @@ def build_app(engine: Engine, model_id: str):
                       "aliases": list(OPENAI_MODELS)}}]})
 
     async def health(request):
+        batch = len(engine.scheduler.batch)
         return JSONResponse({"status": "ok", "model": model_id, "busy": engine.running,
-                             "waiting": max(engine.pending - engine.running, 0), "served": engine.served})
+                             "speaking": engine.active, "batch": batch, "max_batch": engine.max_batch,
+                             "largest_batch": engine.largest_batch,
+                             "waiting": max(engine.pending - engine.active, 0), "served": engine.served})
 
     async def http_error(request, exc):
         return JSONResponse({"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None,
@@ -354,7 +396,8 @@ def serve(args) -> int:
     if args.voices is not None and not args.voices.is_dir():
         raise InputError(f"--voices {args.voices} is not a directory")
     synth = load_synthesizer(args, log=lambda m: print(f"qtts serve: {m}", file=sys.stderr))
-    engine = Engine(synth, args.voices, args.max_frames, args.chunk_frames, args.queue)
+    say = lambda m: print(f"qtts serve: {m}", file=sys.stderr)  # noqa: E731
+    engine = Engine(synth, args.voices, args.max_frames, args.chunk_frames, args.queue, max_batch_of(synth, args, say))
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
           f"{', '.join(engine.voice_names()) or 'none'})", file=sys.stderr, flush=True)
     try:
@@ -368,7 +411,8 @@ def add_arguments(p) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--voices", type=Path, help="folder of NAME.wav voice clips (NAME.txt beside one: ICL)")
-    p.add_argument("--queue", type=int, default=8, help="requests that may wait; past that, 503")
+    p.add_argument("--queue", type=int, default=8, help="requests that may wait beside the batch; past that, 503")
+    add_batch_option(p, "requests")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     add_model_options(p)
     g = p.add_argument_group("generation")
