@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     overlap.add_argument("--precision", default="int8")
     overlap.add_argument("--threads", type=int, default=0, help="cores for the sequential run (default: all)")
     overlap.add_argument("--repeats", type=int, default=2)
+    batch = measurement("batch", "many utterances at once: throughput against the batch size")
+    batch.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
+    batch.add_argument("--precision", default="fp32,int8")
+    batch.add_argument("--threads", type=int, default=2)
+    batch.add_argument("--repeats", type=int, default=3)
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
     zeros.add_argument("dir")
     profile = sub.add_parser("profile", help="where a Vulkan frame's time goes")
@@ -79,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         split = lambda s: tuple(x.strip() for x in s.split(","))  # noqa: E731
         result = benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats, split(a.runtimes),
                            split(a.precision), split(a.devices))
+    elif a.what == "batch":
+        from .batch import benchmark as batch_benchmark
+
+        result = batch_benchmark(model_dir, a.frames, [int(b) for b in a.batch.split(",")],
+                                 [t.strip() for t in a.precision.split(",")], a.threads, a.repeats)
     elif a.what == "codec":
         from .codec import codec_benchmark
 
