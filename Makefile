@@ -5,10 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.qtts-installed
 CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]*.py))
-# The chapters that port a checkpoint (split, goldens, export, pitfalls, KV cache, generation, voices; 13 where it
-# exists) run again on each of VARIANTS after the default pass: a 1.7B talker wider than its code predictor, with
-# instructions, and a VoiceDesign checkpoint.
-PER_CHECKPOINT := 02 03 04 04b 04c 05 06 07 13
+# The chapters that port a checkpoint (split, goldens, export, pitfalls, KV cache, generation, voices; 13 and 14,
+# every kind and the batch) run again on each of VARIANTS after the default pass: a 1.7B talker wider than its code
+# predictor, with instructions, and a VoiceDesign checkpoint.
+PER_CHECKPOINT := 02 03 04 04b 04c 05 06 07 13 14
 VARIANT_CHAPTERS := $(filter $(foreach n,$(PER_CHECKPOINT),notebooks/$(n)_%),$(CHAPTERS))
 VARIANTS := tiny-1.7b-customvoice tiny-voicedesign
 NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("--precision", default="fp32,int8")
     batch.add_argument("--threads", type=int, default=2)
     batch.add_argument("--repeats", type=int, default=3)
+    batch.add_argument("--parity", action="store_true",
+                       help="instead: the first --batch prompts alone vs batched, greedy, --frames frames")
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
     zeros.add_argument("dir")
     profile = sub.add_parser("profile", help="where a Vulkan frame's time goes")
@@ -86,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
                            split(a.precision), split(a.devices))
     elif a.what == "batch":
         from .batch import benchmark as batch_benchmark
+        from .batch import parity
 
-        result = batch_benchmark(model_dir, a.frames, [int(b) for b in a.batch.split(",")],
-                                 [t.strip() for t in a.precision.split(",")], a.threads, a.repeats)
+        sizes = [int(b) for b in a.batch.split(",")]
+        result = parity(model_dir, a.frames, sizes[0], a.precision.split(",")[0].strip(), a.threads) if a.parity \
+            else batch_benchmark(model_dir, a.frames, sizes, [t.strip() for t in a.precision.split(",")],
+                                   a.threads, a.repeats)
     elif a.what == "codec":
         from .codec import codec_benchmark
 

@@ -109,3 +109,44 @@ def benchmark(model_dir: Path, frames: int, batches: list[int], precisions: list
               "rows": rows, "raw": raw}
     check_schema(result)
     return result
+
+
+def parity(model_dir: Path, frames: int = 200, batch: int = 4, precision: str = "fp32", threads: int = 2) -> dict:
+    """Each of `batch` different prompts (x-vector and ICL clones, text trailing and in the prompt: four lengths,
+    so the batch pads) run alone and in one batch, greedy, `frames` frames: per sequence, whether the codes are
+    equal, and the first frame where they differ (float reassociation: M-row kernels, attention over padding)."""
+    import numpy as np
+
+    from .. import paths
+    from ..runtime import Sampling, Synthesizer
+    from ..runtime.pipeline.loop import Batch
+    from ..runtime.pipeline.sampling import Sampler
+
+    synth = Synthesizer(model_dir, threads=threads, precision=precision)
+    clip = load_wav(voice_wav())
+    xvec = synth.voice(wav=clip)
+    icl = synth.voice(wav=clip, text=(paths.INPUTS / "voice.txt").read_text(encoding="utf-8").strip())
+    kinds = [(xvec, False, "x-vector, text trailing"), (xvec, True, "x-vector, text in the prompt"),
+             (icl, False, "ICL, text trailing"), (icl, True, "ICL, text in the prompt")]
+    prompts, labels = [], []
+    for i, text in enumerate(texts(batch)):
+        voice, non_streaming, label = kinds[i % len(kinds)]
+        prompts.append(synth.prompt(text, LANGUAGE, voice, non_streaming=non_streaming))
+        labels.append(label)
+    greedy = lambda: Sampler(Sampling(greedy=True), synth.config.talker)  # noqa: E731
+    alone = [synth.loop.run(p, greedy(), frames) for p in prompts]
+    together = Batch(synth.loop, batch)
+    seqs = [together.add(p, greedy(), frames) for p in prompts]
+    while together:
+        together.step()
+    out = []
+    for label, p, a, b in zip(labels, prompts, alone, seqs):
+        ca, cb = np.stack(a.codes), np.stack(b.codes)
+        n = min(len(ca), len(cb))
+        diff = [f for f in range(n) if not np.array_equal(ca[f], cb[f])]
+        out.append({"prompt": label, "prompt_rows": int(p.embeds.shape[0]), "frames_alone": len(ca),
+                    "frames_batched": len(cb), "equal": len(ca) == len(cb) and not diff,
+                    "first_differing_frame": diff[0] if diff else None,
+                    "codes_equal_fraction": round(float((ca[:n] == cb[:n]).mean()), 4)})
+    return {"machine": describe([threads]), "checkpoint": Path(model_dir).name, "precision": precision,
+            "frames": frames, "batch": batch, "sequences": out}

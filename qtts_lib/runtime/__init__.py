@@ -9,9 +9,10 @@ Layers, from the bottom (a module imports only from layers below its own, and fr
 
     binding/     ncnn through its Python binding: Mats and nets (`net`), the `.param` text (`param`), the `.bin`
                  weights (`weights`), graph editing (`graph`), rope tables and masks (`rope`), cached decoders
-                 (`cached`)
+                 (`cached`), the SDPA kernel's cache layout (`cache_layout`)
     rewrites/    pure transforms of a graph's text and weights: the KV cache (`kv_cache`), decode steps
-                 (`decode_step`), int8 (`int8`), the codec's CPU form (`codec_cpu`), the GPU forms (`gpu`)
+                 (`decode_step`), int8 (`int8`), the codec's CPU form (`codec_cpu`), the GPU forms (`gpu`),
+                 sequences folded into attention heads (`batch`)
     text/        the BPE tokenizer (`bpe`), the sentence segmenter (`segment`)
     audio/       wav I/O and the wire formats (`wav`), voice-clip checks (`clips`), the mel frontend (`mel`),
                  the split RVQ (`rvq`)
@@ -26,12 +27,12 @@ It must import with torch, transformers and qwen_tts unavailable (tests/test_run
 """
 from .audio.clips import prepare_voice_clip
 from .audio.wav import SAMPLE_RATE, load_wav, save_wav
-from .errors import AudioError, DeviceError, InputError, MissingArtifact, PrecisionError, QttsError
+from .errors import AudioError, BatchError, DeviceError, InputError, MissingArtifact, PrecisionError, QttsError
 from .pipeline.longform import stream_long, synthesize_long
 from .pipeline.prompt import Voice
 from .pipeline.sampling import Sampling
-from .pipeline.synthesizer import Result, Stream, Synthesizer
+from .pipeline.synthesizer import Result, Scheduler, Stream, Synthesizer, Utterance
 
-__all__ = ["Synthesizer", "Voice", "Sampling", "Result", "Stream", "load_wav", "save_wav", "prepare_voice_clip",
-           "synthesize_long", "stream_long", "SAMPLE_RATE", "QttsError", "InputError", "AudioError",
-           "MissingArtifact", "DeviceError", "PrecisionError"]
+__all__ = ["Synthesizer", "Voice", "Sampling", "Result", "Stream", "Utterance", "Scheduler", "load_wav", "save_wav",
+           "prepare_voice_clip", "synthesize_long", "stream_long", "SAMPLE_RATE", "QttsError", "InputError",
+           "AudioError", "MissingArtifact", "DeviceError", "PrecisionError", "BatchError"]

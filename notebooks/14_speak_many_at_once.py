@@ -1,0 +1,407 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 14 · Speak many at once: batched generation
+# > A memory-bound step reads every weight once, whatever it computes with them. Give it four rows instead of one.
+#
+# **You will:** fold several sequences into one decoder call with a `.param` rewrite; decode the SDPA layer's
+# private cache layout so that sequences can join and leave a batch; draw the mask that keeps sequences apart;
+# check a batch of four different prompts against the four run alone, token for token; watch continuous batching
+# (sequences join and leave between frames); and read the full-size throughput table and its plot.
+#
+# **You will learn:** why batching is almost free in this loop, and where it stops being free (attention, the
+# codec); why sequences go into the head axis and not into one shared cache; what holds bitwise and what only to
+# float rounding; what `synthesize_many`, `qtts say --text-file --max-batch` and `qtts serve --max-batch` do.
+#
+# **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing). The full-size tables are read
+# from `data/bench/batch/` (committed; `python -m qtts_lib.bench batch` remakes them).
+# **Leaves behind:** `data/outputs/<ckpt>/14_many_*.wav`, `data/reports/<ckpt>/14_speak_many_at_once.json`.
+
+# %%
+import inspect
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import ncnn
+import numpy as np
+import pandas as pd
+from IPython.display import Audio, display
+
+from qtts_lib import check, checkpoint, export, paths, reference, settings
+from qtts_lib.runtime import Sampling, Synthesizer, load_wav
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, save_wav
+from qtts_lib.runtime.binding import cache_layout
+from qtts_lib.runtime.binding.cached import KvCacheNet, batch_mask, merge
+from qtts_lib.runtime.binding.net import make_net, net_from_text, to_mat
+from qtts_lib.runtime.binding.param import parse_param
+from qtts_lib.runtime.pipeline.loop import Batch
+from qtts_lib.runtime.pipeline.sampling import Sampler
+from qtts_lib.runtime.pipeline.synthesizer import Scheduler, Utterance
+from qtts_lib.runtime.rewrites.batch import fold_batch
+
+ckpt = settings.checkpoint()
+THREADS = settings.threads()
+report = check.begin("14_speak_many_at_once", ckpt)
+model_dir = checkpoint.ensure(ckpt)
+export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # chapters 04-05's graphs, reused when current
+synth = Synthesizer(model_dir, threads=THREADS)
+talker = synth.config.talker
+ncnn_dir = paths.ncnn_dir(ckpt)
+print(f"{ckpt}: talker {talker['hidden_size']} wide, {talker['num_hidden_layers']} layers, "
+      f"{talker['num_attention_heads']} heads / {talker['num_key_value_heads']} kv heads of {talker['head_dim']}")
+
+# %% [markdown]
+# ## 1. Four rows for the price of one
+# Every frame the talker reads all its weights once and the code predictor reads its weights 15 times (chapter 09):
+# the loop is bound by memory, not by arithmetic. A projection over M rows reads the same weights as over one row;
+# only the arithmetic grows, and at M = 4 there is still far more arithmetic to spare than bandwidth. So B
+# utterances decoded together cost about what one costs, *if* every graph call can take one row per utterance.
+#
+# Here is one talker step of this checkpoint at M rows (the folded graph of section 2; on a tiny checkpoint a step
+# is mostly call overhead, so the picture is flatter still; the full-size numbers are in section 7):
+
+# %%
+step_net = synth.loop.talker
+rng = np.random.default_rng(14)
+
+
+def step_ms(rows: int, repeats: int = 30) -> float:
+    """Median wall time of one talker step for `rows` sequences of 12 cached positions each."""
+    x = rng.standard_normal((1, 12, talker["hidden_size"])).astype(np.float32)
+    cache = merge([step_net.prefill(x)[1] for _ in range(rows)]) if rows > 1 else step_net.prefill(x)[1]
+    times = []
+    for _ in range(repeats):
+        e = rng.standard_normal((rows, 1, talker["hidden_size"])).astype(np.float32)
+        c = merge([cache]) if rows > 1 else step_net.prefill(x)[1]  # a fresh copy: every step sees 12 positions
+        t0 = time.perf_counter()
+        step_net.forward(e, c)
+        times.append(time.perf_counter() - t0)
+    return 1000 * float(np.median(times))
+
+
+steps = pd.DataFrame([{"rows": m, "ms per step": round(step_ms(m), 2)} for m in (1, 2, 4, 8)])
+steps["ms per row"] = (steps["ms per step"] / steps["rows"]).round(2)
+display(steps)
+print("(times on this machine, now; not asserted)")
+
+# %% [markdown]
+# ## 2. Fold the sequences into the head axis
+# Everything in a decoder layer but attention treats rows independently: B sequences of L positions are just B·L
+# rows. Attention is where rows meet. pnnx's graph computes it per head, `q (heads, rows, d)`, and SDPA lets every
+# row see every cached row. `rewrites.batch.fold_batch` makes each sequence a group of heads of its own:
+# `(heads, B·L, d) → (B·heads, L, d)` before SDPA (a Reshape, a 4-D Permute, a Reshape; L read from the mask's
+# height), the inverse after. With grouped-query attention, query head `b·heads + h` reads key/value head
+# `b·kv_heads + h // (heads/kv_heads)`: its own sequence's. One attention block, before and after:
+
+# %%
+kv_text = (ncnn_dir / "talker_decoder_kv.param").read_text()
+folded_text = fold_batch(kv_text, talker["num_attention_heads"])
+
+
+def first_attention(text: str) -> list[str]:
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("SDPA"))
+    return [" ".join(line.split()) for line in lines[at - 6: at + 4]]
+
+
+print("exported:\n  " + "\n  ".join(first_attention(kv_text)))
+print("folded:\n  " + "\n  ".join(first_attention(folded_text)))
+before, after = parse_param(kv_text).counts, parse_param(folded_text).counts
+print({k: after[k] - before[k] for k in after if after[k] != before[k]}, "layers added per graph")
+n_layers = talker["num_hidden_layers"]
+check.equal("fold: per attention layer 7 Reshapes, 3 Permutes and a Split more, no Gemm", "Reshape Permute Split Gemm",
+            tuple(after[k] - before[k] for k in ("Reshape", "Permute", "Split", "Gemm")),
+            (7 * n_layers, 3 * n_layers, n_layers, 0))
+
+# %% [markdown]
+# At one sequence every reshape is the identity, so the folded graph must compute exactly what the exported one
+# does. The runtime now loads only the folded form (`precision.decoder(..., heads=...)`), so this is what keeps
+# every golden of chapters 06–13 valid:
+
+# %%
+plain = KvCacheNet(make_net(ncnn_dir / "talker_decoder_kv.param", ncnn_dir / "talker_decoder.bin", THREADS),
+                   talker["num_hidden_layers"], talker["head_dim"], talker["rope_theta"])
+x = rng.standard_normal((1, 20, talker["hidden_size"])).astype(np.float32)
+outs = []
+for net in (plain, step_net):
+    h, cache = net.prefill(x[:, :12])
+    outs.append(np.concatenate([h] + [net.forward(x[:, t:t + 1], cache) for t in range(12, 20)], axis=1))
+check.equal("folded graph at one sequence = exported graph (prefill + 8 steps)", "bitwise equal",
+            bool(np.array_equal(*outs)), True)
+
+# %% [markdown]
+# ### The other arrangement, and why not
+# Without a rewrite, B sequences can share *one* cache: stack everyone's positions along the sequence axis and give
+# SDPA a block-diagonal mask, so that each row sees only its own sequence's keys. It is exact, but every query then
+# scores all B sequences' keys and throws B−1 of every B away, and a finished sequence's rows stay in the cache
+# until it is rebuilt. One SDPA layer at the full-size shapes (16 heads, 8 kv heads of 128, B = 8 sequences of 300
+# cached positions), both ways, on this machine:
+
+# %%
+SDPA_ONE = """7767517
+6 9
+Input q 0 1 q
+Input k 0 1 k
+Input v 0 1 v
+Input m 0 1 m
+Input c 0 2 pk pv
+SDPA sdpa 6 3 q k v m pk pv out ok ov 5=1 7=1
+"""
+empty = Path(tempfile.mkdtemp()) / "empty.bin"
+empty.write_bytes(b"\0" * 4)
+sdpa = net_from_text(SDPA_ONE, empty, THREADS)
+layout = cache_layout.probe()
+B, T, H, KV, D = 8, 300, 16, 8, 128
+
+
+def sdpa_ms(q, k, v, mask, past_k, past_v, repeats: int = 20) -> float:
+    pk, pv = layout.write(past_k, "k"), layout.write(past_v, "v")  # caches in the layer's own layout
+    times = []
+    for _ in range(repeats):
+        ex = sdpa.create_extractor()
+        held = [to_mat(a) for a in (q, k, v, mask)]
+        for name, m in zip("qkvm", held):
+            ex.input(name, m)
+        ex.input("pk", pk)
+        ex.input("pv", pv)
+        out = ncnn.Mat()
+        t0 = time.perf_counter()
+        ex.extract("out", out)
+        times.append(time.perf_counter() - t0)
+    return 1000 * float(np.median(times))
+
+
+r = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+folded = sdpa_ms(r(B * H, 1, D), r(B * KV, 1, D), r(B * KV, 1, D), np.zeros((1, T + 1), np.float32),
+                 r(B * KV, T, D), r(B * KV, T, D))
+block = np.full((B, B * (T + 1)), -np.inf, np.float32)  # row b sees sequence b's T cached positions and its new one
+for b in range(B):
+    block[b, b * T:(b + 1) * T] = 0
+    block[b, B * T + b] = 0
+shared = sdpa_ms(r(H, B, D), r(KV, B, D), r(KV, B, D), block, r(KV, B * T, D), r(KV, B * T, D))
+print(f"folded into heads: {folded:.2f} ms; one shared cache, block-diagonal mask: {shared:.2f} ms "
+      f"({shared / folded:.1f}x) (this machine, now; each query scores {T + 1} keys folded, {B * (T + 1)} shared)")
+
+# %% [markdown]
+# ## 3. The cache is the kernel's: read it to move sequences
+# Sequences join a batch after their own prefill and leave it when they end, so caches must be cut and merged.
+# Chapter 05 showed that a cache Mat fed back after a numpy round trip gives wrong attention. Why: the Mat says
+# `(kv_heads, positions, head_dim)`, but its memory is the x86 SDPA kernel's own tiled layout, with capacity to
+# spare. `binding.cache_layout.probe` runs one SDPA layer on random inputs, finds the tile and checks every element:
+
+# %%
+print(inspect.getsource(cache_layout.CacheLayout.key_index))
+print(inspect.getsource(cache_layout.CacheLayout.value_index))
+print("this build:", layout, "ncnn", ncnn.__version__)
+x = rng.standard_normal((1, 10, talker["hidden_size"])).astype(np.float32)
+_, cache = step_net.prefill(x[:, :9])
+k0 = cache.blobs["cache_k_in_0"]
+print(f"layer 0's K cache: c={k0.c} h={k0.h} w={k0.w}, cstep {k0.cstep} = room for {k0.cstep // k0.w} positions")
+copy = merge([cache])  # every blob read into numpy and written back in the layout
+check.equal("a cache read and written back: the next step is bitwise the same", "equal",
+            bool(np.array_equal(step_net.forward(x[:, 9:], cache), step_net.forward(x[:, 9:], copy))), True)
+
+# %% [markdown]
+# ## 4. The mask that keeps sequences apart
+# All sequences of a batch hold the same number of cached positions (the blobs are one array): a shorter one is
+# padded at the front, and the mask, one row per head, hides each sequence's padding from it. Three sequences that
+# joined with prompts of 30, 12 and 20 rows, four steps later:
+
+# %%
+def padded_cache(lengths: list[int]):
+    x = rng.standard_normal((1, max(lengths), talker["hidden_size"])).astype(np.float32)
+    return merge([step_net.prefill(x[:, :n])[1] for n in lengths])
+
+
+demo = padded_cache([30, 12, 20])
+for _ in range(4):
+    step_net.forward(rng.standard_normal((3, 1, talker["hidden_size"])).astype(np.float32), demo)
+heads = talker["num_attention_heads"]
+mask = batch_mask(demo, 1, heads)
+print(f"cache: {demo.past} positions; each sequence's own: {demo.lengths}; padding {demo.padding}; "
+      f"mask {mask.shape} (sequences x heads, new rows, cached + new)")
+fig, ax = plt.subplots(figsize=(9, 2.8))
+ax.imshow(np.isfinite(mask[:, 0, :]), aspect="auto", cmap="Greys_r", interpolation="nearest")
+for b in range(1, 3):
+    ax.axhline(b * heads - 0.5, color="tab:red", lw=1)
+ax.set(xlabel="key position (cached + this step's)", ylabel="query head (sequence-major)",
+       title="white: visible, black: another sequence's padding")
+plt.show()
+check.equal("each sequence's heads see exactly its own positions", "visible keys per sequence",
+            [int(np.isfinite(mask[b * heads, 0]).sum()) for b in range(3)], [n + 1 for n in demo.lengths])
+
+# %% [markdown]
+# ## 5. A batch of four against the four alone
+# Four prompts of four lengths (x-vector and ICL clones, text trailing and inside the prompt), each with its own
+# sampler, decoded in one `Batch` and each alone. Rows in a batch go through M-row kernels and attend over padded
+# positions, so their hidden states match the alone run to float32 rounding, not bit for bit; on random weights a
+# near-tie can then flip a code. On this checkpoint, over the goldens' length:
+
+# %%
+clip = load_wav(paths.voice_wav())
+kinds = {"base": lambda: [synth.voice(wav=clip), synth.voice(wav=clip, text=(paths.INPUTS / "voice.txt")
+                                                             .read_text().strip())],
+         "custom_voice": lambda: [synth.voice(speaker=s) for s in synth.speakers[:2]],
+         "voice_design": lambda: [synth.voice(instruct="A calm, low voice."), synth.voice(instruct="")]}
+voices = kinds[synth.kind]()
+texts = ["Hello from ncnn.", "Every token of this sentence is checked against PyTorch, one by one.",
+         "Four at once.", "A fourth sentence, of middling length, to fill the batch."]
+prompts = [synth.prompt(t, "english", voices[i // 2], non_streaming=bool(i % 2)) for i, t in enumerate(texts)]
+print("prompt rows:", [p.embeds.shape[0] for p in prompts])
+FRAMES = 44
+
+
+def sampler(i: int, greedy: bool) -> Sampler:
+    return Sampler(Sampling(greedy=True) if greedy else Sampling(seed=40 + i), synth.config.talker)
+
+
+rows = []
+for greedy in (True, False):
+    alone = [synth.loop.run(p, sampler(i, greedy), FRAMES) for i, p in enumerate(prompts)]
+    batch = Batch(synth.loop, max_batch=4)
+    together = [batch.add(p, sampler(i, greedy), FRAMES) for i, p in enumerate(prompts)]
+    while batch:
+        batch.step()
+    for i, (a, b) in enumerate(zip(alone, together)):
+        equal = len(a.codes) == len(b.codes) and np.array_equal(np.stack(a.codes), np.stack(b.codes))
+        rows.append({"sampling": "greedy" if greedy else f"seed {40 + i}", "prompt": i,
+                     "rows": prompts[i].embeds.shape[0], "frames": len(b.codes), "codes equal": equal})
+        check.tokens_equal(f"{'greedy' if greedy else 'sampled'} prompt {i}: batched = alone", np.stack(b.codes),
+                           np.stack(a.codes))
+display(pd.DataFrame(rows))
+
+# %% [markdown]
+# At full size the same four prompts, greedy, over 200 frames (`python -m qtts_lib.bench batch --parity`,
+# committed): where float reassociation first changes a code on random weights, if it does.
+
+# %%
+parity_file = paths.DATA / "bench" / "batch" / "dev-2core-epyc-full-base-parity-fp32.json"
+if parity_file.is_file():
+    full = json.loads(parity_file.read_text())
+    print(f"{full['checkpoint']}, {full['precision']}, B={full['batch']}, {full['frames']} frames, on "
+          f"{full['machine']['cpu']} ({full['machine']['cores']} cores):")
+    display(pd.DataFrame(full["sequences"]))
+else:
+    print(f"skipped because {parity_file} is not there (python -m qtts_lib.bench batch --parity makes it)")
+
+# %% [markdown]
+# ## 6. Continuous batching: join between frames, leave at the end
+# A `Scheduler` keeps up to `max_batch` utterances running; a new one is prefilled alone and joins between two
+# frames (its cache merged in), one that ends leaves at once (its channels cut out). Six utterances of different
+# lengths through four places, with the batch width at every step:
+
+# %%
+caps = [30, 12, 22, 8, 26, 16]
+scheduler = Scheduler(synth, max_batch=4)
+tickets = [scheduler.submit(Utterance(f"Utterance number {i + 1}.", "english", voices[0], Sampling(seed=i),
+                                      max_frames=c)) for i, c in enumerate(caps)]
+widths, spans = [], {}
+while scheduler:
+    events = scheduler.step()  # one event per running utterance
+    for event in events:
+        spans.setdefault(event.ticket.id, [len(widths), len(widths)])[1] = len(widths)
+    widths.append(len(events))
+fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 4), sharex=True)
+for row, t in enumerate(tickets):
+    a1.barh(row, spans[t.id][1] - spans[t.id][0] + 1, left=spans[t.id][0], color=f"C{row}")
+a1.set(yticks=range(len(tickets)), yticklabels=[f"#{i + 1} ({c} frames)" for i, c in enumerate(caps)],
+       title="which utterance runs at which step")
+a2.step(range(len(widths)), widths, where="mid")
+a2.set(xlabel="step (one frame of every running utterance)", ylabel="batch width", ylim=(0, 4.5))
+plt.tight_layout()
+plt.show()
+check.equal("never more than max_batch at once, and a full batch was reached", "max width", max(widths), 4)
+check.equal("every utterance ran to its own end (its cap, or EOS before it)", "ended right",
+            all(len(t.result.codes) == c if t.result.stopped == "cap" else len(t.result.codes) < c
+                for c, t in zip(caps, tickets)), True)
+check.equal("a new utterance started while others ran", "joined mid-batch",
+            any(spans[t.id][0] > 0 for t in tickets), True)
+many = synth.synthesize_many([Utterance(t, "english", voices[0], Sampling(seed=i), max_frames=40)
+                              for i, t in enumerate(texts)], max_batch=4)
+for i, result in enumerate(many):
+    save_wav(paths.outputs_dir(ckpt) / f"14_many_{i}.wav", result.wav)
+display(Audio(np.concatenate([r.wav for r in many]), rate=SAMPLE_RATE))
+
+# %% [markdown]
+# ## 7. What it buys at full size
+# `python -m qtts_lib.bench batch` on `full-base` at 2 threads: B utterances of 40 frames, each its own text, each
+# in a fresh process, interleaved repeats, medians. Times are per *aggregate* frame (all B sequences' frames);
+# `rtf` is the aggregate real-time factor; `sequence_ms_per_frame` is how fast each one advances.
+
+# %%
+bench_file = paths.DATA / "bench" / "batch" / "dev-2core-epyc-full-base.json"
+if bench_file.is_file():
+    bench = json.loads(bench_file.read_text())
+    m = bench["machine"]
+    print(f"{bench['checkpoint']} on {m['cpu']}, {m['cores']} cores, ncnn {m['ncnn']}")
+    table = pd.DataFrame([{"precision": r["precision"], "B": r["batch"], **r["ms_per_frame"], "rtf": r["rtf"],
+                           "frames/s": r["frames_per_s"], "ms/frame each": r["sequence_ms_per_frame"],
+                           "codec share": r["codec_share"], "peak GiB": r["peak_rss_gb"]} for r in bench["rows"]])
+    display(table)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for precision, group in table.groupby("precision"):
+        a1.plot(group["B"], group["rtf"], "o-", label=precision)
+    a1.axhline(1.0, color="grey", ls="--", lw=1)
+    a1.set(xscale="log", xticks=sorted(table["B"].unique()), xticklabels=sorted(table["B"].unique()), xlabel="B",
+           ylabel="aggregate RTF (below 1: faster than real time)", title="aggregate RTF against batch size")
+    a1.legend()
+    last = table[table.precision == table.precision.iloc[-1]]
+    bottom = np.zeros(len(last))
+    for part in ("talker", "predictor", "codec"):
+        a2.bar(last["B"].astype(str), last[part], bottom=bottom, label=part)
+        bottom += last[part].to_numpy()
+    a2.set(xlabel="B", ylabel="ms per aggregate frame", title=f"where the time goes ({last.precision.iloc[0]})")
+    a2.legend()
+    plt.tight_layout()
+    plt.show()
+else:
+    print(f"skipped because {bench_file} is not there (python -m qtts_lib.bench batch makes it)")
+
+# %% [markdown]
+# The loop's cost per frame falls about as 1/B until the arithmetic catches up with the bandwidth; the codec does
+# not batch (it is compute-bound, and each utterance is decoded on its own), so at large B it is most of the time.
+#
+# ## 8. Where users get it
+# - Python: `synth.synthesize_many([Utterance(text, language, voice, sampling, max_frames), ...], max_batch=4)`,
+#   results in order; a `Scheduler` to submit utterances at any time (what the server runs).
+# - `qtts say --text-file book.txt --max-batch 4`: a long text's segments, four at a time (the default).
+# - `qtts serve --max-batch 4`: concurrent requests share the batch; each response still streams its own frames as
+#   they come; `/health` shows `batch`, `max_batch` and the `largest_batch` seen.
+# - On a GPU the loop takes one sequence per call (its graphs keep packed caches on the device): `--max-batch` is
+#   1 there.
+
+# %% [markdown]
+# ## Summary
+# - Sequences fold into the attention's head axis (`rewrites.batch.fold_batch`): every other layer sees B·L rows,
+#   every weight is read once for all of them, and at one sequence the graph is bitwise the exported one.
+# - The SDPA cache is in the kernel's tiled layout; `binding.cache_layout` probes it so that sequences can be merged
+#   (left-padded, a per-head mask) and cut.
+# - A batch of different prompts gives each prompt's own codes; exactly equal on this checkpoint, and at full size
+#   as the committed parity file says.
+# - Continuous batching (`Scheduler`): prefill alone, join between frames, leave the frame it ends.
+#
+# **Artifacts left:** `data/outputs/<ckpt>/14_many_*.wav`, the chapter report.
+#
+# **If your numbers differ**
+# - *A batch's codes differ from the alone run at once* → the mask: a sequence sees another's padding, or rope rows
+#   at the wrong positions (each sequence its own `lengths[b]`).
+# - *`cache_layout.probe` refuses this build* → another ncnn version keeps its cache differently: batching is off
+#   (B = 1 still works); read the probe's message.
+# - *B = 8 no faster per frame than B = 4* → the codec dominates (codec share), or attention over long caches.
+
+# %%
+check.table()
