@@ -36,7 +36,7 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from IPython.display import display
+from IPython.display import Audio, display
 
 from qtts_lib import check, checkpoint, export, paths, reference, settings
 from qtts_lib.bench import quality
@@ -332,6 +332,80 @@ check.equal("codec process: the same codes as in process", "frames equal", int((
 check.snr("codec process: the same audio as in process", b.wav, a.wav, 100.0)
 
 # %% [markdown]
+# ## 7. The codec in bf16
+# Every tier above changes the decoders' weights; the codec stayed fp32, and at int8 it is a third of the frame
+# (chapter 09: 4.96 GFLOP per frame at full size). It is compute-bound, about 90% of the machine's sgemm peak, so
+# fewer bytes would not help it; cheaper arithmetic can. ncnn's *bf16 storage* keeps weights and the activations
+# between layers as bfloat16 (fp32's exponent, 8 bits of mantissa), and on a CPU with AVX512-BF16 (Zen 4 has it)
+# its convolutions multiply bf16 pairs with fp32 accumulation, twice the products per instruction.
+# `Codec(precision="bf16")` turns it on for the upsampling parts, nearly all of the arithmetic; the codebooks and
+# the transformer stay fp32. `Synthesizer(codec_precision="bf16")`, `qtts say --codec-precision bf16`, `qtts serve`
+# alike. It is an approximation, so first what it costs, on the same random codes as fp32:
+
+# %%
+from qtts_lib.bench.codec import tier_rounds  # noqa: E402
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE  # noqa: E402
+from qtts_lib.runtime.codec.decoder import Codec  # noqa: E402
+from qtts_lib.runtime.pipeline.config import ModelConfig  # noqa: E402
+
+cpu_flags = open("/proc/cpuinfo").read()
+print("this CPU has AVX512-BF16:", "avx512_bf16" in cpu_flags, "| VNNI:", "avx512_vnni" in cpu_flags)
+tiers_here = tier_rounds(model_dir, THREADS, ["fp32", "bf16"], frames=40, rounds=3, progress=False)
+vs = tiers_here["vs_fp32"]["bf16"]
+display(pd.DataFrame({"ms per frame (this machine, now)": tiers_here["median_ms_per_frame"]}).T)
+print(f"bf16 against fp32: SNR {vs['snr_db']} dB, log-spectral distance {vs['log_spectral_distance_db']} dB; "
+      f"codes the Mimi encoder hears in both, codebook 0: {vs['mimi_codes_agree'][0]:.2f}, mean of 1-15: "
+      f"{np.mean(vs['mimi_codes_agree'][1:]):.2f}")
+check.at_least("codec bf16 vs fp32: SNR", "dB", vs["snr_db"], 25.0)
+check.at_most("codec bf16 vs fp32: log-spectral distance", "dB", vs["log_spectral_distance_db"], 2.0)
+check.at_most("codec bf16 is another computation (not fp32's samples)", "SNR dB", vs["snr_db"], 80.0)
+fig, ax = plt.subplots(figsize=(9, 2.6))
+ax.bar(range(16), vs["mimi_codes_agree"], color="tab:purple")
+ax.set(xlabel="codebook", ylabel="agreement", ylim=(0, 1.05), xticks=range(16),
+       title="codes the Mimi encoder gets back from bf16 audio that it gets from fp32 audio")
+plt.show()
+
+# %% [markdown]
+# Three measures, because each misses something: SNR counts every sample's error (a pessimistic view: a tiny
+# phase shift is a large error), the log-spectral distance compares what the ear weighs more (the spectrum, frame
+# by frame), and re-encoding both audios with the checkpoint's own Mimi encoder asks whether the *codes* survive:
+# codebook 0 (the coarse content) nearly always, the fine residual codebooks less, as expected of a small change
+# in the waveform. On random weights the audio is noise, so these are a floor for what a real checkpoint shows.
+# Listen to both:
+
+# %%
+codes40 = np.random.default_rng(10).integers(0, 2048, (40, 16))
+codec_fp32 = Codec(ncnn_dir, ModelConfig.load(model_dir).codec, THREADS)
+codec_bf16 = Codec(ncnn_dir, codec_fp32.config, THREADS, precision="bf16")
+display(Audio(codec_fp32.decode(codes40), rate=SAMPLE_RATE), Audio(codec_bf16.decode(codes40), rate=SAMPLE_RATE))
+
+# %% [markdown]
+# At full size, on the EPYC VM, both codecs in one process, alternating rounds
+# (`python -m qtts_lib.bench codec --tiers fp32,bf16`), and the int8 loop end to end with each codec
+# (`python -m qtts_lib.bench batch --codec-precision fp32,bf16`):
+
+# %%
+tier_files = sorted((paths.DATA / "bench" / "codec").glob("*-tiers.json"))
+for f in tier_files:
+    res = json.loads(f.read_text())
+    display(pd.DataFrame([{"threads": r["threads"], **{f"{t} ms/frame": v for t, v in r["median_ms_per_frame"].items()},
+                           "bf16 / fp32": round(r["median_ms_per_frame"]["bf16"] / r["median_ms_per_frame"]["fp32"], 2),
+                           "SNR dB": r["vs_fp32"]["bf16"]["snr_db"],
+                           "LSD dB": r["vs_fp32"]["bf16"]["log_spectral_distance_db"],
+                           "Mimi cb0": r["vs_fp32"]["bf16"]["mimi_codes_agree"][0]} for r in res["runs"]])
+            .style.set_caption(f"{f.stem}: {res['checkpoint']}, {res['machine']['cpu']}"))
+if not tier_files:
+    print("skipped because data/bench/codec/ has no *-tiers.json (python -m qtts_lib.bench codec --tiers makes one)")
+e2e = paths.DATA / "bench" / "batch" / "dev-2core-epyc-full-base-codec-bf16.json"
+if e2e.is_file():
+    res = json.loads(e2e.read_text())
+    display(pd.DataFrame([{"precision": r["precision"], "codec": r["codec_precision"], "B": r["batch"],
+                           **r["ms_per_frame"], "RTF": r["rtf"]} for r in res["rows"]])
+            .style.set_caption(f"{e2e.stem}: end to end, 2 threads, ms per (aggregate) frame"))
+else:
+    print(f"skipped because {e2e} is not there (python -m qtts_lib.bench batch --codec-precision fp32,bf16)")
+
+# %% [markdown]
 # ## Summary
 # - The loop's floor is bytes per frame over bandwidth, so it moves only with bytes per weight: fp16 halves it and
 #   int8 quarters it (the heads stay fp32).
@@ -350,6 +424,9 @@ check.snr("codec process: the same audio as in process", b.wav, a.wav, 100.0)
 #   so a faster-than-real-time loop *plus* codec needs fewer than 8 bits per weight (ncnn has no fast x86 kernel for
 #   its 4- and 6-bit blocks: FACTS.md), a faster codec, or more bandwidth. The EPYC machine came within 34% of real
 #   time (RTF 1.34 at 2 threads).
+# - The codec is compute-bound, so its tier is cheaper arithmetic: bf16 storage on its upsampling parts
+#   (`codec_precision="bf16"`, `--codec-precision bf16`), measured against fp32 by SNR, log-spectral distance and
+#   the codes Mimi hears back (section 7).
 #
 # **Artifacts left:** `models/<ckpt>/ncnn/int8/` (the int8 tier's `.param`/`.bin` of both decoders and `stamp.json`,
 # rewritten only when the exports change), `data/outputs/<ckpt>/10_quality.json` (this run's quality measurement),

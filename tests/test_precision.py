@@ -188,3 +188,33 @@ def test_a_gemm_with_a_bias_is_int8_and_keeps_its_bias(tmp_path):
     a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
     xq = np.clip(np.rint(x * a_scale), -127, 127)
     np.testing.assert_allclose(y, (xq @ q.T.astype(np.float64)) / (a_scale * 127) * scale + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_the_codec_bf16_tier_is_another_codec_close_to_fp32(exported, tmp_path):
+    """bf16 storage on the codec's upsampling parts: not fp32's samples, but the same sound (SNR, spectra, the
+    codes Mimi hears); refused where it cannot run; reachable from the Synthesizer and the CLI."""
+    from qtts_lib import check
+    from qtts_lib.runtime.app.cli import main
+    from qtts_lib.runtime.codec.decoder import Codec, check_codec_tier
+    from qtts_lib.runtime.pipeline.config import ModelConfig
+    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+
+    cfg = ModelConfig.load(exported)
+    fp32, bf16 = (Codec(exported / "ncnn", cfg.codec, 2, precision=t) for t in ("fp32", "bf16"))
+    codes = np.random.default_rng(3).integers(0, cfg.codec["codebook_size"], (24, cfg.codec["num_quantizers"]))
+    a, b = fp32.decode(codes), bf16.decode(codes)
+    assert a.shape == b.shape and not np.array_equal(a, b)            # really another graph
+    assert 20 < check.snr_db(b, a) < 80, check.snr_db(b, a)
+    assert check.log_spectral_distance(b, a) < 2.0
+    assert check.log_spectral_distance(a, a) == 0.0
+    with pytest.raises(PrecisionError, match="fp32, bf16"):
+        check_codec_tier("fp8")
+    with pytest.raises(PrecisionError, match="CPU form"):
+        Codec(exported / "ncnn", cfg.codec, 2, form="exported", precision="bf16")
+    with pytest.raises(PrecisionError):
+        Synthesizer(exported, codec_precision="int8")
+    assert Synthesizer(exported, codec_precision="bf16").codec.precision == "bf16"
+    out = tmp_path / "bf16.wav"
+    assert main(["say", "--checkpoint", str(exported), "--voice", str(paths.voice_wav()), "--text", "Hello.",
+                 "--greedy", "--max-frames", "4", "--codec-precision", "bf16", "-o", str(out)]) == 0
+    assert len(sf.read(out)[0]) == 4 * 1920

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     codec = measurement("codec", "the codec alone, ncnn vs PyTorch in one process")
     codec.add_argument("--threads", default="1,2")
     codec.add_argument("--rounds", type=int, default=9)
+    codec.add_argument("--tiers", help="instead: the runtime's codec in these tiers against fp32 (fp32,bf16); no torch")
     stream = measurement("stream", "time to first audio; stream vs synthesize")
     stream.add_argument("--threads", default="1,2")
     stream.add_argument("--repeats", type=int, default=3)
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("--precision", default="fp32,int8")
     batch.add_argument("--threads", type=int, default=2)
     batch.add_argument("--repeats", type=int, default=3)
+    batch.add_argument("--codec-precision", default="fp32", help="comma-separated codec tiers (fp32, bf16)")
     batch.add_argument("--parity", action="store_true",
                        help="instead: the first --batch prompts alone vs batched, greedy, --frames frames")
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
@@ -93,11 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(b) for b in a.batch.split(",")]
         result = parity(model_dir, a.frames, sizes[0], a.precision.split(",")[0].strip(), a.threads) if a.parity \
             else batch_benchmark(model_dir, a.frames, sizes, [t.strip() for t in a.precision.split(",")],
-                                   a.threads, a.repeats)
+                                   a.threads, a.repeats, codecs=[t.strip() for t in a.codec_precision.split(",")])
     elif a.what == "codec":
-        from .codec import codec_benchmark
+        from .codec import codec_benchmark, tier_benchmark
 
-        result = codec_benchmark(model_dir, thread_counts(a.threads), a.frames, a.rounds)
+        result = tier_benchmark(model_dir, thread_counts(a.threads), [t.strip() for t in a.tiers.split(",")],
+                                a.frames, a.rounds) if a.tiers \
+            else codec_benchmark(model_dir, thread_counts(a.threads), a.frames, a.rounds)
     elif a.what == "stream":
         from .stream import stream_benchmark
 

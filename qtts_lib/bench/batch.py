@@ -1,7 +1,7 @@
 """Many utterances at once: throughput of the batched loop against the batch size. Introduced in 14.
 
     python -m qtts_lib.bench batch --checkpoint full-base --batch 1,2,4,8,16 --precision fp32,int8 --threads 2 \\
-        --frames 40 --repeats 3 -o data/bench/NAME.json
+        --frames 40 --repeats 3 [--codec-precision fp32,bf16] -o data/bench/NAME.json
 
 Each run, in a fresh process (`bench.child`), speaks B utterances of `frames` frames (the workload's voice and
 text with a different last sentence each, greedy) through one `Scheduler` of B places, each with a whole decode
@@ -32,13 +32,14 @@ def texts(batch: int) -> list[str]:
     return [f"{TEXT} This is sentence number {i + 1}." for i in range(batch)]
 
 
-def run_batch(model_dir: str, frames: int, threads: int, batch: int, precision: str = "fp32") -> dict:
+def run_batch(model_dir: str, frames: int, threads: int, batch: int, precision: str = "fp32",
+              codec_precision: str = "fp32") -> dict:
     """One measurement: B utterances through a Scheduler of B places (module docstring)."""
     from ..runtime import Sampling, Synthesizer
     from ..runtime.pipeline.synthesizer import Scheduler, Utterance
 
     probe = Probe(threads)
-    synth = Synthesizer(model_dir, threads=threads, precision=precision)
+    synth = Synthesizer(model_dir, threads=threads, precision=precision, codec_precision=codec_precision)
     voice = synth.voice(wav=load_wav(voice_wav()))
     scheduler = Scheduler(synth, batch)
     tickets = [scheduler.submit(Utterance(t, LANGUAGE, voice, Sampling(greedy=True), max_frames=frames))
@@ -60,7 +61,7 @@ def run_batch(model_dir: str, frames: int, threads: int, batch: int, precision: 
             "peak_rss_gb": probe.peak_rss_gb(), "read_bandwidth_gbs": probe.gbs}
 
 
-def row(precision: str, threads: int, batch: int, runs: list[dict], step_bytes: int) -> dict:
+def row(precision: str, threads: int, batch: int, runs: list[dict], step_bytes: int, codec: str = "fp32") -> dict:
     """A schema row (times per aggregate frame) from repeated runs: medians."""
     med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
     per = lambda key: med(lambda r: 1000 * r[key] / r["frames"])  # noqa: E731
@@ -68,7 +69,8 @@ def row(precision: str, threads: int, batch: int, runs: list[dict], step_bytes: 
     ms["total"] = med(lambda r: 1000 * r["wall_s"] / r["frames"])
     floors = [step_bytes / (statistics.median(r["read_bandwidth_gbs"]) * 1e9) * 1000 / batch for r in runs]
     return {
-        "runtime": "ncnn", "device": "cpu", "precision": precision, "threads": threads, "batch": batch,
+        "runtime": "ncnn", "device": "cpu", "precision": precision, "codec_precision": codec, "threads": threads,
+        "batch": batch,
         "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
         "prefill_ms": round(med(lambda r: 1000 * r["prefill_s"] / batch), 1),
         "rtf": round(ms["total"] * FRAME_RATE / 1000, 3),
@@ -83,8 +85,9 @@ def row(precision: str, threads: int, batch: int, runs: list[dict], step_bytes: 
 
 
 def benchmark(model_dir: Path, frames: int, batches: list[int], precisions: list[str], threads: int,
-              repeats: int, progress: bool = True) -> dict:
-    """Interleaved repeats of every (precision, B); the result in data/bench's schema, one row per pair."""
+              repeats: int, progress: bool = True, codecs: list[str] = ("fp32",)) -> dict:
+    """Interleaved repeats of every (precision, codec precision, B); the result in data/bench's schema, a row
+    each."""
     from tqdm.auto import tqdm
 
     machine = describe([threads])
@@ -94,17 +97,19 @@ def benchmark(model_dir: Path, frames: int, batches: list[int], precisions: list
 
         for name in DECODERS:
             ensure_int8(ncnn_dir, name, log=print)
-    runs: dict[tuple, list[dict]] = {(p, b): [] for p in precisions for b in batches}
+    runs: dict[tuple, list[dict]] = {(p, c, b): [] for p in precisions for c in codecs for b in batches}
     with tqdm(total=repeats * len(runs), desc="batch bench", unit="run", disable=not progress) as bar:
         for _ in range(repeats):
-            for (precision, batch), done in runs.items():
-                bar.set_postfix_str(f"{precision} B={batch}")
+            for (precision, codec, batch), done in runs.items():
+                bar.set_postfix_str(f"{precision} codec {codec} B={batch}")
                 done.append(child.run("batch", "run_batch", threads, model_dir=str(model_dir), frames=frames,
-                                      threads=threads, batch=batch, precision=precision))
+                                      threads=threads, batch=batch, precision=precision, codec_precision=codec))
                 bar.update(1)
     machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    rows = [row(p, threads, b, done, weight_bytes_per_frame(ncnn_dir, precision=p)) for (p, b), done in runs.items()]
-    raw = [{"precision": p, "threads": threads, **run} for (p, b), done in runs.items() for run in done]
+    rows = [row(p, threads, b, done, weight_bytes_per_frame(ncnn_dir, precision=p), c)
+            for (p, c, b), done in runs.items()]
+    raw = [{"precision": p, "codec_precision": c, "threads": threads, **run} for (p, c, b), done in runs.items()
+           for run in done]
     result = {"machine": machine, "checkpoint": Path(model_dir).name, "frames": frames, "text": TEXT,
               "rows": rows, "raw": raw}
     check_schema(result)

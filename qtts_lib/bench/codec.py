@@ -1,6 +1,7 @@
 """The codec alone, ncnn against PyTorch, in one process. Introduced in 09.
 
     python -m qtts_lib.bench codec --checkpoint full-base --threads 1,2 --rounds 9 -o data/bench/codec/NAME.json
+    python -m qtts_lib.bench codec --tiers fp32,bf16 --checkpoint full-base --threads 1,2 -o data/bench/codec/NAME.json
 
 A generation run's codec time is one decode per process, which process-to-process spread swamps; here both codecs
 decode the same random codes in one process, in alternating rounds, and the codec's FLOPs per frame (PyTorch's
@@ -108,3 +109,55 @@ def codec_benchmark(model_dir: Path, thread_counts: list[int], frames: int = 40,
                     "one process, alternating rounds, ms per frame (python -m qtts_lib.bench codec)",
             "checkpoint": Path(model_dir).name, "machine": describe(thread_counts),
             "runs": [codec_rounds(model_dir, t, frames, rounds) for t in thread_counts]}
+
+
+def tier_rounds(model_dir: Path, threads: int, tiers: list[str], frames: int = 40, rounds: int = 9, seed: int = 0,
+                progress: bool = True) -> dict:
+    """The runtime's codec in each of `tiers` (`codec.decoder.CODEC_TIERS`) on the same random codes in one
+    process, rounds alternating the order: ms per frame, and each tier's audio against fp32's (SNR, log-spectral
+    distance in dB, and how many of the codes the Mimi encoder gets back from fp32's audio it also gets back from
+    this tier's, per codebook: a listening-free check that the sound, not just the samples, is kept). No torch."""
+    from tqdm.auto import tqdm
+
+    from .. import check
+    from ..runtime.codec.decoder import Codec
+    from ..runtime.pipeline.config import ModelConfig
+    from ..runtime.pipeline.voices import VoiceEncoder
+
+    model_dir = Path(model_dir)
+    cfg = ModelConfig.load(model_dir)
+    codecs = {t: Codec(model_dir / "ncnn", cfg.codec, threads, precision=t) for t in tiers}
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, cfg.codec["codebook_size"], (frames, cfg.codec["num_quantizers"]))
+    wavs = {t: c.decode(codes) for t, c in codecs.items()}  # warm-up, and the audio compared below
+    times: dict[str, list[float]] = {t: [] for t in tiers}
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    for r in tqdm(range(rounds), desc=f"codec tiers {threads} threads", unit="round", disable=not progress):
+        for t in (tiers if r % 2 == 0 else tiers[::-1]):
+            t0 = time.perf_counter()
+            codecs[t].decode(codes)
+            times[t].append(1000 * (time.perf_counter() - t0) / frames)
+    mimi = VoiceEncoder(cfg, threads)
+    heard = {t: mimi.codes(w) for t, w in wavs.items()}
+    ref = "fp32"
+    quality = {t: {"snr_db": round(check.snr_db(wavs[t], wavs[ref]), 1),
+                   "log_spectral_distance_db": round(check.log_spectral_distance(wavs[t], wavs[ref]), 2),
+                   "mimi_codes_agree": [round(float(x), 3) for x in (heard[t] == heard[ref]).mean(axis=0)]}
+               for t in tiers if t != ref}
+    return {"threads": threads, "frames": frames, "rounds": rounds, "load_before": load_before,
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "median_ms_per_frame": {t: round(statistics.median(v), 1) for t, v in times.items()},
+            "ratio_to_fp32_per_round": {t: [round(a / b, 3) for a, b in zip(times[t], times[ref])]
+                                        for t in tiers if t != ref},
+            "vs_fp32": quality, "ms_per_frame": {t: [round(x, 1) for x in v] for t, v in times.items()}}
+
+
+def tier_benchmark(model_dir: Path, thread_counts: list[int], tiers: list[str], frames: int = 40,
+                   rounds: int = 9) -> dict:
+    """`tier_rounds` at each thread count, the machine described (data/bench/codec/)."""
+    if "fp32" not in tiers:
+        tiers = ["fp32", *tiers]
+    return {"what": "the runtime's codec per precision tier, same random codes, one process, alternating rounds, ms "
+                    "per frame, and each tier's audio against fp32's (python -m qtts_lib.bench codec --tiers)",
+            "checkpoint": Path(model_dir).name, "machine": describe(thread_counts),
+            "runs": [tier_rounds(model_dir, t, tiers, frames, rounds) for t in thread_counts]}

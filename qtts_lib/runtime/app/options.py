@@ -10,6 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ..codec.decoder import CODEC_TIERS
 from ..errors import MissingArtifact
 from ..pipeline.precision import TIERS
 from ..pipeline.sampling import Sampling
@@ -45,7 +46,7 @@ def positive_int(text: str) -> int:
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    """--checkpoint, --threads, --device, --precision."""
+    """--checkpoint, --threads, --device, --precision, --codec-precision."""
     g = p.add_argument_group("model")
     g.add_argument("--checkpoint", default="tiny-base",
                    help="checkpoint directory (with its ncnn/ exports), or a name under $QTTS_MODELS or ./models")
@@ -54,6 +55,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", default="fp32", choices=TIERS,
                    help="weights of the talker and code predictor: fp32 (exact) or fewer bytes (faster, approximate;"
                         " CPU only; chapter 10 measures the cost)")
+    g.add_argument("--codec-precision", default="fp32", choices=CODEC_TIERS,
+                   help="the codec's upsampling stages: fp32 (exact) or bf16 storage (faster where the CPU has"
+                        " AVX512-BF16, approximate; CPU only; chapter 10 measures the cost)")
 
 
 def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> None:
@@ -97,4 +101,4 @@ def sampling_of(synth: Synthesizer, args: argparse.Namespace) -> Sampling:
 def load_synthesizer(args: argparse.Namespace, log) -> Synthesizer:
     """The Synthesizer the model options describe."""
     return Synthesizer(model_dir(args.checkpoint), threads=args.threads, device=args.device,
-                       precision=args.precision, log=log)
+                       precision=args.precision, codec_precision=args.codec_precision, log=log)

@@ -109,18 +109,21 @@ def from_mat(mat, batch_axis: int = NO_BATCH) -> np.ndarray:
 
 
 def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu",
-             rewrite: Callable[[str], str] | None = None, fp16_weights: bool = False):
+             rewrite: Callable[[str], str] | None = None, fp16_weights: bool = False, bf16: bool = False):
     """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin.
 
     `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.rewrites`);
     the weights are read from `bin` unchanged. `fp16_weights` turns ncnn's fp16 storage on (the fp16
-    precision tier, chapter 10: the .param masks every layer that should stay fp32)."""
+    precision tier, chapter 10: the .param masks every layer that should stay fp32). `bf16` turns ncnn's bf16
+    storage on (weights and activations held as bfloat16 between layers; on x86 with AVX512-BF16 its
+    convolutions multiply in bf16 and accumulate in fp32: the codec's bf16 tier, chapter 10)."""
     for f in (param, bin):
         if not Path(f).is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/04_export_align.py to export the modules")
     text = Path(param).read_text()
     try:
-        return net_from_text(text if rewrite is None else rewrite(text), bin, threads, device, fp16_weights)
+        return net_from_text(text if rewrite is None else rewrite(text), bin, threads, device, fp16_weights,
+                             {"use_bf16_storage": True} if bf16 else None)
     except RuntimeError:
         raise RuntimeError(f"ncnn could not load {param}" + (" (rewritten)" if rewrite else "")) from None
 

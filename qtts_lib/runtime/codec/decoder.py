@@ -14,6 +14,10 @@ all frames; the stages after it are causal convolutions that reach only a few in
 chunk goes on to the next stage as soon as it is made (`run_parts`). A decode of any length then holds no
 stage whole: at full size the codec's working memory stays in the low hundreds of MB instead of growing
 by about 10 MB per frame, which also matters for speed where fresh memory is slow to touch (a VM).
+
+`precision="bf16"` (CPU form only) runs the upsampling parts with ncnn's bf16 storage: weights and the
+activations between layers held as bfloat16 (8 bits of mantissa), fp32 accumulation. It is an approximation,
+measured against fp32 on the same codes (SNR, spectral distance) in chapter 10; fp32 is the parity tier.
 """
 from __future__ import annotations
 
@@ -25,11 +29,23 @@ from ..audio.wav import SAMPLES_PER_FRAME
 from ..binding import rope
 from ..binding.cached import KvCache, layer_cache_outputs
 from ..binding.net import Net, make_net, parse_device, run
-from ..errors import InputError
+from ..errors import InputError, PrecisionError
 from .cpu_form import fast_graph, manifest_axes
 from .parts import Part, PartChain, attention_inputs, pack_codes, run_codes, run_parts
 
 CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 300, 25  # the reference's chunked_decode defaults
+
+
+CODEC_TIERS = ("fp32", "bf16")
+
+
+def check_codec_tier(precision: str, form: str = "cpu") -> str:
+    """`precision` if the codec can run it in `form`, else a PrecisionError that says what can."""
+    if precision not in CODEC_TIERS:
+        raise PrecisionError(f"unknown codec precision {precision!r}; use one of {', '.join(CODEC_TIERS)}")
+    if precision != "fp32" and form != "cpu":
+        raise PrecisionError(f"the codec's {precision} tier runs its CPU form only; use fp32 on a GPU")
+    return precision
 
 
 class Codec:
@@ -41,21 +57,24 @@ class Codec:
     form on a GPU) the graph pnnx wrote, as chapter 04 aligned it."""
 
     def __init__(self, ncnn_dir: str | Path, config: dict, threads: int = 2, device: str = "cpu",
-                 form: str | None = None):
+                 form: str | None = None, precision: str = "fp32"):
         self.config = config  # speech_tokenizer/config.json's decoder_config
         self.groups = int(config["num_quantizers"])
         form = ("cpu" if parse_device(device) is None else "exported") if form is None else form
         if form not in ("cpu", "exported"):
             raise InputError(f"unknown codec form {form!r}; use cpu or exported")
+        self.precision = check_codec_tier(precision, form)
         self.form, self.threads, self.device = form, threads, device
         self.parts: list[Part] | None = None
         self.net = None
         if form == "cpu":
             self.directory, desc = fast_graph(ncnn_dir, config)
             self.in_axes = manifest_axes(self.directory / "manifest.json")
+            # bf16: the upsampling parts (2..), nearly all of the codec's arithmetic; codebooks and transformer fp32
             self.parts = [Part(make_net(self.directory / p["files"][0], self.directory / p["files"][1], threads,
-                                        device), p.get("spf", 1), p.get("up", 1), p.get("context", 0),
-                               p.get("chunk_frames")) for p in desc["parts"]]
+                                        device, bf16=precision == "bf16" and i >= 2), p.get("spf", 1),
+                               p.get("up", 1), p.get("context", 0), p.get("chunk_frames"))
+                          for i, p in enumerate(desc["parts"])]
             self.transformer_kv = self.directory / desc["transformer_kv"]
         else:
             self.net = Net(ncnn_dir, "codec_decoder", threads, device)

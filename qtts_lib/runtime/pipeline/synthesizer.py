@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ..audio.wav import FRAME_RATE
-from ..codec.decoder import Codec
+from ..binding.net import parse_device
+from ..codec.decoder import Codec, check_codec_tier
 from ..codec.stream import Decoders
 from ..errors import InputError, MissingArtifact
 from ..text.bpe import Tokenizer
@@ -102,15 +103,17 @@ class Synthesizer:
     """The deployable pipeline over a checkpoint directory and its `ncnn/` exports (module docstring)."""
 
     def __init__(self, model_dir: str | Path, threads: int = 2, device: str = "cpu", precision: str = "fp32",
-                 log: Callable[[str], None] | None = None, decoders=None):
+                 log: Callable[[str], None] | None = None, decoders=None, codec_precision: str = "fp32"):
         """`threads`: CPU threads for ncnn; `device`: cpu, vulkan or vulkan:N; `precision`: fp32 (the default, the
-        parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 10). `log` hears
+        parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 10);
+        `codec_precision`: fp32 (the default) or bf16, the codec's upsampling stages (CPU only; chapter 10). `log` hears
         about one-time work (writing a tier's files). `decoders`: where frames become audio, if not this
         process's codec (`experimental.codec_process`)."""
         if not (Path(model_dir) / "config.json").is_file():
             raise MissingArtifact(f"{model_dir} has no config.json: not a checkpoint directory; pass one, or run "
                                   "notebooks/00_get_checkpoint.py")
         self.precision = check_tier(precision, device)
+        check_codec_tier(codec_precision, "cpu" if parse_device(device) is None else "exported")
         missing_graphs(Path(model_dir) / "ncnn", raise_error=True)  # what a checkpoint without exports needs first
         self.config = cfg = ModelConfig.load(model_dir)
         self.tokenizer = Tokenizer.from_dir(cfg.directory)
@@ -118,7 +121,8 @@ class Synthesizer:
         self.prompts = PromptBuilder(cfg, self.tokenizer, self.embeddings)
         self.voices = VoiceEncoder(cfg, threads, device)
         self.loop = Loop.load(cfg, self.embeddings, threads, device, self.precision, log=log)
-        self.codec = Codec(cfg.ncnn_dir, cfg.codec, threads, device) if decoders is None else None
+        self.codec = Codec(cfg.ncnn_dir, cfg.codec, threads, device, precision=codec_precision) \
+            if decoders is None else None
         self.decoders = Decoders(self.codec) if decoders is None else decoders
         self.sampling = Sampling.from_generation_config(cfg.generation)
 
