@@ -131,6 +131,32 @@ def test_a_batch_of_four_equals_the_four_alone(synth, prompts, greedy, join_at):
         np.testing.assert_array_equal(np.stack(b.codes), np.stack(a.codes), err_msg=f"sequence {i}")
 
 
+def test_a_gpu_batch_equals_the_cpu_alone(synth, prompts):
+    """On a Vulkan device with `gpu_batches` (the CPU's folded graphs, caches downloaded plain): four prompts, two
+    joining mid-way, give the CPU's codes run alone. The GPU forms take one sequence (`batches` False). Skipped,
+    with the reason, where ncnn sees no Vulkan device; a failure where QTTS_REQUIRE_VULKAN is set (.ci/run)."""
+    from qtts_lib.lab.vulkan import vulkan_or_skip
+
+    found, why = vulkan_or_skip()
+    if not found:
+        pytest.skip(why)
+    assert cache_layout.probe("vulkan") == cache_layout.CacheLayout(1, spare=False)
+    assert not Synthesizer(paths.model_dir(CKPT), device="vulkan").loop.batches
+    gpu = Synthesizer(paths.model_dir(CKPT), device="vulkan", gpu_batches=True)
+    caps = [20, 14, 9, 17]
+    alone = [synth.loop.run(p, sampler(synth, i, True), caps[i]) for i, p in enumerate(prompts)]
+    batch = Batch(gpu.loop, max_batch=4)
+    seqs = [batch.add(p, sampler(gpu, i, True), caps[i]) for i, p in enumerate(prompts[:2])]
+    for n in range(40):
+        if not batch:
+            break
+        batch.step()
+        if n == 3:
+            seqs += [batch.add(p, sampler(gpu, i, True), caps[i]) for i, p in enumerate(prompts[2:], 2)]
+    for i, (a, b) in enumerate(zip(alone, seqs)):
+        np.testing.assert_array_equal(np.stack(b.codes), np.stack(a.codes), err_msg=f"sequence {i}")
+
+
 def test_batch_refuses_what_it_cannot_do(synth, prompts):
     with pytest.raises(BatchError, match="at least 1"):
         Batch(synth.loop, max_batch=0)

@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("--threads", type=int, default=2)
     batch.add_argument("--repeats", type=int, default=3)
     batch.add_argument("--codec-precision", default="fp32", help="comma-separated codec tiers (fp32, bf16)")
+    batch.add_argument("--device", default="cpu", help="cpu, or vulkan / vulkan:N (the graphs that batch, fp32)")
     batch.add_argument("--parity", action="store_true",
                        help="instead: the first --batch prompts alone vs batched, greedy, --frames frames")
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(b) for b in a.batch.split(",")]
         result = parity(model_dir, a.frames, sizes[0], a.precision.split(",")[0].strip(), a.threads) if a.parity \
             else batch_benchmark(model_dir, a.frames, sizes, [t.strip() for t in a.precision.split(",")],
-                                   a.threads, a.repeats, codecs=[t.strip() for t in a.codec_precision.split(",")])
+                                   a.threads, a.repeats, codecs=[t.strip() for t in a.codec_precision.split(",")],
+                                   device=a.device)
     elif a.what == "codec":
         from .codec import codec_benchmark, tier_benchmark
 

@@ -33,13 +33,15 @@ def texts(batch: int) -> list[str]:
 
 
 def run_batch(model_dir: str, frames: int, threads: int, batch: int, precision: str = "fp32",
-              codec_precision: str = "fp32") -> dict:
-    """One measurement: B utterances through a Scheduler of B places (module docstring)."""
+              codec_precision: str = "fp32", device: str = "cpu") -> dict:
+    """One measurement: B utterances through a Scheduler of B places (module docstring); on a GPU the loop's
+    graphs that batch (`gpu_batches`) at every B."""
     from ..runtime import Sampling, Synthesizer
     from ..runtime.pipeline.synthesizer import Scheduler, Utterance
 
     probe = Probe(threads)
-    synth = Synthesizer(model_dir, threads=threads, precision=precision, codec_precision=codec_precision)
+    synth = Synthesizer(model_dir, threads=threads, precision=precision, codec_precision=codec_precision,
+                        device=device, gpu_batches=device != "cpu")
     voice = synth.voice(wav=load_wav(voice_wav()))
     scheduler = Scheduler(synth, batch)
     tickets = [scheduler.submit(Utterance(t, LANGUAGE, voice, Sampling(greedy=True), max_frames=frames))
@@ -61,7 +63,8 @@ def run_batch(model_dir: str, frames: int, threads: int, batch: int, precision: 
             "peak_rss_gb": probe.peak_rss_gb(), "read_bandwidth_gbs": probe.gbs}
 
 
-def row(precision: str, threads: int, batch: int, runs: list[dict], step_bytes: int, codec: str = "fp32") -> dict:
+def row(precision: str, threads: int, batch: int, runs: list[dict], step_bytes: int, codec: str = "fp32",
+        device: str = "cpu") -> dict:
     """A schema row (times per aggregate frame) from repeated runs: medians."""
     med = lambda f: statistics.median(f(r) for r in runs)  # noqa: E731
     per = lambda key: med(lambda r: 1000 * r[key] / r["frames"])  # noqa: E731
@@ -69,7 +72,7 @@ def row(precision: str, threads: int, batch: int, runs: list[dict], step_bytes: 
     ms["total"] = med(lambda r: 1000 * r["wall_s"] / r["frames"])
     floors = [step_bytes / (statistics.median(r["read_bandwidth_gbs"]) * 1e9) * 1000 / batch for r in runs]
     return {
-        "runtime": "ncnn", "device": "cpu", "precision": precision, "codec_precision": codec, "threads": threads,
+        "runtime": "ncnn", "device": device, "precision": precision, "codec_precision": codec, "threads": threads,
         "batch": batch,
         "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
         "prefill_ms": round(med(lambda r: 1000 * r["prefill_s"] / batch), 1),
@@ -78,14 +81,15 @@ def row(precision: str, threads: int, batch: int, runs: list[dict], step_bytes: 
         "sequence_ms_per_frame": round(med(lambda r: 1000 * r["wall_s"] / (r["frames"] / batch)), 1),
         "codec_share": round(med(lambda r: r["codec_s"] / r["wall_s"]), 3),
         "peak_rss_gb": round(max(r["peak_rss_gb"] for r in runs), 2),
-        "floor_ms_per_frame": round(statistics.median(floors), 1),
-        "floor_ratio": round(statistics.median((ms["talker"] + ms["predictor"]) / f for f in floors), 2),
+        "floor_ms_per_frame": round(statistics.median(floors), 1) if device == "cpu" else None,
+        "floor_ratio": round(statistics.median((ms["talker"] + ms["predictor"]) / f for f in floors), 2)
+        if device == "cpu" else None,  # a GPU loop is bound by round trips, not by the host's memory
         "repeats": len(runs),
     }
 
 
 def benchmark(model_dir: Path, frames: int, batches: list[int], precisions: list[str], threads: int,
-              repeats: int, progress: bool = True, codecs: list[str] = ("fp32",)) -> dict:
+              repeats: int, progress: bool = True, codecs: list[str] = ("fp32",), device: str = "cpu") -> dict:
     """Interleaved repeats of every (precision, codec precision, B); the result in data/bench's schema, a row
     each."""
     from tqdm.auto import tqdm
@@ -103,10 +107,11 @@ def benchmark(model_dir: Path, frames: int, batches: list[int], precisions: list
             for (precision, codec, batch), done in runs.items():
                 bar.set_postfix_str(f"{precision} codec {codec} B={batch}")
                 done.append(child.run("batch", "run_batch", threads, model_dir=str(model_dir), frames=frames,
-                                      threads=threads, batch=batch, precision=precision, codec_precision=codec))
+                                      threads=threads, batch=batch, precision=precision, codec_precision=codec,
+                                      device=device))
                 bar.update(1)
     machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    rows = [row(p, threads, b, done, weight_bytes_per_frame(ncnn_dir, precision=p), c)
+    rows = [row(p, threads, b, done, weight_bytes_per_frame(ncnn_dir, precision=p), c, device)
             for (p, c, b), done in runs.items()]
     raw = [{"precision": p, "codec_precision": c, "threads": threads, **run} for (p, c, b), done in runs.items()
            for run in done]

@@ -75,16 +75,18 @@ def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> 
 
 
 def add_batch_option(p, what: str) -> None:
-    """--max-batch: how many `what` are decoded together (chapter 14); default DEFAULT_MAX_BATCH where the loop
-    batches, one on a GPU."""
+    """--max-batch: how many `what` are decoded together (chapter 14); default DEFAULT_MAX_BATCH on the CPU, one on
+    a GPU (where more than one loads the batching graphs instead of the faster single-sequence ones)."""
     p.add_argument("--max-batch", type=positive_int, default=None,
-                   help=f"{what} decoded together in one batch (default {DEFAULT_MAX_BATCH}; 1 on a GPU)")
+                   help=f"{what} decoded together in one batch (default {DEFAULT_MAX_BATCH}; on a GPU 1, and more "
+                        "loads the graphs that batch, slower for one sequence)")
 
 
 def max_batch_of(synth: Synthesizer, args: argparse.Namespace, log) -> int:
-    """--max-batch, or its default; a GPU loop takes one sequence per call (told to `log` when more was asked)."""
+    """--max-batch, or its default; a loop whose graphs take one sequence per call gets 1 (told to `log` when more
+    was asked)."""
     if synth.loop.batches:
-        return args.max_batch or DEFAULT_MAX_BATCH
+        return args.max_batch or (DEFAULT_MAX_BATCH if args.device == "cpu" else 1)
     if (args.max_batch or 1) > 1:
         log(f"--max-batch {args.max_batch}: the {args.device} loop takes one sequence per call; using 1")
     return 1
@@ -101,4 +103,5 @@ def sampling_of(synth: Synthesizer, args: argparse.Namespace) -> Sampling:
 def load_synthesizer(args: argparse.Namespace, log) -> Synthesizer:
     """The Synthesizer the model options describe."""
     return Synthesizer(model_dir(args.checkpoint), threads=args.threads, device=args.device,
-                       precision=args.precision, codec_precision=args.codec_precision, log=log)
+                       precision=args.precision, codec_precision=args.codec_precision, log=log,
+                       gpu_batches=(getattr(args, "max_batch", None) or 1) > 1)

@@ -11,7 +11,8 @@ A plain (c, h, w) Mat fed back is read in that layout: wrong attention, no error
 has to move caches between sequences (a sequence joins a batch; one leaves), so `probe()` runs one SDPA layer on
 numbered inputs, finds `t` and checks every element against the formulas above. If this ncnn build keeps its
 cache any other way, `probe` says so and batching is refused (one sequence at a time still works: its cache never
-leaves ncnn).
+leaves ncnn). On a Vulkan device the cache comes back downloaded, plain (c, h, w) with no spare capacity: `t` = 1,
+which the same formulas describe; `probe(device)` finds it the same way.
 """
 from __future__ import annotations
 
@@ -45,8 +46,11 @@ def _channel_memory(mat: ncnn.Mat) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """How this ncnn build's SDPA lays out a cache: positions in tiles of `tile` (module docstring)."""
+    """How this ncnn build's SDPA lays out a cache: positions in tiles of `tile` (module docstring); `spare`:
+    whether its caches keep room for more positions (the CPU layer appends in place; a Vulkan download has none,
+    and a Mat with room to spare breaks its upload)."""
     tile: int
+    spare: bool = True
 
     def key_index(self, positions: int, dim: int) -> np.ndarray:
         j, d = np.arange(positions)[:, None], np.arange(dim)[None, :]
@@ -62,17 +66,20 @@ class CacheLayout:
         return self.key_index(positions, dim) if kind == "k" else self.value_index(positions, dim)
 
     def read(self, mat: ncnn.Mat, kind: str) -> np.ndarray:
-        """A cache Mat as numpy (c, positions, head_dim); `kind` "k" or "v"."""
+        """A cache Mat as numpy (c, positions, head_dim); `kind` "k" or "v". A Vulkan download may come packed
+        (channels in groups of 4 or 8, `elempack`): the plain layout is unpacked first."""
+        if mat.dims == 3 and mat.elempack > 1 and self.tile == 1 and mat.elemsize == 4 * mat.elempack:
+            mat = ncnn.convert_packing(mat, 1)
         if mat.dims != 3 or mat.elemsize != 4 or mat.elempack != 1:
             raise BatchError(f"a cache Mat of dims {mat.dims}, elemsize {mat.elemsize}, elempack {mat.elempack}: "
-                               "only fp32 CPU caches can be moved between sequences")
+                               "only fp32 caches can be moved between sequences")
         return _channel_memory(mat)[:, self._index(kind, mat.h, mat.w)]
 
     def write(self, array: np.ndarray, kind: str, spare: int = 64) -> ncnn.Mat:
         """numpy (c, positions, head_dim) as a cache Mat the SDPA layer reads, with room for `spare` more
         positions (appended in place, as the layer's own caches are)."""
         c, positions, dim = array.shape
-        capacity = -(-(positions + spare) // self.tile) * self.tile
+        capacity = -(-(positions + (spare if self.spare else 0)) // self.tile) * self.tile
         mat = ncnn.Mat(dim, capacity, c)  # owns its memory; cstep = capacity * dim (dim is a multiple of 4)
         if mat.cstep != capacity * dim:
             raise BatchError(f"a cache Mat of {capacity} x {dim} got cstep {mat.cstep}")
@@ -84,16 +91,16 @@ class CacheLayout:
 
 
 @cache
-def probe() -> CacheLayout:
-    """This build's layout, found on one SDPA layer (cached for the process). Raises BatchError if it is none
-    of the tiled layouts the module docstring describes."""
+def probe(device: str = "cpu") -> CacheLayout:
+    """This build's layout on `device`, found on one SDPA layer (cached for the process). Raises BatchError if it
+    is none of the tiled layouts the module docstring describes."""
     heads, kv_heads, dim, positions = 4, 2, 64, 37
     rng = np.random.default_rng(14)
     q, k, v = (rng.standard_normal((n, positions, dim)).astype(np.float32) for n in (heads, kv_heads, kv_heads))
     with tempfile.TemporaryDirectory() as tmp:
         empty = Path(tmp) / "empty.bin"
         empty.write_bytes(b"\0" * 4)
-        net = net_from_text(_PROBE, empty, threads=1)
+        net = net_from_text(_PROBE, empty, threads=1, device=device)
     ex = net.create_extractor()
     held = [to_mat(a) for a in (q, k, v)]
     for name, m in zip("qkv", held):
@@ -104,7 +111,7 @@ def probe() -> CacheLayout:
     if ex.extract("out_k", out_k, 1) != 0 or ex.extract("out_v", out_v, 1) != 0:
         raise BatchError("the SDPA probe failed to run")
     for tile in (16, 8, 4, 1):
-        layout = CacheLayout(tile)
+        layout = CacheLayout(tile, spare=out_k.cstep > positions * dim)
         if out_k.cstep % (tile * dim) or out_v.cstep % (tile * dim):
             continue
         try:
@@ -112,5 +119,5 @@ def probe() -> CacheLayout:
                 return layout
         except (IndexError, ValueError):
             continue
-    raise BatchError(f"this ncnn build ({ncnn.__version__}) keeps the SDPA cache in a layout qtts does not know: "
-                       "sequences cannot be batched here (one at a time still works)")
+    raise BatchError(f"this ncnn build ({ncnn.__version__}) keeps the SDPA cache on {device} in a layout qtts does "
+                     "not know: sequences cannot be batched here (one at a time still works)")

@@ -47,10 +47,11 @@ class KvCache:
     """The Mats to feed next time (blob name -> Mat) and the positions they hold: `past` in the blobs, of which
     `lengths[b]` are sequence b's own (one sequence: `lengths == [past]`; module docstring)."""
 
-    def __init__(self, layers: int, sequences: int = 1):
+    def __init__(self, layers: int, sequences: int = 1, device: str = "cpu"):
         self.blobs: dict[str, ncnn.Mat] = {b: ncnn.Mat() for i in range(layers) for b in cache_blob_names(i)[:2]}
         self.past = 0
         self.lengths = [0] * sequences
+        self.device = device  # whose SDPA layer wrote the blobs: their layout (`cache_layout.probe`)
 
     @property
     def sequences(self) -> int:
@@ -69,7 +70,7 @@ class KvCache:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every blob as numpy (channels, past, head_dim), read from the SDPA layer's layout."""
-        layout = cache_layout.probe()
+        layout = cache_layout.probe(self.device)
         return {name: layout.read(m, _kind(name)) for name, m in self.blobs.items()}
 
     def keep(self, indices: Sequence[int]) -> None:
@@ -78,14 +79,15 @@ class KvCache:
             raise ValueError("a cache keeps at least one sequence")
         past = max(self.lengths[i] for i in indices)
         arrays, kv = self.arrays(), self._kv_heads()
-        layout = cache_layout.probe()
+        layout = cache_layout.probe(self.device)
         self.blobs = {name: layout.write(np.concatenate([a[i * kv:(i + 1) * kv, self.past - past:] for i in indices]),
                                          _kind(name)) for name, a in arrays.items()}
         self.lengths = [self.lengths[i] for i in indices]
         self.past = past
 
     def _kv_heads(self) -> int:
-        channels = next(iter(self.blobs.values())).c
+        mat = next(iter(self.blobs.values()))
+        channels = mat.c * mat.elempack  # a Vulkan download may come packed
         if channels % self.sequences:
             raise ValueError(f"{channels} cache channels do not split into {self.sequences} sequences")
         return channels // self.sequences
@@ -100,9 +102,11 @@ def merge(caches: Sequence[KvCache]) -> KvCache:
     if any(c.past == 0 for c in caches):
         raise ValueError("only prefilled caches can be merged")
     past = max(c.past for c in caches)
-    layout = cache_layout.probe()
+    if len({c.device for c in caches}) != 1:
+        raise ValueError("caches of different devices cannot be merged")
+    layout = cache_layout.probe(caches[0].device)
     arrays = [c.arrays() for c in caches]
-    out = KvCache(0)
+    out = KvCache(0, device=caches[0].device)
     out.blobs = {}
     for name in caches[0].blobs:
         parts = []
@@ -134,11 +138,12 @@ class KvCacheNet:
     `prefill` is the graph for any number of positions; `step`, where given, a faster form of the same graph over
     the same weights for one position after the first call (`pipeline.precision` picks both per tier). `packed`:
     the graphs take and give every layer's cache as one blob (Vulkan: one download instead of 2·layers). `heads`
-    (query heads of one sequence) is given when the graph takes several sequences at once (`rewrites.batch`)."""
+    (query heads of one sequence) is given when the graph takes several sequences at once (`rewrites.batch`);
+    `device` is where the nets run (their caches' layout)."""
 
     def __init__(self, prefill: ncnn.Net, layers: int, head_dim: int, theta: float, step: ncnn.Net | None = None,
-                 packed: bool = False, name: str = "decoder", heads: int | None = None):
-        self.prefill_net, self.step_net, self.layers = prefill, step, layers
+                 packed: bool = False, name: str = "decoder", heads: int | None = None, device: str = "cpu"):
+        self.prefill_net, self.step_net, self.layers, self.device = prefill, step, layers, device
         self.head_dim, self.theta, self.name, self.heads = head_dim, theta, name, heads
         self.cache_outputs = ["cache_all_out"] if packed else layer_cache_outputs(layers)
 
@@ -148,7 +153,7 @@ class KvCacheNet:
         return self.heads is not None
 
     def new_cache(self, sequences: int = 1) -> KvCache:
-        return KvCache(self.layers, sequences)
+        return KvCache(self.layers, sequences, self.device)
 
     def forward(self, embeds: np.ndarray, cache: KvCache) -> np.ndarray:
         """embeds (B, L, hidden), L new positions for each of the cache's B sequences -> hidden (B, L, hidden);

@@ -156,7 +156,7 @@ class Loop:
 
     @property
     def batches(self) -> bool:
-        """Whether sequences can share graph calls (the CPU graphs; on a GPU one sequence at a time)."""
+        """Whether sequences can share graph calls (the CPU's graphs, on any device; the GPU forms take one)."""
         return self.talker.batches and self.predictor.batches
 
     # ------------------------------------------------------------ sequences

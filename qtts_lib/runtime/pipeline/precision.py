@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..binding.cached import KvCacheNet
-from ..binding.net import make_net, parse_device
+from ..binding.net import make_net
 from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
 from ..rewrites.decode_step import decode_step, fp16_step
@@ -144,21 +144,20 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
     whether steps run the step graph (chapter 09 times fp32 both ways). On a GPU, fp32 only, the exported graph.
 
-    `heads` (the config's num_attention_heads), on the CPU, makes the graph take several sequences at once
-    (`rewrites.batch.fold_batch`; at one sequence it computes what the exported graph does). fp16's step graph
-    stays one sequence, one position: a batch runs the fp32-storage graph."""
+    `heads` (the config's num_attention_heads) makes the graph take several sequences at once
+    (`rewrites.batch.fold_batch`; at one sequence it computes what the exported graph does), on the CPU and on a
+    GPU alike. fp16's step graph stays one sequence, one position: a batch runs the fp32-storage graph."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     layers = cached_layers(ncnn_dir, name)
     param = ncnn_dir / f"{name}_kv.param"
     if not param.is_file():
         raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
-    batched = heads is not None and parse_device(device) is None
-    fold = partial(fold_batch, heads=heads) if batched else None
+    fold = partial(fold_batch, heads=heads) if heads is not None else None
     if tier == "int8":
         graph = step_graph(ncnn_dir, name, "int8", log)
         return KvCacheNet(make_net(graph.param, graph.bin, threads, device, fold), layers, head_dim, theta,
-                          name=name, heads=heads if batched else None)
+                          name=name, heads=heads, device=device)
     prefill = make_net(param, ncnn_dir / f"{name}.bin", threads, device, fold)
     fast = tier == "fp16" if fast_steps is None else fast_steps
     step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast else None
-    return KvCacheNet(prefill, layers, head_dim, theta, step=step, name=name, heads=heads if batched else None)
+    return KvCacheNet(prefill, layers, head_dim, theta, step=step, name=name, heads=heads, device=device)

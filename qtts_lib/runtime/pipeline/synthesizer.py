@@ -103,12 +103,15 @@ class Synthesizer:
     """The deployable pipeline over a checkpoint directory and its `ncnn/` exports (module docstring)."""
 
     def __init__(self, model_dir: str | Path, threads: int = 2, device: str = "cpu", precision: str = "fp32",
-                 log: Callable[[str], None] | None = None, decoders=None, codec_precision: str = "fp32"):
+                 log: Callable[[str], None] | None = None, decoders=None, codec_precision: str = "fp32",
+                 gpu_batches: bool = False):
         """`threads`: CPU threads for ncnn; `device`: cpu, vulkan or vulkan:N; `precision`: fp32 (the default, the
         parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 10);
         `codec_precision`: fp32 (the default) or bf16, the codec's upsampling stages (CPU only; chapter 10). `log` hears
         about one-time work (writing a tier's files). `decoders`: where frames become audio, if not this
-        process's codec (`experimental.codec_process`)."""
+        process's codec (`experimental.codec_process`). `gpu_batches`, on a GPU: load the graphs that take several
+        sequences per call (the CPU's, folded: about 240 round trips per step, shared by the batch) instead of the
+        GPU forms that take one (18 per frame; chapter 08). On the CPU the loop always batches."""
         if not (Path(model_dir) / "config.json").is_file():
             raise MissingArtifact(f"{model_dir} has no config.json: not a checkpoint directory; pass one, or run "
                                   "notebooks/00_get_checkpoint.py")
@@ -120,7 +123,8 @@ class Synthesizer:
         self.embeddings = Embeddings(cfg, threads, device)
         self.prompts = PromptBuilder(cfg, self.tokenizer, self.embeddings)
         self.voices = VoiceEncoder(cfg, threads, device)
-        self.loop = Loop.load(cfg, self.embeddings, threads, device, self.precision, log=log)
+        self.loop = Loop.load(cfg, self.embeddings, threads, device, self.precision, gpu_forms=not gpu_batches,
+                              log=log)
         self.codec = Codec(cfg.ncnn_dir, cfg.codec, threads, device, precision=codec_precision) \
             if decoders is None else None
         self.decoders = Decoders(self.codec) if decoders is None else decoders
