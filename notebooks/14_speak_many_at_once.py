@@ -422,14 +422,55 @@ else:
 # frame and the codec about 32, more than half of the time; the codec's own cost, not the loop's, is what stands
 # between this table and an aggregate RTF of 0.7 at B = 4 (the precision tiers of chapter 10 leave the codec fp32).
 #
+# ### On a GPU
+# The GPU forms of chapter 08 (every layer's cache packed into one blob, the code predictor fused with its heads)
+# take one sequence per call. For a batch the runtime loads the CPU's folded graphs on the GPU instead
+# (`Synthesizer(device="vulkan", gpu_batches=True)`; `--max-batch` above 1 on a GPU): about 240 blocking round
+# trips per step instead of 18 per frame, but every one of them now serves B sequences. Their caches come back from
+# the device plain (`cache_layout.probe("vulkan")` finds no tiles and no spare room, and unpacks what arrives in
+# groups of 4 channels), so sequences join and leave as on the CPU. Measured on an NVIDIA H200 host with full-size
+# graphs (zero-filled weights: fp32 kernels take the same time whatever the values):
+
+# %%
+gpu_file = paths.DATA / "bench" / "batch" / "h200-vulkan-full-base.json"
+if gpu_file.is_file():
+    gpu = json.loads(gpu_file.read_text())
+    gpu_table = pd.DataFrame([{"B": r["batch"], **r["ms_per_frame"], "rtf": r["rtf"], "frames/s": r["frames_per_s"],
+                               "ms/frame each": r["sequence_ms_per_frame"], "codec share": r["codec_share"]}
+                              for r in gpu["rows"]])
+    display(gpu_table)
+    ref = gpu["gpu_forms_b1"][0]["ms_per_frame"]
+    loop1 = ref["talker"] + ref["predictor"]
+    loops = gpu_table["talker"] + gpu_table["predictor"]
+    print(f"the GPU forms, one sequence: loop {loop1:.0f} ms per frame, codec {ref['codec']:.0f}; the batching "
+          f"graphs' loop {loops.iloc[0]:.0f} at B=1, {loops.iloc[-1]:.0f} per aggregate frame at "
+          f"B={gpu_table.B.iloc[-1]}")
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.plot(gpu_table["B"], loops, "o-", label="loop (talker + predictor)")
+    ax.plot(gpu_table["B"], gpu_table["codec"], "s-", label="codec (one utterance after another)")
+    ax.axhline(loop1, color="grey", ls=":", label="loop, GPU forms, one sequence")
+    ax.set(xscale="log", xticks=list(gpu_table["B"]), xticklabels=list(gpu_table["B"]), xlabel="B",
+           ylabel="ms per aggregate frame", title="H200, Vulkan: where the time goes")
+    ax.legend(fontsize=8)
+    plt.show()
+else:
+    print(f"skipped because {gpu_file} is not there (python -m qtts_lib.bench batch --device vulkan on a GPU host)")
+
+# %% [markdown]
+# On the committed H200 run the loop falls from about 410 ms per frame at B = 1 to about 33 per aggregate frame at
+# B = 32, below the GPU forms' 189 from B = 2 on. The codec does not batch: each utterance is decoded on the GPU
+# after another, 100-130 ms per frame however many wait, so at B = 32 it is three quarters of the time and the
+# aggregate RTF stops at 1.7. That host's CPU decodes faster (about 45 ms per frame on 16 threads in an earlier
+# measurement there), which this arrangement did not try (the codec's CPU form needs real weights to find its parts).
+#
 # ## 8. Where users get it
 # - Python: `synth.synthesize_many([Utterance(text, language, voice, sampling, max_frames), ...], max_batch=4)`,
 #   results in order; a `Scheduler` to submit utterances at any time (what the server runs).
 # - `qtts say --text-file book.txt --max-batch 4`: a long text's segments, four at a time (the default).
 # - `qtts serve --max-batch 4`: concurrent requests share the batch; each response still streams its own frames as
 #   they come; `/health` shows `batch`, `max_batch` and the `largest_batch` seen.
-# - On a GPU the loop takes one sequence per call (its graphs keep packed caches on the device): `--max-batch` is
-#   1 there.
+# - On a GPU `--max-batch` defaults to 1 (the GPU forms, fastest for one sequence); more loads the graphs that
+#   batch (`gpu_batches=True`).
 
 # %% [markdown]
 # ## Summary
