@@ -352,6 +352,8 @@ def older_run(run: dict) -> dict:
 
 rows = [codec_row("this one (live)", ckpt, live_codec)]
 for f in sorted((paths.DATA / "bench" / "codec").glob("*.json")):
+    if f.stem.endswith("-tiers"):  # the codec's precision tiers against each other: chapter 10
+        continue
     res = json.loads(f.read_text())
     cpu = res["machine"]["cpu"] if isinstance(res["machine"], dict) else res["machine"]
     rows += [codec_row(f"{f.stem} ({cpu})", res["checkpoint"], older_run(run)) for run in res["runs"]]
