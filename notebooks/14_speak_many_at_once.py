@@ -420,8 +420,21 @@ else:
 # it is compute-bound (chapter 09: about 90% of the machine's sgemm peak), so decoding B utterances costs B times
 # one. On the EPYC VM's committed file that is the bound: at int8 B = 4 the loop costs about 26 ms per aggregate
 # frame and the codec about 32, more than half of the time; the codec's own cost, not the loop's, is what stands
-# between this table and an aggregate RTF of 0.7 at B = 4 (the precision tiers of chapter 10 leave the codec fp32).
-#
+# between this table and an aggregate RTF of 0.7 at B = 4. Chapter 10's bf16 tier for the codec (section 7 there:
+# 0.55x fp32's time at 34 dB) is the lever; the same harness with `--codec-precision fp32,bf16`, each row beside
+# its twin:
+
+# %%
+bf16_file = paths.DATA / "bench" / "batch" / "dev-2core-epyc-full-base-codec-bf16.json"
+if bf16_file.is_file():
+    twins = pd.DataFrame([{"precision": r["precision"], "codec": r["codec_precision"], "B": r["batch"],
+                           **r["ms_per_frame"], "rtf": r["rtf"], "codec share": r["codec_share"]}
+                          for r in json.loads(bf16_file.read_text())["rows"]])
+    display(twins.pivot_table(index=["precision", "B"], columns="codec", values="rtf"))
+else:
+    print(f"skipped because {bf16_file} is not there (python -m qtts_lib.bench batch --codec-precision fp32,bf16)")
+
+# %% [markdown]
 # ### On a GPU
 # The GPU forms of chapter 08 (every layer's cache packed into one blob, the code predictor fused with its heads)
 # take one sequence per call. For a batch the runtime loads the CPU's folded graphs on the GPU instead
