@@ -14,3 +14,13 @@ def tts():
 
     checkpoint.ensure("tiny-base")
     return reference.load(paths.model_dir("tiny-base"), threads=2)
+
+
+@pytest.fixture(scope="module")
+def synth(tts):
+    """The runtime on tiny-base (its graphs exported first), one per test file."""
+    from qtts_lib import export, paths
+    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+
+    export.ensure(tts, "tiny-base")
+    return Synthesizer(paths.model_dir("tiny-base"), threads=2)

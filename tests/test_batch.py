@@ -25,14 +25,6 @@ TEXTS = ["Hello from ncnn.", "Every token of this sentence is checked against Py
 
 
 @pytest.fixture(scope="module")
-def synth(tts):
-    from qtts_lib import export
-
-    export.ensure(tts, CKPT)
-    return Synthesizer(paths.model_dir(CKPT), threads=2)
-
-
-@pytest.fixture(scope="module")
 def prompts(synth):
     """Four prompts of four lengths: x-vector and ICL clones, text in the prompt (non-streaming) and trailing."""
     clip = load_wav(paths.voice_wav())

@@ -18,15 +18,6 @@ PARAGRAPH = ("The tutorial ports a speech model to a small runtime. Each chapter
              "segments, and spoken one segment at a time with the same voice. ")
 
 
-@pytest.fixture(scope="module")
-def synth(tts):
-    from qtts_lib import export
-    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
-
-    export.ensure(tts, CKPT)
-    return Synthesizer(paths.model_dir(CKPT), threads=2)
-
-
 def test_frame_cap_scales_with_tokens_and_respects_max_frames():
     assert prompt.frame_cap(10) == 10 * prompt.FRAMES_PER_TOKEN + prompt.MARGIN_FRAMES
     assert prompt.frame_cap(20) - prompt.frame_cap(10) == 10 * prompt.FRAMES_PER_TOKEN

@@ -19,15 +19,6 @@ TEXT = "Streaming speech, one piece at a time."
 
 
 @pytest.fixture(scope="module")
-def synth(tts):
-    from qtts_lib import export
-    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
-
-    export.ensure(tts, CKPT)
-    return Synthesizer(paths.model_dir(CKPT), threads=2)
-
-
-@pytest.fixture(scope="module")
 def voices(synth):
     clip = load_wav(paths.voice_wav())
     text = (paths.INPUTS / "voice.txt").read_text(encoding="utf-8").strip()

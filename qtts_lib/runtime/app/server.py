@@ -175,7 +175,7 @@ class Engine:
                 speaking.clear()
                 self.active = 0
                 continue
-            self.largest_batch = max(self.largest_batch, len(self.scheduler.batch))
+            self.largest_batch = max(self.largest_batch, len(events))  # one event per utterance in the batch
             for job, long in list(speaking.items()):
                 for piece in long.take(events):
                     job.send("audio", piece)

@@ -179,9 +179,9 @@ class LongText:
             self.segments[i].samples += sum(len(p) for p in event.pieces)
             fader = self.faders[i]
             faded = [f for p in event.pieces for f in fader.push(p)]
-            if event.result is not None:
+            if event.ticket.result is not None:
                 faded += fader.finish()
-                self._record(i, event.result)
+                self._record(i, event.ticket.result)
             self.ready[i] += faded
             if self.on_segment:
                 self.spoken[i] += faded

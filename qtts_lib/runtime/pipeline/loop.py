@@ -256,8 +256,8 @@ class Batch:
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise BatchError(f"max_batch must be a whole number, at least 1, not {max_batch!r}")
         if max_batch > 1 and not loop.batches:
-            raise BatchError("this loop takes one sequence per call (a GPU, or graphs loaded without heads): "
-                             "use max_batch=1")
+            raise BatchError("this loop takes one sequence per call (the GPU forms; load the Synthesizer with "
+                             "gpu_batches=True for graphs that batch): use max_batch=1")
         self.loop, self.max_batch = loop, max_batch
         self.sequences: list[Sequence] = []
         self.cache: KvCache | None = None

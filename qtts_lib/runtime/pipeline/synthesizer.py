@@ -313,18 +313,13 @@ class Ticket:
         self.result: Result | None = None
         self.codec_s = 0.0
 
-    @property
-    def done(self) -> bool:
-        return self.result is not None
-
 
 @dataclass
 class Event:
-    """What one `Scheduler.step` produced for one ticket: audio `pieces` (maybe none) and, on its last frame,
-    its `result`."""
+    """What one `Scheduler.step` produced for one ticket: audio `pieces` (maybe none); on its last frame the
+    ticket has its `result`."""
     ticket: Ticket
     pieces: list[np.ndarray]
-    result: Result | None = None
 
 
 class Scheduler:
@@ -401,7 +396,7 @@ class Scheduler:
                 result = Result.of(seq, self.synth.config.groups)
                 result.warnings = ticket.job.warnings
                 result.seconds["codec"] = ticket.codec_s
-                ticket.result = event.result = result
+                ticket.result = result
             events.append(event)
         return events
 

@@ -13,7 +13,7 @@ every cached row. The rewrite makes each sequence its own group of heads instead
 rows. Head h of sequence b is head b*heads + h; with grouped-query attention its key/value head is
 (b*heads + h) // (heads/kv_heads) = b*kv_heads + h // (heads/kv_heads): sequence b's own. Each sequence's cache is
 its kv_heads channels of the cache blobs (B*kv_heads, past, d), so a sequence joins or leaves a batch by adding or
-removing channels (`binding.cached.BatchCache`).
+removing channels (`binding.cached.KvCache`: `merge`, `keep`).
 
 Every sequence of a call has the same number of cached positions (the blobs are one array). Sequences of different
 lengths are left-padded; the mask, per head (B*heads, L, past+L), hides each sequence's padding from it. At B = 1
