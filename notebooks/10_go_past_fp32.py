@@ -65,9 +65,11 @@ full = not ckpt.startswith("tiny")
 # %% [markdown]
 # ## 1. Bytes per frame, per tier
 # Chapter 09 counted the weights one frame reads: the talker decoder once, the code predictor's decoder 15 times,
-# plus the two heads. A tier stores the two decoders' projections in fewer bytes; embeddings, heads and the codec stay
-# fp32 in every tier (the heads decide the codes directly; the embeddings are read a few rows at a time, so shrinking
-# them saves memory, not time). Divided by the read bandwidth measured now, each tier has its own floor:
+# plus the two heads. A tier stores the two decoders' projections in fewer bytes, and int8 the code predictor's 15
+# heads too (one is read per codebook: 126 MB of fp32 a frame at full size, as much as two of the predictor's five
+# layers). The talker's codec head stays fp32 in every tier: it picks codebook 0 and the end of speech once a frame
+# for 13 MB. The embeddings are read a few rows at a time, so shrinking them would save memory, not time, and the
+# codec has tiers of its own (section 7). Divided by the read bandwidth measured now, each tier has its own floor:
 
 # %%
 machine = describe([THREADS])
@@ -96,21 +98,22 @@ display(floors)
 # activations quantized per row at run time (absmax → 127) and multiplied in int32 on VNNI. ncnn's int8 Gemm keeps
 # one scale per weight tensor, which would waste most of the 8 bits on rows with small weights; so each row is first
 # normalised to |max| = 1 and its scale is applied after the Gemm by a `BinaryOp` with a `MemoryData` row of scales.
-# `pipeline.precision` decides which graphs a tier loads and writes the int8 files once (`ensure_int8`).
+# The predictor's heads are rewritten the same way, but not fused: they share one input, and one fused Gemm would
+# compute all 15 where a step needs one. `pipeline.precision` decides which graphs a tier loads and writes the int8
+# files once (`ensure_int8`; `ensure_int8_tier` all of them).
 
 # %%
 fp16_text = fp16_step((ncnn_dir / "talker_decoder_kv.param").read_text())
 masked = sum("31=2" in line for line in fp16_text.splitlines())
-for name in precision.DECODERS:
-    precision.ensure_int8(ncnn_dir, name, log=print)
+precision.ensure_int8_tier(ncnn_dir, log=print)
 print(f"fp16 step graph: {masked} layers masked back to fp32 storage")
 stamps = json.loads((ncnn_dir / "int8" / "stamp.json").read_text())
-for name in precision.DECODERS:  # int8 weights + fp32 row scales and norms: about one byte per weight
+for name in precision.INT8_GRAPHS:  # int8 weights + fp32 row scales and norms: about one byte per weight
     check.at_most(f"{name}: int8 .bin bytes per quantized weight", "bytes",
                   precision.int8_paths(ncnn_dir, name)[1].stat().st_size / stamps[name]["weights"], 1.05)
 pd.DataFrame({n: {"Gemms made int8": stamps[n]["gemms"], "weights": stamps[n]["weights"],
                   "weight error (rel. RMS)": round(stamps[n]["weight_rel_rms"], 4)}
-              for n in precision.DECODERS}).transpose()
+              for n in precision.INT8_GRAPHS}).transpose()
 
 # %% [markdown]
 # Before trusting a tier, check that ncnn computes what we think it computes. One projection of the talker, its int8
@@ -408,7 +411,7 @@ else:
 # %% [markdown]
 # ## Summary
 # - The loop's floor is bytes per frame over bandwidth, so it moves only with bytes per weight: fp16 halves it and
-#   int8 quarters it (the heads stay fp32).
+#   int8 quarters it (the predictor's heads too; the talker's codec head stays fp32).
 # - fp16 is a `.param` rewrite (fp16 storage on the InnerProducts, every other layer masked to fp32); int8 is a new
 #   `.param`/`.bin` written from numpy (`precision.ensure_int8`, once per export), checked against a numpy model of
 #   ncnn's int8 arithmetic (`rewrites.decode_step`, `rewrites.int8`). `Synthesizer(precision=...)` and

@@ -129,6 +129,36 @@ def test_int8_files_are_written_once(exported):
     assert 0 < stamp["weight_rel_rms"] < 0.02
 
 
+def test_int8_heads_stay_apart_and_close_to_fp32(exported):
+    """The predictor's heads in the int8 tier: each head its own int8 Gemm (fused, one call would compute all
+    15), each close to its fp32 head, and what the int8 loop loads; the fp32 tier keeps the exported heads."""
+    from qtts_lib.runtime.binding.net import Net
+    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+
+    ncnn_dir = exported / "ncnn"
+    param, _ = precision.ensure_int8(ncnn_dir, "predictor_heads")
+    text = param.read_text()
+    fp32_heads = Net(ncnn_dir, "predictor_heads")
+    heads = fp32_heads.outputs
+    assert text.count(" 18=2") == heads > 1 and "Slice" not in text
+    q = precision.head(ncnn_dir, "predictor_heads", precision="int8")
+    x = RNG.standard_normal((3, int(params_of_first_gemm(text)["9"]))).astype(np.float32)
+    for s in range(heads):
+        (a,), (b,) = fp32_heads.run([x], [s]), q.run([x], [s])
+        rel = np.linalg.norm(b - a) / np.linalg.norm(a)
+        assert 1e-4 < rel < 3e-2, (s, rel)
+    with Synthesizer(exported, precision="int8") as synth:
+        assert synth.loop.predictor.heads.param == param
+    with Synthesizer(exported) as synth:
+        assert synth.loop.predictor.heads.param == ncnn_dir / "predictor_heads.param"
+
+
+def params_of_first_gemm(text: str) -> dict:
+    from qtts_lib.runtime.binding.graph import Graph, params_dict
+
+    return params_dict(next(layer for layer in Graph(text).layers if layer.type == "Gemm"))
+
+
 def test_synthesizer_and_cli_take_a_precision(exported, tmp_path, capsys):
     from qtts_lib.runtime.app.cli import main
     from qtts_lib.runtime.pipeline.synthesizer import Synthesizer

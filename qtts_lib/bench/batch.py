@@ -97,10 +97,9 @@ def benchmark(model_dir: Path, frames: int, batches: list[int], precisions: list
     machine = describe([threads])
     ncnn_dir = Path(model_dir) / "ncnn"
     if "int8" in precisions:  # write the tier's files before anything is timed
-        from ..runtime.pipeline.precision import DECODERS, ensure_int8
+        from ..runtime.pipeline.precision import ensure_int8_tier
 
-        for name in DECODERS:
-            ensure_int8(ncnn_dir, name, log=print)
+        ensure_int8_tier(ncnn_dir, log=print)
     runs: dict[tuple, list[dict]] = {(p, c, b): [] for p in precisions for c in codecs for b in batches}
     with tqdm(total=repeats * len(runs), desc="batch bench", unit="run", disable=not progress) as bar:
         for _ in range(repeats):

@@ -173,10 +173,9 @@ def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: i
     ncnn_dir = Path(model_dir) / "ncnn"
     weights = {p: weight_bytes_per_frame(ncnn_dir, precision=p) for p in {"fp32", *precisions}}
     if "int8" in precisions:  # write the tier's files before anything is timed
-        from ..runtime.pipeline.precision import DECODERS, ensure_int8
+        from ..runtime.pipeline.precision import ensure_int8_tier
 
-        for name in DECODERS:
-            ensure_int8(ncnn_dir, name, log=print)
+        ensure_int8_tier(ncnn_dir, log=print)
     usable = {"pytorch": ("cpu", "cuda"), "ncnn": ("cpu", "vulkan")}
     keys = [(r, d, p, t) for t in thread_counts for r in runtimes for d in devices if d.split(":")[0] in usable[r]
             for p in (precisions if r == "ncnn" and d == "cpu" else ("fp32",))]

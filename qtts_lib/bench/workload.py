@@ -23,9 +23,10 @@ def voice_wav() -> Path:
 def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16, precision: str = "fp32") -> int:
     """Weights one frame reads: the talker decoder and codec head once, the code predictor's decoder
     and one of its heads per predicted codebook (15). Embedding lookups read a few rows only. A precision
-    tier (chapter 10) stores the two decoders in fewer bytes per weight; the heads stay fp32."""
+    tier (chapter 10) stores the two decoders in fewer bytes per weight, and int8 the predictor's heads too."""
     size = lambda name: (ncnn_dir / f"{name}.bin").stat().st_size  # noqa: E731
     shrink = weight_bytes(precision) / 4.0
+    heads = shrink if precision == "int8" else 1.0  # `pipeline.precision.HEADS`
     per_head = size("predictor_heads") / (groups - 1)
     return int(shrink * size("talker_decoder") + size("talker_codec_head")
-               + (groups - 1) * (shrink * size("predictor_decoder") + per_head))
+               + (groups - 1) * (shrink * size("predictor_decoder") + heads * per_head))

@@ -18,7 +18,7 @@ from pathlib import Path
 def run(directory: Path, threads: int = 2, int8: bool = True) -> int:
     from .. import reference
     from ..runtime import Synthesizer
-    from ..runtime.pipeline.precision import DECODERS, ensure_int8
+    from ..runtime.pipeline.precision import ensure_int8_tier
     from . import ensure
 
     directory = directory.resolve()
@@ -28,8 +28,7 @@ def run(directory: Path, threads: int = 2, int8: bool = True) -> int:
     done = ensure(tts, directory)
     del tts
     if int8:
-        for name in DECODERS:
-            ensure_int8(directory / "ncnn", name, log=lambda m: print(f"qtts export: {m}", file=sys.stderr))
+        ensure_int8_tier(directory / "ncnn", log=lambda m: print(f"qtts export: {m}", file=sys.stderr))
     synth = Synthesizer(directory, threads=threads)
     minutes = (time.perf_counter() - t0) / 60
     print(f"qtts export: {len(done)} graphs in {directory / 'ncnn'} ({minutes:.1f} min); the runtime loads them "

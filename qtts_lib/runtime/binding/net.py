@@ -182,7 +182,7 @@ class Net:
     """A pnnx-exported graph: call it with numpy arrays in input order, get numpy outputs."""
 
     def __init__(self, directory: str | Path, name: str, threads: int = 2, device: str = "cpu",
-                 rewrite: Callable[[str], str] | None = None):
+                 rewrite: Callable[[str], str] | None = None, files: tuple[Path, Path] | None = None):
         directory = Path(directory)
         manifest = directory / "manifest.json"
         if not manifest.is_file():
@@ -194,7 +194,9 @@ class Net:
         self.axes = {f"in{i}": a for i, a in enumerate(entry["input_batch_axes"])}
         self.axes |= {f"out{i}": a for i, a in enumerate(entry["output_batch_axes"])}
         self.inputs, self.outputs = len(entry["input_batch_axes"]), len(entry["output_batch_axes"])
-        self.net = make_net(directory / f"{name}.param", directory / f"{name}.bin", threads, device, rewrite)
+        # `files`: another form of the graph (a precision tier's), with the export's inputs and outputs
+        self.param, bin_ = files or (directory / f"{name}.param", directory / f"{name}.bin")
+        self.net = make_net(self.param, bin_, threads, device, rewrite)
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """All outputs, in order."""

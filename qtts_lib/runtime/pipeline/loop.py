@@ -152,7 +152,8 @@ class Loop:
                                    precision_tier, log=log, heads=t["num_attention_heads"])
         decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
                                     precision_tier, log=log, heads=p["num_attention_heads"])
-        return cls(talker, head, CodePredictor(decoder, Net(d, "predictor_heads", threads, device), embeddings))
+        heads = precision.head(d, "predictor_heads", threads, device, precision_tier, log=log)
+        return cls(talker, head, CodePredictor(decoder, heads, embeddings))
 
     @property
     def batches(self) -> bool:

@@ -3,7 +3,9 @@
 The generation loop reads every weight of the talker once per frame and every weight of the code
 predictor 15 times (6.6 GB per frame in fp32 at full size): it is memory-bound, so the only way
 below its fp32 floor is fewer bytes per weight. A tier changes the talker's and the predictor's
-transformer layers only; embeddings, the two heads and the codec stay fp32 in every tier.
+transformer layers (and, int8 only, the code predictor's heads: one of its 15 per codebook, 126 MB of fp32 a
+frame at full size); the embeddings, the talker's codec head (codebook 0 and the end of speech: 13 MB a frame) and
+the codec stay fp32 in every tier (the codec has tiers of its own, `codec.decoder`).
 
     fp32  the exported graph for prefill and steps: one net, each weight held once. (Its Gemms are
           threaded at one row; `decode_step`'s InnerProduct form, which the runtime ran for steps before,
@@ -18,7 +20,8 @@ transformer layers only; embeddings, the two heads and the codec stay fp32 in ev
           scale, activations quantized per row at run time (dynamic, absmax) and multiplied on
           VNNI; the per-row weight scale is applied by a BinaryOp after the Gemm (ncnn's int8
           Gemm has one scale per weight tensor, so the rows are normalised to |max| = 1 first).
-          One graph serves prefill and steps. Written once from numpy into `ncnn/int8/`.
+          One graph serves prefill and steps. The predictor's heads the same way, each its own Gemm (fused,
+          one call would compute all 15). Written once from numpy into `ncnn/int8/`.
 
 The graphs are rewrites (`rewrites.decode_step`, `rewrites.int8`); this module decides which a tier loads and
 keeps the int8 files current. Nothing here imports torch: the runtime writes the int8 files itself the first time
@@ -36,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..binding.cached import KvCacheNet
-from ..binding.net import make_net
+from ..binding.net import Net, make_net
 from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
 from ..rewrites.decode_step import decode_step, fp16_step
@@ -44,6 +47,8 @@ from ..rewrites.int8 import int8_graph
 
 TIERS = ("fp32", "fp16", "int8")
 DECODERS = ("talker_decoder", "predictor_decoder")
+HEADS = ("predictor_heads",)   # the heads int8 makes int8 too (module docstring)
+INT8_GRAPHS = DECODERS + HEADS  # what `ensure_int8` writes for the int8 tier
 INT8_FORMAT = 3          # bump when the written files change meaning (3: biased Gemms are int8 too)
 
 
@@ -61,16 +66,23 @@ def _stamp(path: Path) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "format": INT8_FORMAT}
 
 
+def _graph_file(name: str) -> str:
+    """The .param a graph of `INT8_GRAPHS` is written from: a decoder's cached graph, a head's own."""
+    if name not in INT8_GRAPHS:
+        raise ValueError(f"no int8 form of {name!r}; there is one of {', '.join(INT8_GRAPHS)}")
+    return f"{name}_kv.param" if name in DECODERS else f"{name}.param"
+
+
 def int8_paths(ncnn_dir: str | Path, name: str) -> tuple[Path, Path]:
     d = Path(ncnn_dir) / "int8"
-    return d / f"{name}_kv.param", d / f"{name}.bin"
+    return d / _graph_file(name), d / f"{name}.bin"
 
 
 def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
-    """`ncnn/int8/<name>_kv.param` + `<name>.bin`, written from the exported fp32 files unless already
-    there for exactly those files (size, mtime and format recorded in `int8/stamp.json`)."""
+    """`ncnn/int8/<name>_kv.param` (a head: `<name>.param`) + `<name>.bin`, written from the exported fp32 files
+    unless already there for exactly those files (size, mtime and format recorded in `int8/stamp.json`)."""
     ncnn_dir = Path(ncnn_dir)
-    src_param, src_bin = ncnn_dir / f"{name}_kv.param", ncnn_dir / f"{name}.bin"
+    src_param, src_bin = ncnn_dir / _graph_file(name), ncnn_dir / f"{name}.bin"
     param, bin_ = int8_paths(ncnn_dir, name)
     stamps_file = param.parent / "stamp.json"
     stamps = json.loads(stamps_file.read_text()) if stamps_file.is_file() else {}
@@ -81,7 +93,8 @@ def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
     if log:
         log(f"writing the int8 tier of {name} (once; {src_bin.stat().st_size / 1e9:.2f} GB of fp32 weights)")
     with src_bin.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as fp32:
-        text, data, stats = int8_graph(src_param.read_text(), fp32)  # the fp32 weights mapped, not copied
+        # the fp32 weights mapped, not copied; a head's Gemms share one input but must stay apart
+        text, data, stats = int8_graph(src_param.read_text(), fp32, fuse=name in DECODERS)
     param.parent.mkdir(parents=True, exist_ok=True)
     tmp = bin_.with_suffix(".bin.tmp")
     tmp.write_bytes(data)
@@ -120,6 +133,21 @@ def step_graph(ncnn_dir: str | Path, name: str, tier: str, log=None) -> StepGrap
         return StepGraph(*ensure_int8(ncnn_dir, name, log), None, False)
     rewrite = fp16_step if tier == "fp16" else decode_step
     return StepGraph(ncnn_dir / f"{name}_kv.param", ncnn_dir / f"{name}.bin", rewrite, tier == "fp16")
+
+
+def ensure_int8_tier(ncnn_dir: str | Path, log=None) -> None:
+    """Every file of the int8 tier (`ensure_int8` of each of `INT8_GRAPHS`): what an export or a benchmark writes
+    before anything is timed."""
+    for name in INT8_GRAPHS:
+        ensure_int8(ncnn_dir, name, log)
+
+
+def head(ncnn_dir: str | Path, name: str, threads: int = 2, device: str = "cpu", precision: str = "fp32",
+         log=None) -> Net:
+    """Head `name` (one of `HEADS`) as `precision` runs it: int8 the files of `ensure_int8`, else the exported
+    fp32 graph (fp16 leaves it fp32)."""
+    ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
+    return Net(ncnn_dir, name, threads, device, files=ensure_int8(ncnn_dir, name, log) if tier == "int8" else None)
 
 
 def weight_bytes(tier: str) -> float:
