@@ -409,6 +409,46 @@ else:
     print(f"skipped because {e2e} is not there (python -m qtts_lib.bench batch --codec-precision fp32,bf16)")
 
 # %% [markdown]
+# ## 8. The tier to pick
+# A tier is two choices, the loop's precision (`--precision`) and the codec's (`--codec-precision`), and each has a
+# price in quality measured above: the codes the loop picks (agreement with fp32 under teacher forcing, and the frame
+# where running free first leaves fp32's codes) and the audio the codec makes of the same codes (SNR, log-spectral
+# distance, the codes Mimi hears back). Here the committed full-size results of the EPYC VM side by side, speed
+# (one stream, end to end, 2 threads) beside both prices. The fastest pair is `--precision int8 --codec-precision bf16`.
+
+# %%
+machine_files = {"speed": paths.DATA / "bench" / "batch" / "dev-2core-epyc-full-base-codec-bf16.json",
+                 "loop quality": paths.DATA / "bench" / "quality" / "dev-2core-epyc-full-base.json",
+                 "codec quality": paths.DATA / "bench" / "codec" / "dev-2core-epyc-full-base-tiers.json"}
+missing = [str(f) for f in machine_files.values() if not f.is_file()]
+if missing:
+    print("skipped because these committed results are not there:", ", ".join(missing))
+else:
+    speed, loop_q, codec_q = (json.loads(f.read_text()) for f in machine_files.values())
+    two = next(r for r in codec_q["runs"] if r["threads"] == 2)["vs_fp32"]
+    codec_price = {"fp32": {"codec SNR dB": None, "codec LSD dB": 0.0, "Mimi cb0": 1.0},
+                   "bf16": {"codec SNR dB": two["bf16"]["snr_db"], "codec LSD dB": two["bf16"]["log_spectral_distance_db"],
+                            "Mimi cb0": two["bf16"]["mimi_codes_agree"][0]}}
+    pick = pd.DataFrame([{"loop": r["precision"], "codec": r["codec_precision"], "RTF": r["rtf"],
+                          "ms/frame": r["ms_per_frame"]["total"],
+                          "cb0 agreement": loop_q["tiers"][r["precision"]]["agreement_codebook0"],
+                          "cb1-15 agreement": loop_q["tiers"][r["precision"]]["agreement_predictor_mean"],
+                          "first divergent frame": loop_q["tiers"][r["precision"]]["first_divergent_frame"],
+                          **codec_price[r["codec_precision"]]}
+                         for r in speed["rows"] if r["batch"] == 1 and r["precision"] in loop_q["tiers"]])
+    display(pick.style.set_caption("full-base, EPYC VM, one stream, 2 threads: speed beside quality"))
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    for _, r in pick.iterrows():
+        ax.scatter(r["RTF"], r["cb1-15 agreement"], s=60, color="tab:purple" if r["codec"] == "bf16" else "tab:blue")
+        ax.annotate(f" {r['loop']} + {r['codec']} codec", (r["RTF"], r["cb1-15 agreement"]), fontsize=8)
+    ax.axvline(1.0, color="gray", ls="--", lw=1)
+    ax.set(xlabel="RTF (one stream; < 1 is faster than real time)", ylabel="codebook 1-15 agreement with fp32",
+           title="each tier: what it saves and what it costs", ylim=(0.8, 1.02))
+    plt.show()
+    check.at_most("the fastest committed tier is int8 + bf16 codec", "RTF", float(pick["RTF"].min()),
+                  float(pick[(pick["loop"] == "int8") & (pick["codec"] == "bf16")]["RTF"].iloc[0]))
+
+# %% [markdown]
 # ## Summary
 # - The loop's floor is bytes per frame over bandwidth, so it moves only with bytes per weight: fp16 halves it and
 #   int8 quarters it (the predictor's heads too; the talker's codec head stays fp32).
