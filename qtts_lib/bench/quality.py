@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.pipeline.sampling import Sampler, Sampling
+from .machine import describe
 from .workload import LANGUAGE, TEXT, voice_wav
 
 
@@ -110,8 +111,8 @@ def measure(model_dir: Path, tiers=("fp32", "fp16", "int8"), frames: int = 200, 
     embed = prompt.embeds[-1]
     del synth
     gc.collect()
-    result = {"checkpoint": model_dir.name, "frames": int(len(reference)), "threads": threads, "text": TEXT,
-              "codebooks": int(reference.shape[1]), "tiers": {}}
+    result = {"checkpoint": model_dir.name, "machine": describe([threads]), "frames": int(len(reference)),
+              "threads": threads, "text": TEXT, "codebooks": int(reference.shape[1]), "tiers": {}}
     for tier in tiers:
         synth = Synthesizer(model_dir, threads=threads, precision=tier)
         forced = TeacherForced(reference, talker_cfg)
