@@ -120,6 +120,19 @@ def test_without_the_key_the_sdk_gets_an_authentication_error(served, key):
         assert request(served, path)[0] == 200
 
 
+def test_the_key_comes_from_the_option_or_the_environment(monkeypatch):
+    from qtts_lib.runtime.app import server
+    from qtts_lib.runtime.app.cli import parser
+
+    args = lambda *extra: parser().parse_args(["serve", "--checkpoint", "tiny-base", *extra])  # noqa: E731
+    monkeypatch.delenv(server.API_KEY_ENV, raising=False)
+    assert server.api_key_of(args()) is None and args().host == "127.0.0.1"  # default: local, no key
+    monkeypatch.setenv(server.API_KEY_ENV, "from-env")
+    assert server.api_key_of(args()) == "from-env" and server.api_key_of(args("--api-key", "given")) == "given"
+    monkeypatch.setenv(server.API_KEY_ENV, "")
+    assert server.api_key_of(args()) is None
+
+
 def test_the_sdk_lists_the_model(client):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-base"] and models[0].qtts["formats"] == list(FORMATS)

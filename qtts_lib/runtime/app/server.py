@@ -446,11 +446,20 @@ def serve(args) -> int:
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
           f"{', '.join(engine.voice_names()) or 'none'})", file=sys.stderr, flush=True)
     try:
-        app = build_app(engine, directory.name, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        key = api_key_of(args)
+        if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+            say(f"warning: listening on {args.host} with no API key: anyone who can reach it may use it "
+                f"(--api-key or ${API_KEY_ENV})")
+        uvicorn.run(build_app(engine, directory.name, api_key=key), host=args.host, port=args.port,
+                    log_level=args.log_level)
     finally:
         engine.stop()
     return 0
+
+
+def api_key_of(args) -> str | None:
+    """--api-key, else $QTTS_API_KEY, else None (no key needed); an empty value is no key."""
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
 
 
 def add_arguments(p) -> None:
