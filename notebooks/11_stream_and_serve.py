@@ -457,12 +457,16 @@ else:
 # qtts say --checkpoint tiny-base --voice data/inputs/voice.wav --text "Hello." -o - | ffplay -nodisp -autoexit -
 # ```
 #
-# `qtts serve` (the `serve` extra: Starlette + uvicorn) speaks OpenAI's speech API, streamed. One engine thread runs
-# every ncnn call, one request at a time; `--queue` more may wait, and past that the answer is 503. Every bad request
-# gets a 4xx with a JSON error. A long input is spoken segment by segment with short pauses
-# (`longform.stream_long`, chapter 12). The server samples by default too; a request may set `temperature`,
-# `top_k`, `top_p`, `repetition_penalty`, `seed` or `greedy`. `tests/test_server.py` runs a real server and a
-# 200-request soak from 4 clients against it.
+# `qtts serve` (the `serve` extra: Starlette + uvicorn, pydantic, prometheus-client, PyAV) speaks OpenAI's speech
+# API, streamed: wav, pcm, and mp3, Ogg Opus, ADTS AAC and FLAC encoded piece by piece as the pieces come
+# (`audio.encode`). One engine thread runs every ncnn call, for a batch of requests (chapter 14); `--queue` more may
+# wait, and past that the answer is 503. The request is a pydantic model (`app.schema`), described at
+# `/openapi.json`; every bad request gets a 4xx with an OpenAI-style JSON error. A long input is spoken segment by
+# segment with short pauses (`longform.stream_long`, chapter 12). The server samples by default too; a request may
+# set `temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed` or `greedy`. `/` is a page to try the voices,
+# `/metrics` Prometheus's metrics, and `--api-key` asks clients for a bearer token. `tests/test_server.py` runs a
+# real server and a 200-request soak from 4 clients in every format against it; `tests/test_server_sdk.py` speaks to
+# it with OpenAI's own SDK, `tests/test_server_page.py` drives its page in headless Chromium.
 #
 # ```
 # qtts serve --checkpoint tiny-base --voices voices/ --port 8000       # voices/alice.wav (+ alice.txt: ICL)

@@ -14,13 +14,14 @@ Layers, from the bottom (a module imports only from layers below its own, and fr
                  (`decode_step`), int8 (`int8`), the codec's CPU form (`codec_cpu`), the GPU forms (`gpu`),
                  sequences folded into attention heads (`batch`)
     text/        the BPE tokenizer (`bpe`), the sentence segmenter (`segment`)
-    audio/       wav I/O and the wire formats (`wav`), voice-clip checks (`clips`), the mel frontend (`mel`),
-                 the split RVQ (`rvq`)
+    audio/       wav I/O and the wire formats (`wav`), mp3/opus/aac/flac piece by piece (`encode`), voice-clip
+                 checks (`clips`), the mel frontend (`mel`), the split RVQ (`rvq`)
     codec/       codes to waveform: the decoder (`decoder`), its CPU form on disk (`cpu_form`) in parts (`parts`),
                  streaming (`stream`)
     pipeline/    the model: config, embeddings, prompt, voices, sampling, precision tiers, the generation loop
                  (`loop`), the `Synthesizer` façade (`synthesizer`), long texts (`longform`)
-    app/         the front ends: shared options (`options`), `qtts say` (`cli`), `qtts serve` (`server`)
+    app/         the front ends: shared options (`options`), `qtts say` (`cli`), `qtts serve` (`server`, its
+                 request and answers `schema`, `metrics`, the page in `static/`)
     experimental/  measured ideas that are not part of the product (`codec_process`)
 
 It must import with torch, transformers and qwen_tts unavailable (tests/test_runtime_imports.py).

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..audio import encode
 from ..audio.clips import prepare_voice_clip
 from ..audio.wav import SAMPLE_RATE, WavFile, load_wav, pcm16, save_wav, wav_header
 from ..errors import InputError, MissingArtifact, QttsError
@@ -71,9 +72,11 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--keep-long-voice", action="store_true",
                      help="use all of a voice clip longer than 15 s instead of trimming it at a quiet point")
     say.add_argument("-o", "--output", type=Path, required=True,
-                     help="wav file; - writes to stdout as it is generated (16-bit PCM, WAV header of unknown length)")
+                     help="wav file, or .mp3, .opus (or .ogg), .aac, .flac by its suffix (PyAV); - writes to stdout "
+                          "as it is generated (16-bit PCM, WAV header of unknown length)")
     say.add_argument("--stream", action="store_true",
-                     help="write the wav piece by piece as frames are generated (a complete wav after each piece)")
+                     help="write the file piece by piece as frames are generated (a wav is complete after each "
+                          "piece; mp3, opus, aac and flac are encoded as the pieces come)")
     add_model_options(say)
     add_generation_options(say, "cap on generated frames per segment (12.5 per second); each segment's own cap "
                                 "also scales with its text")
@@ -112,6 +115,8 @@ def say(args: argparse.Namespace) -> int:
     text = read_text(args.text, args.text_file)
     if not text.strip():
         raise InputError("the text is empty")
+    if encode.format_of_path(args.output):
+        encode.require(encode.format_of_path(args.output))  # before the model loads, not after it spoke
     if args.voice_text is not None and args.voice is None:
         raise InputError("--voice-text needs --voice (the clip it transcribes)")
     clip = load_wav(args.voice, strict=not args.resample) if args.voice else None
@@ -143,7 +148,7 @@ def say(args: argparse.Namespace) -> int:
             result = stream.result
         else:
             result = synth.synthesize(text, args.language, voice, **kwargs)
-            save_wav(args.output, result.wav)
+            save_audio(args.output, result.wav)
             samples = len(result.wav)
     seconds = time.perf_counter() - t0
     audio_s = samples / SAMPLE_RATE
@@ -168,13 +173,24 @@ def read_text(text: str | None, text_file: str | None) -> str:
         raise InputError(f"cannot read {text_file} as UTF-8 text: {e}") from None
 
 
+def save_audio(path: Path, wav: np.ndarray) -> None:
+    """A float32 wav (`save_wav`), or the compressed format the suffix names (`audio.encode`)."""
+    if encode.format_of_path(path):
+        encode.save_encoded(path, wav)
+    else:
+        save_wav(path, wav)
+
+
 class PieceWriter:
-    """Pieces written as they come: to a `WavFile` (a complete float32 wav after every piece), or with output "-" to
-    stdout as 16-bit PCM behind a WAV header of unknown length (for piping into a player)."""
+    """Pieces written as they come: to a `WavFile` (a complete float32 wav after every piece), to an mp3, opus, aac
+    or flac file as its encoder gives bytes (`audio.encode.Encoder`), or with output "-" to stdout as 16-bit PCM
+    behind a WAV header of unknown length (for piping into a player)."""
 
     def __init__(self, output: Path):
         self.to_stdout = str(output) == "-"
-        self.file = None if self.to_stdout else WavFile(output)
+        fmt = None if self.to_stdout else encode.format_of_path(output)
+        self.encoder = encode.Encoder(fmt) if fmt else None
+        self.file = None if self.to_stdout else open(output, "wb") if fmt else WavFile(output)
         if self.to_stdout:
             sys.stdout.buffer.write(wav_header())
         self.samples = 0
@@ -183,11 +199,16 @@ class PieceWriter:
         if self.to_stdout:
             sys.stdout.buffer.write(pcm16(piece))
             sys.stdout.buffer.flush()
+        elif self.encoder:
+            self.file.write(self.encoder.write(piece))
+            self.file.flush()
         else:
             self.file.write(piece)
         self.samples += len(piece)
 
     def close(self) -> None:
+        if self.encoder:
+            self.file.write(self.encoder.close())
         if self.file is not None:
             self.file.close()
 
@@ -227,7 +248,7 @@ def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segmen
             if writer:
                 writer.close()
     if writer is None:
-        save_wav(args.output, result.wav)
+        save_audio(args.output, result.wav)
     seconds, audio_s = time.perf_counter() - t0, len(result.wav) / SAMPLE_RATE
     n = len(result.segments)
     at_eos = sum(s.stopped == "eos" for s in result.segments)

@@ -4,58 +4,59 @@
     curl -sN localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
          -d '{"input": "Hello.", "voice": "alice"}' | ffplay -nodisp -autoexit -
 
-Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET /health`. The request's fields (`REQUEST_FIELDS`):
-`input`, `voice`, optional `model`, `response_format` (wav | pcm), `speed` (1.0 only), `language`, `instructions`
-(OpenAI's style prompt: a style for a built-in speaker on a 1.7B CustomVoice checkpoint, the voice itself on a
-VoiceDesign one, whose one voice is `design`; refused with a 400 where the checkpoint cannot follow it), and the
-sampling
-parameters of `pipeline.sampling.Sampling` (`temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed`,
-`greedy`); missing ones take the checkpoint's generation_config, so the server samples as the reference does. A
-`voice` is a built-in speaker (CustomVoice checkpoints) or the name of `<name>.wav` in the voices folder (Base
-checkpoints: x-vector cloning; with `<name>.txt` beside it holding the clip's transcript, ICL). Audio is 16-bit PCM
-at 24 kHz mono, sent piece by piece as frames are generated (chunked transfer): `pcm` raw, `wav` behind a header of
-unknown length. A long `input` is spoken segment by segment with short pauses (`pipeline.longform.stream_long`,
-chapter 12), each segment capped by its own length and by `--max-frames`.
+Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus, `app.metrics`),
+`GET /openapi.json` (the API as data, `app.schema`) and `GET /`, a page to try the voices (`app/static/`). The
+request is `schema.SpeechRequest`: `input`, `voice`, optional `model`, `response_format` (mp3 | opus | aac | flac |
+wav | pcm), `speed` (1.0 only), `language`, `instructions` (OpenAI's style prompt: a style for a built-in speaker
+on a 1.7B CustomVoice checkpoint, the voice itself on a VoiceDesign one, whose one voice is `design`; refused with a
+400 where the checkpoint cannot follow it), and the sampling parameters of `pipeline.sampling.Sampling`
+(`temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing ones take the checkpoint's
+generation_config, so the server samples as the reference does. A `voice` is a built-in speaker (CustomVoice
+checkpoints) or the name of `<name>.wav` in the voices folder (Base checkpoints: x-vector cloning; with
+`<name>.txt` beside it holding the clip's transcript, ICL). Audio is 24 kHz mono, encoded piece by piece as frames
+are generated and sent as it is encoded (chunked transfer, `audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind
+a header of unknown length, mp3, Ogg Opus, ADTS AAC and FLAC through FFmpeg. A long `input` is spoken segment by
+segment with short pauses (`pipeline.longform.stream_long`, chapter 12), each segment capped by its own length and
+by `--max-frames`.
 
 One thread runs every piece of ncnn work (`Engine`): OpenMP keeps a worker pool per thread that ran ncnn, so ncnn
 called from whichever thread the event loop lends would starve on a machine with few cores (chapter 11). Up to
 `--max-batch` requests are decoded together in one batch (`pipeline.synthesizer.Scheduler`, chapter 14): each
 frame's graph calls serve all of them, a request joins between two frames and leaves the frame it ends, and each
 response still streams as its own frames come. More wait in a FIFO of `--queue` places; past that the answer is
-503 at once. `/health` shows the batch in flight. Every bad request gets a
-4xx with an OpenAI-style JSON error body before any audio is sent. Built on Starlette + uvicorn
-(`pip install qtts[serve]`), imported only when serving.
+503 at once. `/health` shows the batch in flight. Every bad request gets a 4xx with an OpenAI-style JSON error body
+before any audio is sent. With `--api-key` (or $QTTS_API_KEY) every /v1/ request and /metrics need
+`Authorization: Bearer KEY` (what OpenAI's clients send), else 401. Built on Starlette + uvicorn, pydantic,
+prometheus_client and PyAV (`pip install qtts[serve]`), imported only when serving.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
-import math
+import os
 import queue
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..audio.wav import SAMPLE_RATE, load_wav, pcm16, wav_header
+from ..audio.encode import FORMATS, Encoder
+from ..audio.wav import SAMPLE_RATE, load_wav
 from ..binding.net import release_threads
 from ..errors import AudioError, InputError
 from ..pipeline.longform import LongText
 from ..pipeline.synthesizer import DEFAULT_MAX_BATCH, Scheduler
 from .options import add_batch_option, add_model_options, load_synthesizer, max_batch_of, model_dir, positive_int
 
-MAX_INPUT_CHARS = 4096   # OpenAI's limit for `input`
 MAX_BODY_BYTES = 64 * 1024
-FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
-VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DESIGNED = "design"  # a VoiceDesign checkpoint's one voice: the one its `instructions` describe
-MAX_INSTRUCTIONS_CHARS = 4096
-OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # what OpenAI clients send: all mean the loaded model
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "greedy")
-REQUEST_FIELDS = ("model", "input", "voice", "response_format", "speed", "language", "instructions",
-                  "stream_format") + SAMPLING_FIELDS
+API_KEY_ENV = "QTTS_API_KEY"
+PROTECTED = ("/v1/", "/metrics")  # what --api-key guards; the page, /health and /openapi.json stay open
+STATIC = Path(__file__).parent / "static"
 
 
 class RequestError(Exception):
@@ -97,6 +98,7 @@ class Engine:
         self.active = 0    # requests the engine is speaking (their segments running or waiting in the scheduler)
         self.largest_batch = 0
         self.served = 0
+        self.on_step: Callable[[int], None] | None = None  # told each step's batch size (the metrics), on this thread
         self.voices: dict = {}
         release_threads()  # loading ran ncnn in this thread; from now on only the engine's thread does
         self.thread = threading.Thread(target=self._work, name="qtts-engine", daemon=True)
@@ -112,10 +114,12 @@ class Engine:
 
     # ------------------------------------------------------------ voices
     def voice_names(self) -> list[str]:
+        from .schema import VOICE_PATTERN
+
         if self.synth.kind == "voice_design":
             return [DESIGNED]
         files = sorted(self.voices_dir.glob("*.wav")) if self.voices_dir else []
-        return self.synth.speakers + [f.stem for f in files if VOICE_NAME.match(f.stem)]
+        return self.synth.speakers + [f.stem for f in files if re.match(VOICE_PATTERN, f.stem)]
 
     def voice(self, name: str, instructions: str | None = None):
         """A built `Voice` for `name` (cached) with the request's `instructions`; on the engine thread: building runs
@@ -176,6 +180,8 @@ class Engine:
                 self.active = 0
                 continue
             self.largest_batch = max(self.largest_batch, len(events))  # one event per utterance in the batch
+            if self.on_step is not None:
+                self.on_step(len(events))
             for job, long in list(speaking.items()):
                 for piece in long.take(events):
                     job.send("audio", piece)
@@ -195,77 +201,50 @@ class Engine:
 
     # ------------------------------------------------------------ requests
     def parse(self, body: bytes, model_id: str) -> dict:
-        """The request's fields, validated; a `RequestError` (4xx) for anything wrong."""
+        """The request's fields, validated (`schema.SpeechRequest`, then what depends on the checkpoint); a
+        `RequestError` (4xx) for anything wrong."""
+        from pydantic import ValidationError
+
+        from .schema import OPENAI_MODELS, SAMPLING_FIELDS, SpeechRequest, first_error
+
         if len(body) > MAX_BODY_BYTES:
             raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
         try:
-            req = json.loads(body)
+            obj = json.loads(body)
         except RecursionError:
             raise RequestError(400, "the body is nested too deeply to be a speech request") from None
         except (ValueError, UnicodeDecodeError):
             raise RequestError(400, "the body is not JSON") from None
-        if not isinstance(req, dict):
+        if not isinstance(obj, dict):
             raise RequestError(400, "the body must be a JSON object")
-        unknown = sorted(k for k in req if k not in REQUEST_FIELDS)
-        if unknown:
-            raise RequestError(400, f"unrecognized request argument(s): {', '.join(map(repr, unknown))}; valid: "
-                                    f"{', '.join(REQUEST_FIELDS)}", unknown[0])
-        model = req.get("model")
-        if model is not None and model not in (model_id, *OPENAI_MODELS):
-            raise RequestError(404, f"the model {model!r} does not exist here; this server speaks {model_id!r} "
+        try:
+            req = SpeechRequest.model_validate(obj)
+        except ValidationError as e:
+            raise RequestError(400, *first_error(e)) from None
+        if req.model is not None and req.model not in (model_id, *OPENAI_MODELS):
+            raise RequestError(404, f"the model {req.model!r} does not exist here; this server speaks {model_id!r} "
                                     f"(also accepted: {', '.join(OPENAI_MODELS)})", "model", code="model_not_found")
-        text = req.get("input")
-        if not isinstance(text, str) or not text.strip():
-            raise RequestError(400, "`input` must be a non-empty string", "input")
-        if len(text) > MAX_INPUT_CHARS:
-            raise RequestError(400, f"`input` is over {MAX_INPUT_CHARS} characters", "input")
-        if not _is_text(text):
-            raise RequestError(400, "`input` is not valid Unicode text (it holds a lone surrogate)", "input")
-        instructions = req.get("instructions")
-        if instructions is not None and (not isinstance(instructions, str) or not _is_text(instructions)
-                                         or len(instructions) > MAX_INSTRUCTIONS_CHARS):
-            raise RequestError(400, f"`instructions` must be text of at most {MAX_INSTRUCTIONS_CHARS} characters",
-                               "instructions")
-        if instructions and instructions.strip() and not self.synth.follows_instructions:
+        instructions = (req.instructions or "").strip() or None
+        if instructions and not self.synth.follows_instructions:
             size = self.synth.config.config.get("tts_model_size")
             raise RequestError(400, f"this checkpoint ({self.synth.kind}, {size}) cannot follow `instructions`: "
                                     "Base checkpoints clone a voice and 0.6B "
                                     "CustomVoice ones ignore style prompts; the 1.7B CustomVoice and VoiceDesign "
                                     "checkpoints follow them", "instructions")
-        fmt = req.get("response_format", "wav")
-        if not isinstance(fmt, str) or fmt not in FORMATS:
-            raise RequestError(400, f"response_format {_shown(fmt)} is not supported; use one of {', '.join(FORMATS)}",
-                               "response_format")
-        if req.get("stream_format", "audio") != "audio":
-            raise RequestError(400, "only stream_format 'audio' is supported", "stream_format")
-        language = req.get("language", "auto")
-        if not isinstance(language, str) or not _is_text(language) or language.lower() not in self.synth.languages:
-            raise RequestError(400, f"unknown language {_shown(language)}; valid: {', '.join(self.synth.languages)}",
-                               "language")
-        speed = req.get("speed", 1.0)
-        if not _number(speed) or speed != 1.0:
-            raise RequestError(400, "only speed 1.0 is supported", "speed")
-        name = req.get("voice")
+        if req.language.lower() not in self.synth.languages:
+            raise RequestError(400, f"unknown language {_shown(req.language)}; valid: "
+                                    f"{', '.join(self.synth.languages)}", "language")
         valid = self.voice_names()
-        if not isinstance(name, str) or not VOICE_NAME.match(name) or (
-                name not in valid and name.lower() not in self.synth.speakers):
-            raise RequestError(400, f"unknown voice {_shown(name)}; valid: "
+        if req.voice not in valid and req.voice.lower() not in self.synth.speakers:
+            raise RequestError(400, f"unknown voice {_shown(req.voice)}; valid: "
                                     f"{', '.join(valid) or '(none: pass --voices DIR)'}", "voice")
-        given = {k: req[k] for k in SAMPLING_FIELDS if req.get(k) is not None}
-        for k, v in given.items():
-            if k == "greedy" and not isinstance(v, bool):
-                raise RequestError(400, f"`greedy` must be true or false, not {_shown(v)}", k)
-            if k != "greedy" and not _number(v):
-                raise RequestError(400, f"`{k}` must be a number, not {_shown(v)}", k)
-            if k in ("top_k", "seed") and not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
-                raise RequestError(400, f"`{k}` must be a whole number, not {_shown(v)}", k)
-        given = {k: int(v) if k in ("top_k", "seed") else v for k, v in given.items()}
+        given = {k: getattr(req, k) for k in SAMPLING_FIELDS if getattr(req, k) is not None}
         try:
             sampling = self.synth.sampling.replace(**given)
         except InputError as e:
             raise RequestError(400, str(e), next(iter(given), None)) from None
-        return {"text": text, "format": fmt, "language": language.lower(), "voice": name, "sampling": sampling,
-                "instructions": (instructions or "").strip() or None}
+        return {"text": req.input, "format": req.response_format, "language": req.language.lower(),
+                "voice": req.voice, "sampling": sampling, "instructions": instructions}
 
     def speak(self, req: dict) -> LongText:
         """What the engine runs for a request (on its thread): the voice, then its text's segments one after
@@ -275,35 +254,31 @@ class Engine:
                         max_frames=self.max_frames, chunk_frames=self.chunk_frames)
 
 
-def _is_text(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _shown(v) -> str:
     """A value for an error message, short and printable whatever it is."""
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def build_app(engine: Engine, model_id: str):
-    """The Starlette app over one `Engine`."""
+def build_app(engine: Engine, model_id: str, api_key: str | None = None):
+    """The Starlette app over one `Engine`; with `api_key`, the PROTECTED paths need it as a bearer token."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
+
+    from . import schema
+    from .metrics import Metrics
+
+    metrics = Metrics(engine)
+    engine.on_step = metrics.batch_size.observe
+    page = (STATIC / "index.html").read_text(encoding="utf-8")
 
     def error(e: RequestError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
 
     async def speech(request):
+        received = time.monotonic()
         try:
             req = engine.parse(await request.body(), model_id)
         except RequestError as e:
@@ -335,40 +310,77 @@ def build_app(engine: Engine, model_id: str):
         if kind == "error":
             end()
             raise value
+        fmt = req["format"]
+        try:
+            encoder = Encoder(fmt)
+        except InputError as e:  # PyAV missing: the server was installed without the serve extra
+            end()
+            return error(RequestError(501, str(e), "response_format", kind="server_error"))
 
         async def body():
             nonlocal kind, value
+            outcome = "abandoned"  # unless the stream reaches its end or fails: the client hung up
             try:
-                if req["format"] == "wav":
-                    yield wav_header()
+                first = True
                 while kind == "audio":
-                    yield pcm16(value)
+                    chunk = encoder.write(value)
+                    if chunk:
+                        if first:
+                            metrics.time_to_first_audio.observe(time.monotonic() - received)
+                            first = False
+                        yield chunk
                     kind, value = await job.out.get()
                 if kind == "error":
+                    outcome = "error"
                     print(f"qtts serve: error while streaming: {value!r}", file=sys.stderr)
                     return
+                rest = encoder.close()
+                outcome = "done"
                 engine.served += 1
-            finally:
+                audio_s = encoder.samples / SAMPLE_RATE
+                metrics.audio_seconds.inc(audio_s)
+                if audio_s > 0:
+                    metrics.real_time_factor.observe((time.monotonic() - received) / audio_s)
                 end()  # before the last chunk goes out: the client's next request finds the server free
+                if rest:
+                    yield rest
+            finally:
+                end()
+                if outcome != "done":
+                    encoder.discard()
+                metrics.streams.labels(fmt, outcome).inc()
 
-        return StreamingResponse(body(), media_type=FORMATS[req["format"]],
+        return StreamingResponse(body(), media_type=FORMATS[fmt].content_type,
                                  headers={"X-Sample-Rate": str(SAMPLE_RATE)})
 
-    async def models(request):
+    def capabilities() -> schema.ModelCapabilities:
         s = engine.synth
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_id, "object": "model", "created": 0, "owned_by": "qtts",
-             "qtts": {"kind": s.kind, "clone": s.kind == "base", "speakers": s.speakers, "languages": s.languages,
-                      "voices": engine.voice_names(), "instructions": s.follows_instructions,
-                      "formats": list(FORMATS),
-                      "aliases": list(OPENAI_MODELS)}}]})
+        return schema.ModelCapabilities(kind=s.kind, clone=s.kind == "base", speakers=s.speakers,
+                                        languages=s.languages, voices=engine.voice_names(),
+                                        instructions=s.follows_instructions, formats=list(FORMATS),
+                                        aliases=list(schema.OPENAI_MODELS))
+
+    async def models(request):
+        listed = schema.ModelList(data=[schema.Model(id=model_id, qtts=capabilities())])
+        return JSONResponse(listed.model_dump())
 
     async def health(request):
-        batch = len(engine.scheduler.batch)
-        return JSONResponse({"status": "ok", "model": model_id, "busy": engine.running,
-                             "speaking": engine.active, "batch": batch, "max_batch": engine.max_batch,
-                             "largest_batch": engine.largest_batch,
-                             "waiting": max(engine.pending - engine.active, 0), "served": engine.served})
+        return JSONResponse(schema.Health(
+            model=model_id, busy=engine.running, speaking=engine.active, batch=len(engine.scheduler.batch),
+            max_batch=engine.max_batch, largest_batch=engine.largest_batch,
+            waiting=max(engine.pending - engine.active, 0), served=engine.served, auth=api_key is not None,
+        ).model_dump())
+
+    async def openapi(request):
+        return JSONResponse(schema.openapi(model_id, engine.voice_names(), engine.synth.languages,
+                                           api_key is not None))
+
+    async def scrape(request):
+        text, content_type = metrics.scrape()
+        return Response(text, media_type=content_type)
+
+    async def index(request):
+        return HTMLResponse(page)
 
     async def http_error(request, exc):
         return JSONResponse({"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None,
@@ -380,8 +392,41 @@ def build_app(engine: Engine, model_id: str):
                                        "code": None}}, status_code=500)
 
     routes = [Route("/v1/audio/speech", speech, methods=["POST"]), Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+              Route("/health", health, methods=["GET"]), Route("/metrics", scrape, methods=["GET"]),
+              Route("/openapi.json", openapi, methods=["GET"]), Route("/", index, methods=["GET"])]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    return Gate(app, metrics, api_key)
+
+
+class Gate:
+    """ASGI middleware in front of the app: the API key on PROTECTED paths (OpenAI's 401 body), and every answer
+    counted by path and status for /metrics."""
+
+    def __init__(self, app, metrics, api_key: str | None):
+        self.app, self.metrics = app, metrics
+        self.token = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.answered(path, message["status"])
+            await send(message)
+
+        if self.token is not None and path.startswith(PROTECTED):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.token):
+                from starlette.responses import JSONResponse
+
+                why = "a wrong API key" if given else "no API key (Authorization: Bearer KEY)"
+                answer = JSONResponse(RequestError(401, f"this server needs its API key; the request sent {why}",
+                                                   code="invalid_api_key").body(), status_code=401,
+                                      headers={"WWW-Authenticate": "Bearer"})
+                return await answer(scope, receive, counted)
+        await self.app(scope, receive, counted)
 
 
 def serve(args) -> int:
@@ -401,18 +446,30 @@ def serve(args) -> int:
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
           f"{', '.join(engine.voice_names()) or 'none'})", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(build_app(engine, directory.name), host=args.host, port=args.port, log_level=args.log_level)
+        key = api_key_of(args)
+        if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+            say(f"warning: listening on {args.host} with no API key: anyone who can reach it may use it "
+                f"(--api-key or ${API_KEY_ENV})")
+        uvicorn.run(build_app(engine, directory.name, api_key=key), host=args.host, port=args.port,
+                    log_level=args.log_level)
     finally:
         engine.stop()
     return 0
 
 
+def api_key_of(args) -> str | None:
+    """--api-key, else $QTTS_API_KEY, else None (no key needed); an empty value is no key."""
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
 def add_arguments(p) -> None:
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--voices", type=Path, help="folder of NAME.wav voice clips (NAME.txt beside one: ICL)")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait beside the batch; past that, 503")
     add_batch_option(p, "requests")
+    p.add_argument("--api-key", help=f"a key clients must send as a bearer token (default ${API_KEY_ENV}; unset: "
+                                     "none needed)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     add_model_options(p)
     g = p.add_argument_group("generation")

@@ -1,0 +1,46 @@
+"""`qtts serve`'s metrics, in Prometheus's text format at /metrics (prometheus_client). Introduced in 11.
+
+What an operator watches: requests by path and status, audio streams that failed or whose client left, the queue
+and the batch now (read at scrape time from the engine), the batch size of every step, and per spoken request the
+time to first audio (request received -> first audio bytes handed to the server) and the real-time factor (wall
+time from request to last byte over the audio's duration: under 1 is faster than real time). A registry per app,
+not prometheus_client's global one, so two servers in one process (the tests) count apart.
+"""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+TTFA_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+RTF_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+PATHS = ("/v1/audio/speech", "/v1/models", "/health", "/metrics", "/openapi.json", "/")  # others: "other"
+
+
+class Metrics:
+    """The server's instruments; `engine` is read when scraped (queue depth, batch, requests speaking)."""
+
+    def __init__(self, engine):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("qtts_requests", "HTTP requests answered, by path and status", ["path", "status"],
+                                registry=r)
+        self.streams = Counter("qtts_speech_streams", "Audio streams by how they ended (done, abandoned: the client "
+                               "left, error)", ["format", "outcome"], registry=r)
+        self.audio_seconds = Counter("qtts_audio_seconds", "Seconds of audio streamed", registry=r)
+        self.time_to_first_audio = Histogram("qtts_time_to_first_audio_seconds", "Request received to first audio "
+                                             "bytes sent", buckets=TTFA_BUCKETS, registry=r)
+        self.real_time_factor = Histogram("qtts_real_time_factor", "Wall seconds per second of audio, per finished "
+                                          "request (request to last byte)", buckets=RTF_BUCKETS, registry=r)
+        batch_buckets = tuple(range(1, engine.max_batch + 1))
+        self.batch_size = Histogram("qtts_batch_size", "Utterances decoded together, per step of the scheduler",
+                                    buckets=batch_buckets, registry=r)
+        Gauge("qtts_queue_depth", "Requests waiting beside the batch", registry=r).set_function(
+            lambda: max(engine.pending - engine.active, 0))
+        Gauge("qtts_requests_speaking", "Requests being spoken", registry=r).set_function(lambda: engine.active)
+        Gauge("qtts_batch_utterances", "Utterances in the batch now", registry=r).set_function(
+            lambda: len(engine.scheduler.batch))
+        Gauge("qtts_max_batch", "The batch's width (--max-batch)", registry=r).set(engine.max_batch)
+
+    def answered(self, path: str, status: int) -> None:
+        self.requests.labels(path if path in PATHS else "other", str(status)).inc()
+
+    def scrape(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

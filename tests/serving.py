@@ -1,0 +1,105 @@
+"""A real `qtts serve` process for the server tests (test_server*.py): started on a free port with torch blocked,
+two voice clips (alice: x-vector, bob: ICL), its log in a file; and a plain HTTP client."""
+import io
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+
+from qtts_lib import paths
+from qtts_lib.isolation import PRELUDE
+from qtts_lib.runtime.audio.encode import COMPRESSED  # noqa: F401 - the tests' list of compressed formats
+
+CKPT = "tiny-base"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kb(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def request(url: str, path: str, body=None, method: str | None = None, read: int = -1, timeout: float = 60,
+            headers: dict | None = None):
+    """(status, headers, body bytes); `read` > 0 reads that many bytes and hangs up."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"} | (headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read(read) if read > 0 else r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def start_server(tmp_path, *extra, ckpt: str = CKPT, env: dict | None = None):
+    voices = tmp_path / "voices"
+    voices.mkdir(exist_ok=True)
+    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    shutil.copy(paths.voice_wav(), voices / "bob.wav")
+    shutil.copy(paths.INPUTS / "voice.txt", voices / "bob.txt")   # bob clones in ICL mode
+    port = free_port()
+    log = open(tmp_path / "server.log", "w")  # a file, not a pipe nobody reads (a full pipe blocks the server)
+    code = "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code, "serve", "--checkpoint", str(paths.model_dir(ckpt)),
+                             "--port", str(port), "--voices", str(voices), "--threads", "2", *extra],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}: {(tmp_path / 'server.log').read_text()}")
+        try:
+            if request(url, "/health", timeout=2)[0] == 200:
+                return proc, url
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server did not come up")
+
+
+def stop_server(proc):
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+
+
+# What a decoder gives beyond the samples sent: LAME's and AAC's priming samples and last frame's padding (Ogg Opus
+# says its pre-skip and end in the container, FLAC is exact). Measured: +1344 (mp3) and +1408 (aac) for 21120.
+PADDING = {"mp3": 2 * 1152, "aac": 2 * 1024, "opus": 0, "flac": 0}
+MAGIC = {"mp3": (b"ID3", b"\xff\xf3", b"\xff\xfb"), "opus": (b"OggS",), "aac": (b"\xff\xf1", b"\xff\xf9"),
+         "flac": (b"fLaC",), "wav": (b"RIFF",)}
+
+
+def decoded(body: bytes) -> tuple[np.ndarray, int, str]:
+    """A compressed body's samples (PyAV, FFmpeg's decoders), their rate and the codec: what a player hears."""
+    import av
+
+    with av.open(io.BytesIO(body)) as container:
+        stream = container.streams.audio[0]
+        samples = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
+        return samples, stream.codec_context.sample_rate, stream.codec_context.name
+
+
+def samples_at_24k(fmt: str, body: bytes) -> int:
+    """How many 24 kHz samples a body of `fmt` decodes to (Opus decodes at 48 kHz)."""
+    samples, rate, _ = decoded(body)
+    assert rate in (24000, 48000) and body.startswith(MAGIC[fmt]), (fmt, rate, body[:8])
+    return len(samples) * 24000 // rate

@@ -1,0 +1,133 @@
+"""The page at `/` in a real headless browser (Debian's Chromium, driven by Selenium through chromium-driver): it
+lists the server's voices, speaks what is typed, plays the audio as it streams in, and downloads it.
+
+Without Chromium and its driver the page tests are a recorded skip, unless QTTS_REQUIRE_BROWSER is set (.ci/run
+sets it after installing them): there a skip would mean the set-up broke, so it is a failure."""
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from serving import start_server, stop_server
+
+REQUIRE = "QTTS_REQUIRE_BROWSER"
+CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+DRIVER = "chromedriver"
+MAX_FRAMES = 12
+
+
+class BrowserRequired(RuntimeError):
+    """QTTS_REQUIRE_BROWSER is set and no Chromium or chromedriver was found."""
+
+
+def browser_or_skip(found: tuple[str | None, str | None] | None = None, required: str | None = None):
+    """(chromium, chromedriver) paths, or None with a reason to skip; raises `BrowserRequired` where required."""
+    found = found or (next(filter(None, map(shutil.which, CHROMIUM)), None), shutil.which(DRIVER))
+    required = os.environ.get(REQUIRE, "") if required is None else required
+    if all(found):
+        return found, ""
+    reason = ("no Chromium or chromedriver on PATH: apt-get install chromium chromium-driver (Debian), as .ci/run "
+              "does")
+    if required and required.lower() not in ("0", "false", "no"):
+        raise BrowserRequired(f"{REQUIRE}={required}: {reason}")
+    return None, reason
+
+
+def test_a_missing_browser_is_a_skip_unless_required():
+    assert browser_or_skip((None, "/usr/bin/chromedriver"), required="")[0] is None
+    with pytest.raises(BrowserRequired):
+        browser_or_skip(("/usr/bin/chromium", None), required="1")
+    assert browser_or_skip(("/usr/bin/chromium", "/usr/bin/chromedriver"), required="1")[0] is not None
+
+
+def chrome(downloads: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    found, reason = browser_or_skip()
+    if found is None:
+        pytest.skip(reason)
+    options = webdriver.ChromeOptions()
+    options.binary_location = found[0]
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--autoplay-policy=no-user-gesture-required", "--window-size=900,900"):
+        options.add_argument(flag)
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                              "download.prompt_for_download": False})
+    return webdriver.Chrome(options=options, service=Service(executable_path=found[1]))
+
+
+@pytest.fixture(scope="module")
+def page(tts, tmp_path_factory):
+    from qtts_lib import export
+
+    export.ensure(tts, "tiny-base")
+    tmp = tmp_path_factory.mktemp("page")
+    proc, url = start_server(tmp, "--max-frames", str(MAX_FRAMES))
+    try:
+        driver = chrome(tmp / "downloads")
+    except BaseException:
+        stop_server(proc)
+        raise
+    yield driver, url, tmp / "downloads"
+    driver.quit()
+    stop_server(proc)
+
+
+def wait_for(driver, condition: str, timeout: float = 60):
+    """Until the page's JavaScript `condition` holds (the page's state lives on <body data-...>)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(lambda d: d.execute_script(f"return {condition}"))
+
+
+def test_the_page_speaks_plays_as_it_streams_and_downloads(page):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver, url, downloads = page
+    driver.get(url + "/")
+    wait_for(driver, "document.body.dataset.state === 'ready'")
+    voices = [o.text for o in Select(driver.find_element(By.ID, "voice")).options]
+    assert voices == ["alice", "bob"]  # the server's list (tiny-base clones the clips in --voices)
+    assert "english" in [o.text for o in Select(driver.find_element(By.ID, "language")).options]
+    assert not driver.find_element(By.ID, "instructions").is_displayed()  # a Base checkpoint follows none
+    text = driver.find_element(By.ID, "text")
+    text.clear()
+    text.send_keys("Hello from the browser.")
+    Select(driver.find_element(By.ID, "voice")).select_by_visible_text("bob")
+    driver.find_element(By.TAG_NAME, "summary").click()  # the sampling controls
+    driver.find_element(By.ID, "seed").send_keys("3")
+    driver.find_element(By.ID, "temperature").send_keys("0.8")  # a value the field's own validation must let by
+    driver.find_element(By.ID, "play").click()
+    wait_for(driver, "['done', 'error'].includes(document.body.dataset.state)")
+    data = data_of(driver)
+    assert data["state"] == "done", driver.find_element(By.ID, "status").text
+    samples, pieces = int(data["samples"]), int(data["pieces"])
+    print(f"page: {samples} samples in {pieces} pieces, first audio after {data['firstMs']} ms")
+    # played as it streamed: the server sends a piece per 4 frames, and the page scheduled each as it arrived
+    assert 0 < samples <= MAX_FRAMES * 1920 and pieces >= 2 and int(data["firstMs"]) >= 0
+    assert data["audioState"] == "running"  # the Web Audio context played the pieces as they came
+    # the download: mp3, asked again with the same fields (same seed, same audio), saved by the browser
+    Select(driver.find_element(By.ID, "format")).select_by_value("mp3")
+    driver.find_element(By.ID, "download").click()
+    wait_for(driver, "document.body.dataset.downloaded !== undefined")
+    mp3 = saved(driver, downloads / "speech.mp3")
+    assert len(mp3) == int(data_of(driver)["downloaded"].split(":")[1]) and mp3[:3] == b"ID3"
+    Select(driver.find_element(By.ID, "format")).select_by_value("wav")
+    driver.find_element(By.ID, "download").click()
+    wav = saved(driver, downloads / "speech.wav")  # built in the page from the pcm it played
+    assert wav[:4] == b"RIFF" and struct.unpack("<I", wav[40:44])[0] == 2 * samples == len(wav) - 44
+
+
+def data_of(driver) -> dict:
+    return driver.execute_script("return Object.assign({}, document.body.dataset)")
+
+
+def saved(driver, path: Path) -> bytes:
+    """A download's bytes, once the browser has renamed it from its .crdownload (complete)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 30).until(lambda d: path.exists())
+    return path.read_bytes()
