@@ -426,9 +426,10 @@ if missing:
 else:
     speed, loop_q, codec_q = (json.loads(f.read_text()) for f in machine_files.values())
     two = next(r for r in codec_q["runs"] if r["threads"] == 2)["vs_fp32"]
+    bf16 = two["bf16"]
     codec_price = {"fp32": {"codec SNR dB": None, "codec LSD dB": 0.0, "Mimi cb0": 1.0},
-                   "bf16": {"codec SNR dB": two["bf16"]["snr_db"], "codec LSD dB": two["bf16"]["log_spectral_distance_db"],
-                            "Mimi cb0": two["bf16"]["mimi_codes_agree"][0]}}
+                   "bf16": {"codec SNR dB": bf16["snr_db"], "codec LSD dB": bf16["log_spectral_distance_db"],
+                            "Mimi cb0": bf16["mimi_codes_agree"][0]}}
     pick = pd.DataFrame([{"loop": r["precision"], "codec": r["codec_precision"], "RTF": r["rtf"],
                           "ms/frame": r["ms_per_frame"]["total"],
                           "cb0 agreement": loop_q["tiers"][r["precision"]]["agreement_codebook0"],
