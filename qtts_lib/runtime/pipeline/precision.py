@@ -44,11 +44,10 @@ from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
 from ..rewrites.decode_step import decode_step, fp16_step
 from ..rewrites.int8 import int8_graph
-from ..rewrites.threads import PROJECTIONS, THREADED, small_layers_single_threaded
+from ..rewrites.threads import small_layers_single_threaded
 
 TIERS = ("fp32", "fp16", "int8")
 DECODERS = ("talker_decoder", "predictor_decoder")
-SHORT_CONTEXT = ("predictor_decoder",)   # at most 17 positions: its attention too runs on one thread
 HEADS = ("predictor_heads",)   # the heads int8 makes int8 too (module docstring)
 INT8_GRAPHS = DECODERS + HEADS  # what `ensure_int8` writes for the int8 tier
 INT8_FORMAT = 3          # bump when the written files change meaning (3: biased Gemms are int8 too)
@@ -176,9 +175,8 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     (`rewrites.batch.fold_batch`; at one sequence it computes what the exported graph does), on the CPU and on a
     GPU alike. fp16's step graph stays one sequence, one position: a batch runs the fp32-storage graph.
 
-    On the CPU every graph runs its small layers on one thread (`rewrites.threads`; bitwise the same outputs; the
-    predictor's attention too, `SHORT_CONTEXT`); `one_thread_small=False` keeps them threaded (chapter 09 times
-    both)."""
+    On the CPU every graph runs its small layers on one thread (`rewrites.threads`; bitwise the same outputs);
+    `one_thread_small=False` keeps them threaded (chapter 09 times both)."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     layers = cached_layers(ncnn_dir, name)
     param = ncnn_dir / f"{name}_kv.param"
@@ -187,11 +185,8 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     fold = partial(fold_batch, heads=heads) if heads is not None else None
     single = one_thread_small and parse_device(device) is None
 
-    threaded = PROJECTIONS if name in SHORT_CONTEXT else THREADED
-
     def form(*rewrites):  # the .param rewrites of one net, in order
-        chain = [r for r in rewrites if r is not None]
-        chain += [partial(small_layers_single_threaded, threaded=threaded)] if single else []
+        chain = [r for r in rewrites if r is not None] + ([small_layers_single_threaded] if single else [])
         return (lambda text: reduce(lambda t, r: r(t), chain, text)) if chain else None
 
     if tier == "int8":

@@ -11,20 +11,16 @@ to its floor: chapter 09's table).
 
 ncnn has a per-layer switch for it: bit 7 of a layer's feature mask (param 31; `get_masked_option` in ncnn's
 net.cpp) runs that layer with one thread. `small_layers_single_threaded` sets it on every layer except those that
-do the heavy work: the projections always, and attention where its context grows. SDPA on two threads synchronises
-several times per layer, which costs more than its work at a short context and less at a long one (full-base int8
-talker steps, EPYC VM, 2 threads: 19.4 ms all small layers on one thread vs 24.0 with SDPA threaded at 16 cached
-positions; 27.8 vs 23.1 at 400; 41.1 vs 28.2 at 1200), so the code predictor (at most 17 positions) runs it on one
-thread and the talker on two. Each output element is computed by one thread in the same order either way, so the
-outputs are bitwise those of the threaded graph (tests/test_rewrites.py checks it on both decoders of tiny-base).
+do the heavy work (the projections, and attention, whose cost grows with the context). Each output element is
+computed by one thread in the same order either way, so the outputs are bitwise those of the threaded graph
+(tests/test_rewrites.py checks it on every decoder of tiny-base).
 """
 from __future__ import annotations
 
 from ..binding.graph import Graph, int_param, params_dict, set_params
 
 SINGLE_THREAD = 1 << 7          # ncnn's featmask bit: num_threads = 1 for this layer
-PROJECTIONS = ("Gemm", "InnerProduct")        # worth two threads at one row
-THREADED = PROJECTIONS + ("SDPA",)            # ... and attention over a context that grows (module docstring)
+THREADED = ("Gemm", "InnerProduct", "SDPA")   # the layers worth two threads at one row
 
 
 def small_layers_single_threaded(text: str, threaded: tuple[str, ...] = THREADED) -> str:
