@@ -301,47 +301,6 @@ def test_tiny_decode_step_graph_matches(tiny_ncnn, tmp_path):
         assert np.abs(ya - yb).max() <= 1e-5 * np.abs(ya).max()
 
 
-def test_small_layers_single_threaded_text():
-    from qtts_lib.runtime.rewrites.threads import SINGLE_THREAD, small_layers_single_threaded
-
-    text = ("7767517\n4 4\nInput in 0 1 in\nGemm g 1 1 in a 5=1 8=4 9=4\nRMSNorm n 1 1 a b 0=4 31=2\n"
-            "SDPA s 1 1 b out 5=0\n")
-    out = {layer.name: graph.params_dict(layer) for layer in graph.Graph(small_layers_single_threaded(text)).layers}
-    assert out["n"]["31"] == str(2 | SINGLE_THREAD)          # fp16's mask bit kept
-    assert "31" not in out["g"] and "31" not in out["s"] and "31" not in out["in"]
-
-
-@pytest.mark.parametrize("tier", ["fp32", "int8", "fp16"])
-@pytest.mark.parametrize("name", ["talker_decoder", "predictor_decoder"])
-def test_small_layers_on_one_thread_compute_the_same(tiny_ncnn, name, tier, monkeypatch):
-    """Every small layer of a decoder on one thread (`rewrites.threads`): the outputs of a prefill and of steps,
-    caches included, are bitwise those of the all-threaded graph, in every tier, batched too."""
-    from qtts_lib.runtime.pipeline import precision
-    from qtts_lib.runtime.rewrites.threads import small_layers_single_threaded
-
-    rewritten = []
-    monkeypatch.setattr(precision, "small_layers_single_threaded",
-                        lambda text: rewritten.append(1) or small_layers_single_threaded(text))
-    talker = json.loads((tiny_ncnn.parent / "config.json").read_text())["talker_config"]
-    cfg = talker if name == "talker_decoder" else talker["code_predictor_config"]
-    heads = None if tier == "fp16" else cfg["num_attention_heads"]
-    a = precision.decoder(tiny_ncnn, name, cfg["head_dim"], cfg["rope_theta"], 2, precision=tier, heads=heads,
-                          one_thread_small=False)
-    assert not rewritten
-    b = precision.decoder(tiny_ncnn, name, cfg["head_dim"], cfg["rope_theta"], 2, precision=tier, heads=heads)
-    assert len(rewritten) == (2 if tier == "fp16" else 1)  # fp16: its prefill and its step graph
-    rng = np.random.default_rng(1)
-    sequences = 1 if heads is None else 2
-    x0 = rng.standard_normal((sequences, 5, cfg["hidden_size"])).astype(np.float32)
-    (ya, ca), (yb, cb) = a.prefill(x0), b.prefill(x0)
-    np.testing.assert_array_equal(ya, yb)
-    for _ in range(4):
-        x = rng.standard_normal((sequences, 1, cfg["hidden_size"])).astype(np.float32)
-        np.testing.assert_array_equal(a.forward(x, ca), b.forward(x, cb))
-    for blob, m in ca.arrays().items():
-        np.testing.assert_array_equal(m, cb.arrays()[blob])
-
-
 # ---------------------------------------------------------------- input-channel split
 def _conv3d_text(co, ci, k, dil, act=""):
     return ("7767517\n2 2\nInput                    in                       0 1 in\n"

@@ -33,18 +33,17 @@ import json
 import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial, reduce
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from ..binding.cached import KvCacheNet
-from ..binding.net import Net, make_net, parse_device
+from ..binding.net import Net, make_net
 from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
 from ..rewrites.decode_step import decode_step, fp16_step
 from ..rewrites.int8 import int8_graph
-from ..rewrites.threads import small_layers_single_threaded
 
 TIERS = ("fp32", "fp16", "int8")
 DECODERS = ("talker_decoder", "predictor_decoder")
@@ -116,6 +115,9 @@ class StepGraph:
     rewrite: Callable[[str], str] | None
     fp16_weights: bool
 
+    def net(self, threads: int = 2, device: str = "cpu"):
+        return make_net(self.param, self.bin, threads, device, self.rewrite, fp16_weights=self.fp16_weights)
+
     def probe_options(self, ncnn_dir: str | Path, threads: int = 2) -> dict:
         """The same graph as `qtts_lib.probe.probe_ncnn` options (paths relative to `ncnn_dir`)."""
         rel = self.param.relative_to(Path(ncnn_dir)).with_suffix("")
@@ -164,8 +166,7 @@ def cached_layers(ncnn_dir: str | Path, name: str) -> int:
 
 
 def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, threads: int = 2, device: str = "cpu",
-            precision: str = "fp32", fast_steps: bool | None = None, log=None, heads: int | None = None,
-            one_thread_small: bool = True) -> KvCacheNet:
+            precision: str = "fp32", fast_steps: bool | None = None, log=None, heads: int | None = None) -> KvCacheNet:
     """Cached decoder `name` as `precision` runs it. fp32 and int8: one graph for prefill and steps (their Gemms
     are threaded at one row), each weight held once. fp16 (CPU only): the exported graph for prefill and
     `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
@@ -173,28 +174,18 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
 
     `heads` (the config's num_attention_heads) makes the graph take several sequences at once
     (`rewrites.batch.fold_batch`; at one sequence it computes what the exported graph does), on the CPU and on a
-    GPU alike. fp16's step graph stays one sequence, one position: a batch runs the fp32-storage graph.
-
-    On the CPU every graph runs its small layers on one thread (`rewrites.threads`; bitwise the same outputs);
-    `one_thread_small=False` keeps them threaded (chapter 09 times both)."""
+    GPU alike. fp16's step graph stays one sequence, one position: a batch runs the fp32-storage graph."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     layers = cached_layers(ncnn_dir, name)
     param = ncnn_dir / f"{name}_kv.param"
     if not param.is_file():
         raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
     fold = partial(fold_batch, heads=heads) if heads is not None else None
-    single = one_thread_small and parse_device(device) is None
-
-    def form(*rewrites):  # the .param rewrites of one net, in order
-        chain = [r for r in rewrites if r is not None] + ([small_layers_single_threaded] if single else [])
-        return (lambda text: reduce(lambda t, r: r(t), chain, text)) if chain else None
-
     if tier == "int8":
         graph = step_graph(ncnn_dir, name, "int8", log)
-        return KvCacheNet(make_net(graph.param, graph.bin, threads, device, form(fold)), layers, head_dim, theta,
+        return KvCacheNet(make_net(graph.param, graph.bin, threads, device, fold), layers, head_dim, theta,
                           name=name, heads=heads, device=device)
-    prefill = make_net(param, ncnn_dir / f"{name}.bin", threads, device, form(fold))
+    prefill = make_net(param, ncnn_dir / f"{name}.bin", threads, device, fold)
     fast = tier == "fp16" if fast_steps is None else fast_steps
-    graph = step_graph(ncnn_dir, name, tier)
-    step = make_net(graph.param, graph.bin, threads, device, form(graph.rewrite), graph.fp16_weights) if fast else None
+    step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast else None
     return KvCacheNet(prefill, layers, head_dim, theta, step=step, name=name, heads=heads, device=device)
