@@ -409,52 +409,6 @@ check.close("talker steps: InnerProduct form vs Gemm form (16 steps)", b, a, rel
 pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (median)").to_frame()
 
 # %% [markdown]
-# ## 8. Wake the second core only for the projections
-# At one thread the loop sits close to its floor; at two it does not, and the difference is not arithmetic. A decode
-# step is hundreds of ncnn layers (full size: the talker's cached graph 852, 1160 with chapter 14's batch fold; the
-# code predictor's 251, run 15 times a frame), about 5,000 layer calls a frame, and only some 430 of them read
-# weights. ncnn's x86 layers each run as an OpenMP parallel region over all threads, so every one-row RMSNorm,
-# Reshape or residual add wakes the second thread and meets it at a barrier for a microsecond of work. ncnn has a
-# per-layer switch for it, bit 7 of the layer's feature mask (param `31`): that layer runs on one thread.
-# `rewrites.threads.small_layers_single_threaded` sets it on every layer but the projections (`Gemm`, `InnerProduct`)
-# and, in the talker, attention (whose context grows; the code predictor's never exceeds 17 positions). The
-# runtime's decoders load that form on the CPU (`precision.decoder`; `one_thread_small=False` is the old one).
-# Each output element is still computed by one thread in the same order, so the outputs must be bitwise equal:
-
-# %%
-from qtts_lib.runtime.rewrites.threads import SINGLE_THREAD, small_layers_single_threaded  # noqa: E402
-
-kv_text = (paths.ncnn_dir(ckpt) / "talker_decoder_kv.param").read_text()
-marked = sum(f"31={SINGLE_THREAD}" in line for line in small_layers_single_threaded(kv_text).splitlines())
-print(f"talker_decoder_kv.param: {marked} of {len(kv_text.splitlines()) - 2} layers marked for one thread")
-outs = {}
-for single in (False, True):
-    kv = precision.decoder(paths.ncnn_dir(ckpt), "talker_decoder", c["head_dim"], c["rope_theta"], THREADS,
-                           one_thread_small=single)
-    rng = np.random.default_rng(5)
-    _, kv_cache = kv.prefill(rng.standard_normal((1, 12, c["hidden_size"])).astype(np.float32))
-    outs[single] = np.concatenate([kv.forward(rng.standard_normal((1, 1, c["hidden_size"])).astype(np.float32),
-                                              kv_cache) for _ in range(8)])
-    del kv
-check.equal("talker steps, small layers on one thread vs all threaded: bitwise", "max |diff|",
-            float(np.abs(outs[True] - outs[False]).max()), 0.0)
-
-# %% [markdown]
-# At full size, on the EPYC VM (2 threads, 40 frames, fresh processes, 3 interleaved repeats; `variant` "threaded" is
-# the same runtime with every layer threaded, `python -m qtts_lib.bench loop --variants default,threaded`):
-
-# %%
-ab_file = paths.DATA / "bench" / "dev-2core-epyc-full-base-threads.json"
-if ab_file.is_file():
-    ab = json.loads(ab_file.read_text())
-    ab_rows = pd.DataFrame([{"precision": r["precision"], "codec": r["codec_precision"], "variant": r["variant"],
-                             "talker": r["ms_per_frame"]["talker"], "predictor": r["ms_per_frame"]["predictor"],
-                             "loop / floor": r["floor_ratio"], "RTF": r["rtf"]} for r in ab["rows"]])
-    display(ab_rows.style.set_caption(f"{ab_file.stem}: ms per frame"))
-else:
-    print(f"skipped because {ab_file} is not there (python -m qtts_lib.bench loop --variants default,threaded)")
-
-# %% [markdown]
 # ## Summary
 # - Speed is reported as medians of interleaved repeats, every run in its own process, the machine described and
 #   its read bandwidth measured in the same run; ratios only between rows of one run.
@@ -468,8 +422,6 @@ else:
 #   here, and chapters 06-07 (which run the runtime) hold token parity with it. fp32 decode steps run the exported
 #   graph: the InnerProduct step form (`rewrites.decode_step`) measured no faster at full size and held every weight
 #   twice, so only the fp16 tier keeps it; both forms are checked equal here.
-# - On two threads the decoders' small layers run on one (`rewrites.threads`): the second core is woken for the
-#   projections (and the talker's attention) only; bitwise the same outputs.
 # - The codec is timed twice per run: the first decode in a process (what `qtts say` pays, fresh memory included) and
 #   a second one (what a server pays); `python -m qtts_lib.bench codec` compares the two codecs with everything else
 #   held still.

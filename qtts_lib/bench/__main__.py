@@ -33,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     loop.add_argument("--devices", default="cpu", help="comma-separated: cpu, vulkan (ncnn), cuda (PyTorch)")
     loop.add_argument("--precision", default="fp32", help="comma-separated ncnn tiers (fp32, fp16, int8)")
     loop.add_argument("--codec-precision", default="fp32", help="comma-separated codec tiers of the ncnn CPU rows")
-    loop.add_argument("--variants", default="default",
-                      help="comma-separated: default, threaded (the decoders' small layers threaded too)")
     codec = measurement("codec", "the codec alone, ncnn vs PyTorch in one process")
     codec.add_argument("--threads", default="1,2")
     codec.add_argument("--rounds", type=int, default=9)
@@ -91,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
         split = lambda s: tuple(x.strip() for x in s.split(","))  # noqa: E731
         result = benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats, split(a.runtimes),
-                           split(a.precision), split(a.devices), codecs=split(a.codec_precision),
-                           variants=split(a.variants))
+                           split(a.precision), split(a.devices), codecs=split(a.codec_precision))
     elif a.what == "batch":
         from .batch import benchmark as batch_benchmark
         from .batch import parity

@@ -3,8 +3,7 @@
     python -m qtts_lib.bench loop --checkpoint full-base --threads 1,2 --frames 40 --repeats 3 -o data/bench/NAME.json
     python -m qtts_lib.bench loop --checkpoint full-base --devices vulkan,cpu --runtimes ncnn --threads 1,16 ...
     python -m qtts_lib.bench loop --checkpoint full-base --devices cuda --runtimes pytorch --threads 1 ...
-    python -m qtts_lib.bench loop --runtimes ncnn --precision int8 --codec-precision fp32,bf16 \
-        --variants default,threaded ...
+    python -m qtts_lib.bench loop --runtimes ncnn --precision int8 --codec-precision fp32,bf16 ...
 
 Every measurement runs in a fresh child process (`bench.child`: its own model load, its own peak RSS, no thread
 pool left over from the other runtime), and the runs are interleaved: repeat 1 of every (runtime, device, precision,
@@ -20,9 +19,8 @@ On the CPU the generation loop is memory-bound: every frame reads the talker's w
 and its ratio to it. Every run measures the bandwidth while it runs (`machine.Probe`: every 8 frames, between frames,
 outside the timed code) and is held against the floor of that bandwidth.
 
-ncnn rows can also differ by the codec's tier (`codec_precision`, chapter 10) and by `variant`: "default" is the
-runtime as shipped, "threaded" the same with the decoders' small layers threaded too (`rewrites.threads` off), so
-a row and its twin from one run say what that rewrite buys.
+ncnn CPU rows can also differ by the codec's tier (`codec_precision`, chapter 10): a tier end to end beside the
+loop's floor in one file.
 """
 from __future__ import annotations
 
@@ -37,31 +35,17 @@ from .machine import Probe, describe
 from .results import check_schema
 from .workload import LANGUAGE, TEXT, voice_wav, weight_bytes_per_frame
 
-VARIANTS = ("default", "threaded")
-
 
 def run_ncnn(model_dir: str, frames: int, threads: int, device: str = "cpu", precision: str = "fp32",
-             codec_precision: str = "fp32", variant: str = "default") -> dict:
+             codec_precision: str = "fp32") -> dict:
     """Speak exactly `frames` frames with `Synthesizer.synthesize` (greedy) and decode them once more; seconds per
-    part, from the `Result` (`seconds`). `variant` "threaded" loads the decoders with every layer threaded (this
-    child process only: the harness's A/B of `rewrites.threads`)."""
-    from functools import partial
-
+    part, from the `Result` (`seconds`)."""
     from ..runtime import Sampling, Synthesizer
-    from ..runtime.pipeline import precision as tiers
 
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; use one of {', '.join(VARIANTS)}")
     probe = Probe(threads)
     t0 = time.perf_counter()
-    shipped = tiers.decoder
-    if variant == "threaded":  # for this load only
-        tiers.decoder = partial(shipped, one_thread_small=False)
-    try:
-        synth = Synthesizer(model_dir, threads=threads, device=device, precision=precision,
-                            codec_precision=codec_precision)
-    finally:
-        tiers.decoder = shipped
+    synth = Synthesizer(model_dir, threads=threads, device=device, precision=precision,
+                        codec_precision=codec_precision)
     load_s = time.perf_counter() - t0
     voice = synth.voice(wav=load_wav(voice_wav()))
     probe()
@@ -185,12 +169,10 @@ def row(runtime: str, threads: int, runs: list[dict], floor_ms: float | None, pr
 
 
 def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: int, runtimes=("pytorch", "ncnn"),
-              precisions=("fp32",), devices=("cpu",), progress: bool = True, codecs=("fp32",),
-              variants=("default",)) -> dict:
+              precisions=("fp32",), devices=("cpu",), progress: bool = True, codecs=("fp32",)) -> dict:
     """Interleaved repeats of every (runtime, device, precision, threads); the result in data/bench's schema.
     PyTorch runs fp32 on cpu or cuda; the ncnn runtime every tier in `precisions` (chapter 10) on cpu, fp32 on
-    vulkan, and on the cpu each of `codecs` (the codec's tiers) and `variants` (module docstring). A device a
-    runtime cannot use is left out."""
+    vulkan, and on the cpu each of `codecs` (the codec's tiers). A device a runtime cannot use is left out."""
     from tqdm.auto import tqdm
 
     machine = describe(thread_counts)
@@ -202,31 +184,30 @@ def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: i
         ensure_int8_tier(ncnn_dir, log=print)
     usable = {"pytorch": ("cpu", "cuda"), "ncnn": ("cpu", "vulkan")}
     ncnn_cpu = lambda r, d: r == "ncnn" and d == "cpu"  # noqa: E731
-    keys = [(r, d, p, t, c, v) for t in thread_counts for r in runtimes for d in devices
+    keys = [(r, d, p, t, c) for t in thread_counts for r in runtimes for d in devices
             if d.split(":")[0] in usable[r]
             for p in (precisions if ncnn_cpu(r, d) else ("fp32",))
-            for c in (codecs if ncnn_cpu(r, d) else ("fp32",))
-            for v in (variants if ncnn_cpu(r, d) else ("default",))]
+            for c in (codecs if ncnn_cpu(r, d) else ("fp32",))]
     runs: dict[tuple, list[dict]] = {k: [] for k in keys}
     with tqdm(total=repeats * len(runs), desc="bench", unit="run", disable=not progress) as bar:
         for _ in range(repeats):
-            for (runtime, device, precision, threads, codec, variant), done in runs.items():
+            for (runtime, device, precision, threads, codec), done in runs.items():
                 bar.set_postfix_str(f"{runtime} {device} {precision} {threads} threads")
                 kwargs = dict(model_dir=str(model_dir), frames=frames, threads=threads, device=device)
                 if runtime == "ncnn":
-                    kwargs |= dict(precision=precision, codec_precision=codec, variant=variant)
+                    kwargs |= dict(precision=precision, codec_precision=codec)
                 done.append(child.run("loop", f"run_{runtime}", threads, **kwargs))
                 bar.update(1)
     machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     rows = []
-    for (runtime, device, precision, threads, codec, variant), done in runs.items():
+    for (runtime, device, precision, threads, codec), done in runs.items():
         on_cpu = device == "cpu"
         floor_ms = weights[precision] / (machine["read_bandwidth_gbs"][str(threads)] * 1e9) * 1000 if on_cpu else None
-        extra = {"codec_precision": codec, "variant": variant} if runtime == "ncnn" else None
+        extra = {"codec_precision": codec} if runtime == "ncnn" else None
         rows.append(row(runtime, threads, done, floor_ms, precision, weights[precision] if on_cpu else None, device,
                         extra))
-    raw = [{"runtime": r, "device": d, "precision": p, "threads": t, "codec_precision": c, "variant": v, **run}
-           for (r, d, p, t, c, v), done in runs.items() for run in done]
+    raw = [{"runtime": r, "device": d, "precision": p, "threads": t, "codec_precision": c, **run}
+           for (r, d, p, t, c), done in runs.items() for run in done]
     result = {"machine": machine, "checkpoint": Path(model_dir).name, "frames": frames,
               "weight_bytes_per_frame": weights["fp32"], "weight_bytes_per_frame_by_precision": weights,
               "text": TEXT, "rows": rows, "raw": raw}
