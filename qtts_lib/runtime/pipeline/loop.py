@@ -38,6 +38,7 @@ from ..binding.cached import KvCache, KvCacheNet, merge
 from ..binding.net import Net, net_from_text, parse_device, run
 from ..errors import BatchError
 from ..rewrites.gpu import fused_predictor_param, packed_cache_params
+from ..rewrites.gpu_layers import ensure_gpu_decoder, gemv_heads
 from . import precision
 from .config import ModelConfig
 from .embeddings import Embeddings
@@ -130,6 +131,91 @@ class FusedCodePredictor:
         return Frame(np.array(codes, np.int64), embed)
 
 
+class GemvCodePredictor:
+    """`CodePredictor` for a GPU (chapter 08): every position one call of the one-position GEMV form of the
+    predictor fused with its heads (`rewrites.gpu_layers.gemv_step`, `rewrites.gpu.fused_predictor_param`), the
+    caches of its 5 layers in one blob (`rewrites.gpu.packed_cache_params`; at most 17 positions: ~0.7 MB). Per
+    frame: position 0 (the talker's hidden state) builds the cache, then codebooks 1..15 one call each (head s on
+    the embedding of codebook s-1): 16 calls, 31 extracts."""
+
+    batches = False  # one sequence per call
+
+    def __init__(self, first, step, layers: int, head_dim: int, theta: float, embeddings: Embeddings):
+        self.first, self.step, self.layers = first, step, layers
+        self.head_dim, self.theta, self.embed = head_dim, theta, embeddings
+
+    def _call(self, net, x: np.ndarray, cache: KvCache, outputs: list[str]) -> list:
+        past = cache.past
+        cos, sin = rope.tables(self.head_dim, self.theta, past, 1)
+        inputs = {"in0": x[None].astype(np.float32), "in1": rope.causal_mask(1, past), "in2": cos, "in3": sin}
+        out = run(net, inputs | cache.blobs, outputs, raw=["cache_all_out"], name="GEMV predictor")
+        if "cache_all_out" in outputs:
+            cache.grow(["cache_all_out"], [out[outputs.index("cache_all_out")]], 1)
+        return out
+
+    def frames(self, hidden: np.ndarray, c0: list[int], samplers: list[Sampler]) -> list[Frame]:
+        return [self.frame(h, c, s) for h, c, s in zip(hidden, c0, samplers)]
+
+    def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
+        cache = KvCache(self.layers)
+        self._call(self.first, hidden, cache, ["cache_all_out"])
+        codes, embed = [c0], self.embed.codec([c0])[0]
+        x = embed
+        groups = self.embed.groups
+        for s in range(groups - 1):
+            last = s == groups - 2
+            out = self._call(self.step, x, cache, [f"logits_{s}"] + ([] if last else ["cache_all_out"]))
+            codes.append(sampler.code(out[0].reshape(-1), codes[1:], s))
+            x = self.embed.acoustic(s, codes[-1])
+            embed = embed + x
+        return Frame(np.array(codes, np.int64), embed)
+
+
+class GpuDecoder:
+    """The talker on a GPU (chapter 08): the prompt prefilled by its GPU form with caches (`rewrites.gpu_layers`,
+    all caches in one blob), then one-position GEMV steps while the cache holds fewer than `max_cached`
+    positions; past that, every call is the full sequence without a cache (the caches' trip through host memory
+    grows with them, a full forward's cost hardly does: data/bench/h200-vulkan-forms.json). Same interface as
+    `KvCacheNet` for one sequence; its `KvCache` also keeps the rows fed so far (`rows`)."""
+
+    batches = False
+    heads = None
+
+    def __init__(self, cached: KvCacheNet, full, max_cached: int, name: str = "talker_decoder"):
+        self.cached, self.full, self.max_cached, self.name = cached, full, max_cached, name
+
+    def new_cache(self, sequences: int = 1) -> KvCache:
+        if sequences != 1:
+            raise ValueError(f"{self.name}: the GPU form takes one sequence at a time")
+        cache = self.cached.new_cache(1)
+        cache.rows = np.zeros((0, 0), np.float32)
+        return cache
+
+    def forward(self, embeds: np.ndarray, cache: KvCache) -> np.ndarray:
+        if embeds.shape[0] != 1:
+            raise ValueError(f"{self.name}: the GPU form takes one sequence at a time")
+        rows = embeds[0].astype(np.float32)
+        cache.rows = rows if cache.rows.size == 0 else np.concatenate([cache.rows, rows])
+        length = len(rows)
+        if cache.blobs is not None and cache.past + length <= self.max_cached:
+            return self.cached.forward(embeds, cache)
+        cache.blobs = None  # from here on the full sequence every call: no cache crosses the bus
+        total = len(cache.rows)
+        cos, sin = rope.tables(self.cached.head_dim, self.cached.theta, 0, total)
+        inputs = {"in0": cache.rows[None], "in1": rope.causal_mask(total), "in2": cos, "in3": sin}
+        out = run(self.full, inputs, ["out0"], axes={"in0": 0, "out0": 0}, name=self.name)[0]
+        cache.past = cache.lengths[0] = total
+        return out[:, total - length:]
+
+    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, KvCache]:
+        cache = self.new_cache(embeds.shape[0])
+        return self.forward(embeds, cache), cache
+
+
+# positions: past it the talker runs the full sequence on a GPU (data/bench/h200-vulkan-forms.json)
+TALKER_MAX_CACHED = 128
+
+
 class Loop:
     """The graphs of the generation loop, and the loop over them (module docstring)."""
 
@@ -145,9 +231,8 @@ class Loop:
         d, t, p = cfg.ncnn_dir, cfg.talker, cfg.predictor
         head = Net(d, "talker_codec_head", threads, device)
         if parse_device(device) is not None and gpu_forms:
-            return cls(_packed_decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device), head,
-                       FusedCodePredictor(_fused_predictor_net(d, threads, device), p["head_dim"], p["rope_theta"],
-                                          embeddings))
+            return cls(_gpu_talker(d, t["head_dim"], t["rope_theta"], threads, device, log), head,
+                       _gemv_predictor(d, p["head_dim"], p["rope_theta"], threads, device, embeddings, log))
         talker = precision.decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device,
                                    precision_tier, log=log, heads=t["num_attention_heads"])
         decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
@@ -323,3 +408,36 @@ def _fused_predictor_net(ncnn_dir: Path, threads: int, device: str):
                     shutil.copyfileobj(f, out, 1 << 24)
         return net_from_text(text, merged, threads, device)
 
+
+
+def _gpu_talker(ncnn_dir: Path, head_dim: int, theta: float, threads: int, device: str, log=None,
+                max_cached: int = TALKER_MAX_CACHED) -> GpuDecoder:
+    """The talker's GPU forms (`rewrites.gpu_layers.ensure_gpu_decoder`) as `GpuDecoder` runs them."""
+    forms = ensure_gpu_decoder(ncnn_dir, "talker_decoder", log=log)
+    prefill = packed_cache_params(forms["kv"].read_text())[0]
+    step = packed_cache_params(forms["step"].read_text())[1]
+    nets = [net_from_text(text, forms["bin"], threads, device)
+            for text in (prefill, step, forms["full"].read_text())]
+    cached = KvCacheNet(nets[0], precision.cached_layers(ncnn_dir, "talker_decoder"), head_dim, theta, step=nets[1],
+                        packed=True, name="talker_decoder", device=device)
+    return GpuDecoder(cached, nets[2], max_cached)
+
+
+def _gemv_predictor(ncnn_dir: Path, head_dim: int, theta: float, threads: int, device: str, embeddings: Embeddings,
+                    log=None) -> GemvCodePredictor:
+    """The predictor's GEMV step form fused with its heads (as InnerProducts), its first position and its steps
+    (`GemvCodePredictor`); the weights the two `.bin` files one after the other, in a file (the binding cannot load
+    weights from memory safely)."""
+    forms = ensure_gpu_decoder(ncnn_dir, "predictor_decoder", log=log)
+    heads = gemv_heads((ncnn_dir / "predictor_heads.param").read_text())
+    fused = fused_predictor_param(forms["step"].read_text(), heads)
+    first, step = packed_cache_params(fused)
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / "predictor_fused.bin"
+        with merged.open("wb") as out:
+            for part in (forms["bin"], ncnn_dir / "predictor_heads.bin"):
+                with part.open("rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 24)
+        nets = [net_from_text(text, merged, threads, device) for text in (first, step)]
+    return GemvCodePredictor(*nets, precision.cached_layers(ncnn_dir, "predictor_decoder"), head_dim, theta,
+                             embeddings)
