@@ -17,13 +17,39 @@ from pathlib import Path
 
 import numpy as np
 
+# graphs whose load probes the weights (the codec's CPU form measures how far each part reaches, which zeros hide):
+# these get small random values instead, laid out as ncnn reads them (a storage tag before each tagged load)
+RANDOM_BINS = ("ncnn/codec_decoder.bin",)
 
-def write_zero_bins(directory: str | Path) -> None:
-    """Zero-filled `.bin` files of the sizes in bin_sizes.json (sparse: instant, no disk)."""
+
+def write_zero_bins(directory: str | Path, random: tuple[str, ...] = RANDOM_BINS) -> None:
+    """Zero-filled `.bin` files of the sizes in bin_sizes.json (sparse: instant, no disk); those in `random` filled
+    with N(0, 0.02) fp32 weights in their .param's load order instead (`write_random_bin`)."""
     directory = Path(directory)
     for name, size in json.loads((directory / "bin_sizes.json").read_text()).items():
+        if name in random:
+            write_random_bin(directory / name, size)
+            continue
         with (directory / name).open("wb") as f:
             f.truncate(size)
+
+
+def write_random_bin(path: Path, size: int, seed: int = 0) -> None:
+    """`path` (a .bin beside its .param) as fp32 N(0, 0.02) values, every tagged load preceded by the fp32 tag."""
+    from ..runtime.binding.param import read_param
+    from ..runtime.binding.weights import FP32_TAG, layer_loads
+
+    rng = np.random.default_rng(seed)
+    written = 0
+    with path.open("wb") as f:
+        for layer in read_param(path.with_suffix(".param")).layers:
+            for count, tagged in layer_loads(layer):
+                if tagged:
+                    f.write(FP32_TAG)
+                f.write((rng.standard_normal(count, np.float32) * np.float32(0.02)).tobytes())
+                written += 4 * count + (4 if tagged else 0)
+    if written != size:
+        raise ValueError(f"{path}: the .param reads {written} bytes, bin_sizes.json says {size}")
 
 
 def stub_missing(*names: str) -> None:

@@ -38,7 +38,7 @@ from ..binding.cached import KvCache, KvCacheNet, merge
 from ..binding.net import Net, net_from_text, parse_device, run
 from ..errors import BatchError
 from ..rewrites.gpu import fused_predictor_param, packed_cache_params
-from ..rewrites.gpu_layers import ensure_gpu_decoder, gemv_heads
+from ..rewrites.gpu_layers import ensure_gpu_decoder, gemv_heads, one_blob_io
 from . import precision
 from .config import ModelConfig
 from .embeddings import Embeddings
@@ -133,75 +133,92 @@ class FusedCodePredictor:
 
 class GemvCodePredictor:
     """`CodePredictor` for a GPU (chapter 08): every position one call of the one-position GEMV form of the
-    predictor fused with its heads (`rewrites.gpu_layers.gemv_step`, `rewrites.gpu.fused_predictor_param`), the
-    caches of its 5 layers in one blob (`rewrites.gpu.packed_cache_params`; at most 17 positions: ~0.7 MB). Per
-    frame: position 0 (the talker's hidden state) builds the cache, then codebooks 1..15 one call each (head s on
-    the embedding of codebook s-1): 16 calls, 31 extracts."""
+    predictor fused with its heads (`rewrites.gpu_layers.gemv_step`, `rewrites.gpu.fused_predictor_param`), the caches
+    of its layers one flat blob, the row, cos and sin one blob, and logits + caches one download
+    (`rewrites.gpu_layers.one_blob_io`). Per frame: position 0 (the talker's hidden state) builds the cache, then
+    codebooks 1..15 one call each (head s on the embedding of codebook s-1): 16 calls, 16 uploads, 16 downloads."""
 
     batches = False  # one sequence per call
 
-    def __init__(self, first, step, layers: int, head_dim: int, theta: float, embeddings: Embeddings):
+    def __init__(self, first, step, head_dim: int, theta: float, vocab: int, layers: int, embeddings: Embeddings):
         self.first, self.step, self.layers = first, step, layers
-        self.head_dim, self.theta, self.embed = head_dim, theta, embeddings
+        self.head_dim, self.theta, self.vocab, self.embed = head_dim, theta, vocab, embeddings
 
-    def _call(self, net, x: np.ndarray, cache: KvCache, outputs: list[str]) -> list:
-        past = cache.past
+    def start(self, hidden: np.ndarray) -> np.ndarray:
+        """The flat cache after position 0 (the talker's hidden state)."""
+        cos, sin = rope.tables(self.head_dim, self.theta, 0, 1)
+        inputs = {"in0": hidden[None].astype(np.float32), "in1": rope.causal_mask(1), "in2": cos, "in3": sin}
+        inputs |= {b: m for b, m in KvCache(self.layers).blobs.items()}
+        return run(self.first, inputs, ["cache_all_out"], name="GEMV predictor")[0]
+
+    def logits(self, x: np.ndarray, cache: np.ndarray, past: int, s: int, last: bool = False):
+        """Head s's logits after row x at position `past`, and the grown flat cache (None when `last`)."""
         cos, sin = rope.tables(self.head_dim, self.theta, past, 1)
-        inputs = {"in0": x[None].astype(np.float32), "in1": rope.causal_mask(1, past), "in2": cos, "in3": sin}
-        out = run(net, inputs | cache.blobs, outputs, raw=["cache_all_out"], name="GEMV predictor")
-        if "cache_all_out" in outputs:
-            cache.grow(["cache_all_out"], [out[outputs.index("cache_all_out")]], 1)
-        return out
+        row = np.concatenate([x.astype(np.float32).ravel(), cos.ravel(), sin.ravel()])
+        name = f"logits_{s}" if last else f"all_logits_{s}"
+        out = run(self.step, {"x": row, "cache_all_in": cache}, [name], name="GEMV predictor")[0]
+        return (out, None) if last else (out[:self.vocab], out[self.vocab:])
 
     def frames(self, hidden: np.ndarray, c0: list[int], samplers: list[Sampler]) -> list[Frame]:
         return [self.frame(h, c, s) for h, c, s in zip(hidden, c0, samplers)]
 
     def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
-        cache = KvCache(self.layers)
-        self._call(self.first, hidden, cache, ["cache_all_out"])
+        cache = self.start(hidden)
         codes, embed = [c0], self.embed.codec([c0])[0]
         x = embed
         groups = self.embed.groups
         for s in range(groups - 1):
-            last = s == groups - 2
-            out = self._call(self.step, x, cache, [f"logits_{s}"] + ([] if last else ["cache_all_out"]))
-            codes.append(sampler.code(out[0].reshape(-1), codes[1:], s))
+            logits, cache = self.logits(x, cache, s + 1, s, last=s == groups - 2)
+            codes.append(sampler.code(logits, codes[1:], s))
             x = self.embed.acoustic(s, codes[-1])
             embed = embed + x
         return Frame(np.array(codes, np.int64), embed)
 
 
 class GpuDecoder:
-    """The talker on a GPU (chapter 08): the prompt prefilled by its GPU form with caches (`rewrites.gpu_layers`,
-    all caches in one blob), then one-position GEMV steps while the cache holds fewer than `max_cached`
-    positions; past that, every call is the full sequence without a cache (the caches' trip through host memory
-    grows with them, a full forward's cost hardly does: data/bench/h200-vulkan-forms.json). Same interface as
-    `KvCacheNet` for one sequence; its `KvCache` also keeps the rows fed so far (`rows`)."""
+    """The talker on a GPU (chapter 08): the prompt prefilled by its GPU form with caches (`rewrites.gpu_layers`),
+    then one-position GEMV steps (one upload, one download: `one_blob_io`) while the cache holds fewer than
+    `max_cached` positions; past that, every call is the full sequence without a cache (the caches' trip through host
+    memory grows with them, a full forward's cost hardly does: data/bench/h200-vulkan-forms.json). The interface of
+    `KvCacheNet` for one sequence; its `KvCache` holds the flat cache (`flat`) and the rows fed so far (`rows`)."""
 
     batches = False
     heads = None
 
-    def __init__(self, cached: KvCacheNet, full, max_cached: int, name: str = "talker_decoder"):
-        self.cached, self.full, self.max_cached, self.name = cached, full, max_cached, name
+    def __init__(self, prefill, step, full, layers: int, head_dim: int, theta: float, max_cached: int,
+                 name: str = "talker_decoder"):
+        self.prefill_net, self.step_net, self.full = prefill, step, full
+        self.layers, self.head_dim, self.theta, self.max_cached, self.name = layers, head_dim, theta, max_cached, name
 
     def new_cache(self, sequences: int = 1) -> KvCache:
         if sequences != 1:
             raise ValueError(f"{self.name}: the GPU form takes one sequence at a time")
-        cache = self.cached.new_cache(1)
-        cache.rows = np.zeros((0, 0), np.float32)
+        cache = KvCache(self.layers)
+        cache.flat, cache.rows = None, np.zeros((0, 0), np.float32)
         return cache
 
     def forward(self, embeds: np.ndarray, cache: KvCache) -> np.ndarray:
         if embeds.shape[0] != 1:
             raise ValueError(f"{self.name}: the GPU form takes one sequence at a time")
         rows = embeds[0].astype(np.float32)
-        cache.rows = rows if cache.rows.size == 0 else np.concatenate([cache.rows, rows])
-        length = len(rows)
-        if cache.blobs is not None and cache.past + length <= self.max_cached:
-            return self.cached.forward(embeds, cache)
-        cache.blobs = None  # from here on the full sequence every call: no cache crosses the bus
+        first = cache.rows.size == 0
+        cache.rows = rows if first else np.concatenate([cache.rows, rows])
+        length, past = len(rows), cache.past
+        if past + length <= self.max_cached and (first or (cache.flat is not None and length == 1)):
+            cos, sin = rope.tables(self.head_dim, self.theta, past, length)
+            if first:
+                inputs = {"in0": rows[None], "in1": rope.causal_mask(length), "in2": cos, "in3": sin} | cache.blobs
+                out, cache.flat = run(self.prefill_net, inputs, ["out0", "cache_all_out"], axes={"in0": 0, "out0": 0},
+                                      name=self.name)
+            else:
+                x = np.concatenate([rows.ravel(), cos.ravel(), sin.ravel()])
+                both = run(self.step_net, {"x": x, "cache_all_in": cache.flat}, ["all_out0"], name=self.name)[0]
+                out, cache.flat = both[None, None, :rows.shape[1]], both[rows.shape[1]:]
+            cache.past = cache.lengths[0] = past + length
+            return out.reshape(1, length, -1)
+        cache.flat = None  # from here on the full sequence every call: no cache crosses the bus
         total = len(cache.rows)
-        cos, sin = rope.tables(self.cached.head_dim, self.cached.theta, 0, total)
+        cos, sin = rope.tables(self.head_dim, self.theta, 0, total)
         inputs = {"in0": cache.rows[None], "in1": rope.causal_mask(total), "in2": cos, "in3": sin}
         out = run(self.full, inputs, ["out0"], axes={"in0": 0, "out0": 0}, name=self.name)[0]
         cache.past = cache.lengths[0] = total
@@ -231,8 +248,8 @@ class Loop:
         d, t, p = cfg.ncnn_dir, cfg.talker, cfg.predictor
         head = Net(d, "talker_codec_head", threads, device)
         if parse_device(device) is not None and gpu_forms:
-            return cls(_gpu_talker(d, t["head_dim"], t["rope_theta"], threads, device, log), head,
-                       _gemv_predictor(d, p["head_dim"], p["rope_theta"], threads, device, embeddings, log))
+            return cls(_gpu_talker(d, t, threads, device, log), head,
+                       _gemv_predictor(d, p, t["hidden_size"], threads, device, embeddings, log))
         talker = precision.decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device,
                                    precision_tier, log=log, heads=t["num_attention_heads"])
         decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
@@ -410,20 +427,18 @@ def _fused_predictor_net(ncnn_dir: Path, threads: int, device: str):
 
 
 
-def _gpu_talker(ncnn_dir: Path, head_dim: int, theta: float, threads: int, device: str, log=None,
+def _gpu_talker(ncnn_dir: Path, cfg: dict, threads: int, device: str, log=None,
                 max_cached: int = TALKER_MAX_CACHED) -> GpuDecoder:
-    """The talker's GPU forms (`rewrites.gpu_layers.ensure_gpu_decoder`) as `GpuDecoder` runs them."""
+    """The talker's GPU forms (`rewrites.gpu_layers.ensure_gpu_decoder`, `one_blob_io`) as `GpuDecoder` runs them."""
     forms = ensure_gpu_decoder(ncnn_dir, "talker_decoder", log=log)
-    prefill = packed_cache_params(forms["kv"].read_text())[0]
-    step = packed_cache_params(forms["step"].read_text())[1]
-    nets = [net_from_text(text, forms["bin"], threads, device)
-            for text in (prefill, step, forms["full"].read_text())]
-    cached = KvCacheNet(nets[0], precision.cached_layers(ncnn_dir, "talker_decoder"), head_dim, theta, step=nets[1],
-                        packed=True, name="talker_decoder", device=device)
-    return GpuDecoder(cached, nets[2], max_cached)
+    hd, kvh = cfg["head_dim"], cfg["num_key_value_heads"]
+    prefill = one_blob_io(forms["kv"].read_text(), hd, kvh, step=False)
+    step = one_blob_io(forms["step"].read_text(), hd, kvh, ("out0",), row=cfg["hidden_size"])
+    nets = [net_from_text(text, forms["bin"], threads, device) for text in (prefill, step, forms["full"].read_text())]
+    return GpuDecoder(*nets, precision.cached_layers(ncnn_dir, "talker_decoder"), hd, cfg["rope_theta"], max_cached)
 
 
-def _gemv_predictor(ncnn_dir: Path, head_dim: int, theta: float, threads: int, device: str, embeddings: Embeddings,
+def _gemv_predictor(ncnn_dir: Path, cfg: dict, row: int, threads: int, device: str, embeddings: Embeddings,
                     log=None) -> GemvCodePredictor:
     """The predictor's GEMV step form fused with its heads (as InnerProducts), its first position and its steps
     (`GemvCodePredictor`); the weights the two `.bin` files one after the other, in a file (the binding cannot load
@@ -431,7 +446,10 @@ def _gemv_predictor(ncnn_dir: Path, head_dim: int, theta: float, threads: int, d
     forms = ensure_gpu_decoder(ncnn_dir, "predictor_decoder", log=log)
     heads = gemv_heads((ncnn_dir / "predictor_heads.param").read_text())
     fused = fused_predictor_param(forms["step"].read_text(), heads)
-    first, step = packed_cache_params(fused)
+    hd, kvh = cfg["head_dim"], cfg["num_key_value_heads"]
+    groups = cfg["num_code_groups"]
+    first = one_blob_io(fused, hd, kvh, step=False)
+    step = one_blob_io(fused, hd, kvh, tuple(f"logits_{s}" for s in range(groups - 1)), row=row)
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "predictor_fused.bin"
         with merged.open("wb") as out:
@@ -439,5 +457,5 @@ def _gemv_predictor(ncnn_dir: Path, head_dim: int, theta: float, threads: int, d
                 with part.open("rb") as f:
                     shutil.copyfileobj(f, out, 1 << 24)
         nets = [net_from_text(text, merged, threads, device) for text in (first, step)]
-    return GemvCodePredictor(*nets, precision.cached_layers(ncnn_dir, "predictor_decoder"), head_dim, theta,
-                             embeddings)
+    return GemvCodePredictor(*nets, hd, cfg["rope_theta"], cfg["vocab_size"],
+                             precision.cached_layers(ncnn_dir, "predictor_decoder"), embeddings)

@@ -262,6 +262,92 @@ def gemv_heads(heads_text: str) -> str:
     return g.text()
 
 
+def one_blob_io(kv_text: str, head_dim: int, kv_heads: int, outputs: tuple[str, ...] = ("out0",), *,
+                step: bool = True, row: int | None = None) -> str:
+    """A cached decoder graph whose caches cross the bus as one flat blob, and for a one-position `step` whose
+    whole call is one upload and one download. Introduced in 08 (issue 26).
+
+    Every layer's K and V output is flattened and concatenated into `cache_all_out` (1-D). With `step`:
+    - the caches come in as one flat `cache_all_in`, sliced in equal parts and reshaped to (head_dim, past,
+      kv_heads) (with `step` False, as exported: one empty Mat per layer, the first call of a sequence);
+    - the row, cos and sin come in as one blob `x` (1-D: `row` values, half, half), sliced in the graph;
+    - SDPA takes no mask (one query attends to every cached position: the mask would be all zeros);
+    - each of `outputs` also exists as `all_<output>` = Concat(output, flat caches): one download per call.
+    The prefill form (`step` False, several rows) keeps its inputs and gains only `cache_all_out`."""
+    g = Graph(kv_text)
+    cache_in = next(lyr for lyr in g.layers if lyr.type == "Input" and lyr.outputs[0].startswith("cache_k_in_"))
+    names = list(cache_in.outputs)
+    flats = []
+    for b in [n.replace("_in_", "_out_") for n in names]:
+        flat = g.fresh(b + "_flat")
+        producer = g.producer(b)
+        g.layers.insert(g.layers.index(producer) + 1, ParamLayer("Reshape", g.fresh(b + "_flatten"), [b], [flat],
+                                                                 ["0=-1"]))
+        flats.append(flat)
+    concat_inputs = {o: [] for o in outputs} if step else {}
+    uses = 1 + len(concat_inputs)
+    tail = []
+    for flat in flats:
+        copies = [g.fresh(flat + "_c") for _ in range(uses)] if uses > 1 else [flat]
+        if uses > 1:
+            tail.append(ParamLayer("Split", g.fresh(flat + "_split"), [flat], copies, []))
+        for i, o in enumerate(concat_inputs):
+            concat_inputs[o].append(copies[1 + i])
+        flats[flats.index(flat)] = copies[0]
+    tail.append(ParamLayer("Concat", "cache_concat", list(flats), ["cache_all_out"], ["0=0"]))
+    for o, parts in concat_inputs.items():
+        user = g.producer(o)
+        if user is None:
+            raise ValueError(f"no layer makes {o}")
+        copy = g.fresh(o + "_c")
+        consumers = g.consumers(o)
+        if consumers:
+            raise ValueError(f"{o} is read inside the graph: not an output")
+        user.outputs = [o + "_pre" if b == o else b for b in user.outputs]
+        tail.append(ParamLayer("Split", g.fresh(o + "_split"), [o + "_pre"], [o, copy], []))  # o keeps its name
+        tail.append(ParamLayer("Reshape", g.fresh(o + "_flatten"), [copy], [copy + "_flat"], ["0=-1"]))
+        tail.append(ParamLayer("Concat", g.fresh("all_" + o), [copy + "_flat"] + parts, ["all_" + o], ["0=0"]))
+    g.layers += tail
+    if step:
+        at = g.layers.index(cache_in)
+        flat_in = [g.fresh(n + "_flat") for n in names]
+        g.layers[at:at + 1] = [ParamLayer("Input", "cache_all_in", [], ["cache_all_in"], []),
+                               ParamLayer("Slice", "cache_slice", ["cache_all_in"], flat_in,
+                                          [f"-23300={len(names)}," + ",".join(["-233"] * len(names)), "1=0"])] + [
+            ParamLayer("Reshape", g.fresh(n + "_shape"), [f], [n], [f"0={head_dim}", "1=-1", f"2={kv_heads}"])
+            for n, f in zip(names, flat_in)]
+        if row is None:
+            raise ValueError("a step form needs the row's width")
+        _merge_row_inputs(g, row, head_dim // 2)
+    return g.text()
+
+
+def _merge_row_inputs(g: Graph, hidden: int, half: int) -> None:
+    """in0 (the row), in2/in3 (cos/sin) -> one 1-D input `x`, sliced; the mask in1 and SDPA's use of it gone."""
+    for sdpa in [lyr for lyr in g.layers if lyr.type == "SDPA"]:
+        d = params_dict(sdpa)
+        if d.get("5") == "1":
+            sdpa.inputs = sdpa.inputs[:3] + sdpa.inputs[4:]
+            d["5"] = "0"
+            set_params(sdpa, d)
+    mask_users = [lyr for lyr in g.layers if "in1" in lyr.inputs]
+    for split in mask_users:
+        if split.type != "Split" or any(g.consumers(b) for b in split.outputs):
+            raise ValueError("the mask feeds something other than SDPA")
+        g.layers.remove(split)
+    inputs = {lyr.outputs[0]: lyr for lyr in g.layers if lyr.type == "Input" and lyr.outputs[0] in ("in0", "in1",
+                                                                                                   "in2", "in3")}
+    at = g.layers.index(inputs["in0"])
+    for lyr in inputs.values():
+        g.layers.remove(lyr)
+    cos, sin = g.fresh("cos_flat"), g.fresh("sin_flat")
+    g.layers[at:at] = [ParamLayer("Input", "x", [], ["x"], []),
+                       ParamLayer("Slice", "x_slice", ["x"], ["in0", cos, sin], [f"-23300=3,{hidden},{half},{half}",
+                                                                                "1=0"]),
+                       ParamLayer("Reshape", "cos_shape", [cos], ["in2"], [f"0={half}", "1=1"]),
+                       ParamLayer("Reshape", "sin_shape", [sin], ["in3"], [f"0={half}", "1=1"])]
+
+
 def _weight_order(text: str) -> list[str]:
     from ..binding.weights import layer_loads
 
