@@ -276,7 +276,6 @@ def gpu_forms(model_dir: str | Path, device: str = "vulkan", threads: int = 2, l
     step at several positions, the codec head, one predictor frame; and the layer count of every GPU graph with the
     layers that have no Vulkan kernel."""
     from ..runtime.binding import rope
-    from ..runtime.binding.cached import KvCache
     from ..runtime.binding.net import Net, run
     from ..runtime.pipeline.config import ModelConfig
     from ..runtime.pipeline.embeddings import Embeddings
@@ -289,56 +288,50 @@ def gpu_forms(model_dir: str | Path, device: str = "vulkan", threads: int = 2, l
     rng = np.random.default_rng(0)
     out: dict = {"ms_per_call": {}, "layers": {}}
     ms = out["ms_per_call"]
-    for label, net in (("talker prefill (kv form)", talker.cached.prefill_net),
-                       ("talker step (GEMV form)", talker.cached.step_net), ("talker full sequence", talker.full),
-                       ("predictor first position (GEMV)", pred.first), ("predictor step (GEMV)", pred.step),
-                       ("codec head", loop.head.net)):
+    for label, net in (("talker prefill (kv form)", talker.prefill_net), ("talker step (GEMV form)", talker.step_net),
+                       ("talker full sequence", talker.full), ("predictor first position (GEMV)", pred.first),
+                       ("predictor step (GEMV)", pred.step), ("codec head", loop.head.net)):
         layers = net.layers()
         out["layers"][label] = {"layers": len(layers),
                                 "cpu_fallback": [lyr.name for lyr in layers if not lyr.support_vulkan]}
     hidden = t["hidden_size"]
+    talker.max_cached = 1 << 20  # cached steps at every length measured here
     for past in (16, 32, 64, 128, 256, 512):
-        _, cache = talker.cached.prefill(rng.standard_normal((1, past, hidden)).astype(np.float32))
+        rows = rng.standard_normal((1, past, hidden)).astype(np.float32)
+        _, cache = talker.prefill(rows)
         x = rng.standard_normal((1, 1, hidden)).astype(np.float32)
-        ms[f"talker GEMV step at past {past}, caches in and out"] = _timed(
-            lambda blobs=dict(cache.blobs), past=past, x=x: talker.cached.forward(x, _cache(blobs, past)))
-        rows = rng.standard_normal((past + 1, hidden)).astype(np.float32)
+
+        def step(flat=cache.flat, past=past, rows=rows, x=x):
+            c = talker.new_cache()
+            c.flat, c.rows, c.past, c.lengths = flat, rows[0], past, [past]
+            return talker.forward(x, c)
+        ms[f"talker GEMV step at past {past}, caches in and out"] = _timed(step)
+        ms[f"flat cache MB at past {past}"] = round(cache.flat.nbytes / 2**20, 2)
+        full = rng.standard_normal((past + 1, hidden)).astype(np.float32)
         cos, sin = rope.tables(t["head_dim"], t["rope_theta"], 0, past + 1)
-        inp = {"in0": rows[None], "in1": rope.causal_mask(past + 1), "in2": cos, "in3": sin}
+        inp = {"in0": full[None], "in1": rope.causal_mask(past + 1), "in2": cos, "in3": sin}
         ms[f"talker full sequence, {past + 1} rows"] = _timed(
             lambda inp=inp: run(talker.full, inp, ["out0"], axes={"in0": 0, "out0": 0}), 5)
         log(past, ms[f"talker GEMV step at past {past}, caches in and out"],
             ms[f"talker full sequence, {past + 1} rows"])
     prompt = rng.standard_normal((1, 40, hidden)).astype(np.float32)
-    ms["talker prefill, 40 rows"] = _timed(lambda: talker.cached.prefill(prompt), 5)
+    ms["talker prefill, 40 rows"] = _timed(lambda: talker.prefill(prompt), 5)
     h = rng.standard_normal(hidden).astype(np.float32)
-    ms["predictor first position"] = _timed(
-        lambda: pred._call(pred.first, h, KvCache(pred.layers), ["cache_all_out"]))
-    cache = KvCache(pred.layers)
-    pred._call(pred.first, h, cache, ["cache_all_out"])
+    ms["predictor first position"] = _timed(lambda: pred.start(h))
+    cache = pred.start(h)
     for s in range(15):
-        blobs, past = dict(cache.blobs), cache.past
         if s in (0, 7, 14):
-            ms[f"predictor step at position {past} (logits + caches)"] = _timed(
-                lambda blobs=blobs, past=past, s=s: pred._call(pred.step, h, _cache(blobs, past),
-                                                               [f"logits_{s}", "cache_all_out"]))
-            ms[f"predictor step at position {past} (logits only)"] = _timed(
-                lambda blobs=blobs, past=past, s=s: pred._call(pred.step, h, _cache(blobs, past), [f"logits_{s}"]))
-        pred._call(pred.step, h, cache, [f"logits_{s}", "cache_all_out"])
+            ms[f"predictor step at position {s + 1} (logits + caches)"] = _timed(
+                lambda cache=cache, s=s: pred.logits(h, cache, s + 1, s))
+            ms[f"predictor step at position {s + 1} (logits only)"] = _timed(
+                lambda cache=cache, s=s: pred.logits(h, cache, s + 1, s, last=True))
+        cache = pred.logits(h, cache, s + 1, s)[1]
     head = Net(cfg.ncnn_dir, "talker_codec_head", threads, device)
     x1 = rng.standard_normal((1, hidden)).astype(np.float32)
     ms["codec head"] = _timed(lambda: head(x1))
     ms["predictor frame (16 calls, greedy sampling)"] = _timed(_frame_timer(loop, rng, hidden, t), 5)
     log(out)
     return out
-
-
-def _cache(blobs, past):
-    from ..runtime.binding.cached import KvCache
-
-    c = KvCache(0)
-    c.blobs, c.past, c.lengths = dict(blobs), past, [past]
-    return c
 
 
 def _frame_timer(loop, rng, hidden, talker_cfg):
