@@ -201,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gemm", action="store_true", help="instead: the projection forms (gemm_forms)")
     ap.add_argument("--forms", action="store_true", help="instead: the GPU loop's graphs per call (gpu_forms)")
+    ap.add_argument("--frames", action="store_true", help="instead: ms of every frame (frame_times)")
+    ap.add_argument("--threads", default="16,2,1", help="--frames: the ncnn CPU thread counts")
     a = ap.parse_args(argv)
+    threads = [int(x) for x in a.threads.split(",")]
     result = (gemm_forms(a.device) if a.gemm else gpu_forms(a.model_dir, a.device) if a.forms
-              else probe(a.model_dir, a.device, a.quick))
+              else frame_times(a.model_dir, a.device, threads) if a.frames else probe(a.model_dir, a.device, a.quick))
     a.output.parent.mkdir(parents=True, exist_ok=True)
     a.output.write_text(json.dumps(result, indent=1) + "\n")
     return 0
@@ -341,6 +344,35 @@ def _frame_timer(loop, rng, hidden, talker_cfg):
     sampler = Sampler(Sampling(greedy=True), talker_cfg)
     h = rng.standard_normal(hidden).astype(np.float32)
     return lambda: loop.predictor.frame(h, 5, sampler)
+
+
+
+def frame_times(model_dir: str | Path, device: str = "vulkan", thread_counts=(16, 2, 1), frames: int = 40,
+                log=print) -> dict:
+    """The loop as the benchmark harness runs it (`Synthesizer.synthesize`, the harness's prompt, greedy), twice in
+    one process per thread count: ms per frame of each frame (first run, then a warm second run)."""
+    from ..runtime import Sampling, Synthesizer
+    from ..runtime.audio.wav import load_wav
+    from .workload import LANGUAGE, TEXT, voice_wav
+
+    out = {}
+    for threads in thread_counts:
+        synth = Synthesizer(model_dir, threads=threads, device=device)
+        voice = synth.voice(wav=load_wav(voice_wav()))
+        for run_ in ("first", "second"):
+            stamps = [time.perf_counter()]
+            result = synth.synthesize(TEXT, LANGUAGE, voice, Sampling(greedy=True), max_frames=frames,
+                                      on_frame=lambda n, stamps=stamps: stamps.append(time.perf_counter()))
+            per = np.diff(stamps[1:]) * 1e3
+            s = result.seconds
+            out[f"threads {threads}, {run_} run"] = {
+                "median ms/frame": round(float(np.median(per)), 1), "first 5": [round(float(x), 1) for x in per[:5]],
+                "last 5": [round(float(x), 1) for x in per[-5:]],
+                "talker ms/frame": round(1e3 * s["talker"] / len(result.codes), 1),
+                "predictor ms/frame": round(1e3 * s["predictor"] / len(result.codes), 1)}
+            log(threads, run_, out[f"threads {threads}, {run_} run"])
+        del synth
+    return out
 
 
 if __name__ == "__main__":
