@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -91,44 +90,8 @@ def _ms(fn, repeats: int = 20) -> float:
 
 
 def profile_vulkan(model_dir: str | Path, device: str = "vulkan", threads: int = 2) -> dict:
-    """Where a GPU frame's time goes on `device`: ms per call of each piece, medians of 20.
+    """Where a GPU frame's time goes on `device`: ms per call of each graph of the GPU loop, and their layer counts
+    (`vulkan_probe.gpu_forms`)."""
+    from .vulkan_probe import gpu_forms
 
-    floor: a one-layer graph (upload + submission + download); the fused predictor at 2/9/17 positions; the talker
-    step at past 100 with and without downloading the packed caches; the codec head."""
-    from ..runtime.binding import rope
-    from ..runtime.binding.net import Net, net_from_text, run
-    from ..runtime.pipeline.config import ModelConfig
-    from ..runtime.pipeline.embeddings import Embeddings
-    from ..runtime.pipeline.loop import Loop
-
-    cfg = ModelConfig.load(model_dir)
-    t, p = cfg.talker, cfg.predictor
-    loop = Loop.load(cfg, Embeddings(cfg, threads, "cpu"), threads, device)
-    rng = np.random.default_rng(0)
-    out: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "e.bin").write_bytes(b"")
-        tiny = net_from_text("7767517\n2 2\nInput in0 0 1 in0\nAbsVal a 1 1 in0 out0\n", Path(tmp) / "e.bin",
-                             threads, device)
-    x = rng.standard_normal((1, t["hidden_size"])).astype(np.float32)
-    out["floor: 1-layer graph"] = _ms(lambda: run(tiny, {"in0": x}, ["out0"]))
-    for length in (2, 9, 17):
-        seq = rng.standard_normal((length, p["hidden_size"])).astype(np.float32)
-        out[f"predictor fused call, {length} positions"] = _ms(lambda seq=seq: loop.predictor.logits(seq, 3))
-    head = Net(cfg.ncnn_dir, "talker_codec_head", threads, device)
-    out["talker codec head"] = _ms(lambda: head(x))
-    talker = loop.talker
-    _, cache = talker.prefill(rng.standard_normal((1, 100, t["hidden_size"])).astype(np.float32))
-    e = rng.standard_normal((1, 1, t["hidden_size"])).astype(np.float32)
-    cos, sin = rope.tables(t["head_dim"], t["rope_theta"], 100, 1)
-    inputs = {"in0": e, "in1": rope.causal_mask(1, 100), "in2": cos, "in3": sin} | cache.blobs
-
-    def step(with_cache: bool):
-        names = ["out0", "cache_all_out"] if with_cache else ["out0"]
-        return run(talker.step_net, inputs, names, axes={"in0": 0, "out0": 0}, raw=names[1:])
-
-    out["talker step at past 100, hidden only"] = _ms(lambda: step(False))
-    out["talker step at past 100, hidden + caches"] = _ms(lambda: step(True))
-    packed = cache.blobs["cache_all_in"]
-    out["packed cache MB at past 100"] = round(packed.c * packed.cstep * packed.elemsize / 2**20, 2)
-    return out
+    return gpu_forms(model_dir, device, threads)

@@ -37,7 +37,7 @@ from ..binding import rope
 from ..binding.cached import KvCache, KvCacheNet, merge
 from ..binding.net import Net, net_from_text, parse_device, run
 from ..errors import BatchError
-from ..rewrites.gpu import fused_predictor_param, packed_cache_params
+from ..rewrites.gpu import fused_predictor_param
 from ..rewrites.gpu_layers import ensure_gpu_decoder, gemv_heads, one_blob_io
 from . import precision
 from .config import ModelConfig
@@ -100,35 +100,6 @@ class CodePredictor:
     def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
         """One sequence's frame (`frames` of one)."""
         return self.frames(hidden[None], [c0], [sampler])[0]
-
-
-class FusedCodePredictor:
-    """`CodePredictor` for a GPU, over `rewrites.gpu.fused_predictor_param`: the decoder over the whole (at most
-    17-position) sequence, no cache, and head s, one graph call per codebook (chapter 08)."""
-
-    def __init__(self, net, head_dim: int, theta: float, embeddings: Embeddings):
-        self.net, self.head_dim, self.theta, self.embed = net, head_dim, theta, embeddings
-
-    def logits(self, seq: np.ndarray, s: int) -> np.ndarray:
-        """seq (L, hidden) -> head s's logits (vocab,) at position L-1."""
-        length = len(seq)
-        cos, sin = rope.tables(self.head_dim, self.theta, 0, length)
-        inputs = {"in0": seq[None].astype(np.float32), "in1": rope.causal_mask(length), "in2": cos, "in3": sin}
-        return run(self.net, inputs, [f"logits_{s}"], axes={"in0": 0}, name="fused predictor")[0][-1]
-
-    batches = False  # one sequence per call
-
-    def frames(self, hidden: np.ndarray, c0: list[int], samplers: list[Sampler]) -> list[Frame]:
-        return [self.frame(h, c, s) for h, c, s in zip(hidden, c0, samplers)]
-
-    def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
-        codes, embed = [c0], self.embed.codec([c0])[0]
-        seq = [hidden, embed]
-        for s in range(self.embed.groups - 1):
-            codes.append(sampler.code(self.logits(np.stack(seq), s), codes[1:], s))
-            seq.append(self.embed.acoustic(s, codes[-1]))
-            embed = embed + seq[-1]
-        return Frame(np.array(codes, np.int64), embed)
 
 
 class GemvCodePredictor:
@@ -238,15 +209,16 @@ TALKER_MAX_CACHED = 64
 class Loop:
     """The graphs of the generation loop, and the loop over them (module docstring)."""
 
-    def __init__(self, talker: KvCacheNet, head: Net, predictor: CodePredictor | FusedCodePredictor):
+    def __init__(self, talker: KvCacheNet | GpuDecoder, head: Net, predictor: CodePredictor | GemvCodePredictor):
         self.talker, self.head, self.predictor = talker, head, predictor
 
     @classmethod
     def load(cls, cfg: ModelConfig, embeddings: Embeddings, threads: int = 2, device: str = "cpu",
              precision_tier: str = "fp32", gpu_forms: bool = True, log=None) -> Loop:
         """The loop as the runtime runs it on `device` in `precision_tier`. On a GPU, `gpu_forms` (default) runs the
-        graphs of `rewrites.gpu` (caches in one blob, the predictor fused with its heads: fewer round trips,
-        chapter 08); False keeps the CPU's graphs there too (the chapter's comparison)."""
+        GPU forms of `rewrites.gpu_layers` (fewer layers, GEMV steps, one upload and one download per call:
+        `GpuDecoder`, `GemvCodePredictor`; chapter 08); False keeps the CPU's graphs there too (the chapter's
+        comparison, and `Synthesizer(gpu_batches=True)`)."""
         d, t, p = cfg.ncnn_dir, cfg.talker, cfg.predictor
         head = Net(d, "talker_codec_head", threads, device)
         if parse_device(device) is not None and gpu_forms:
@@ -406,32 +378,12 @@ class Batch:
         return list(zip(seqs, frames))
 
 
-def _packed_decoder(ncnn_dir: Path, name: str, head_dim: int, theta: float, threads: int, device: str) -> KvCacheNet:
-    """A cached decoder on a GPU with every layer's cache in one blob (`rewrites.gpu.packed_cache_params`)."""
-    prefill, step = packed_cache_params((ncnn_dir / f"{name}_kv.param").read_text())
-    nets = [net_from_text(text, ncnn_dir / f"{name}.bin", threads, device) for text in (prefill, step)]
-    return KvCacheNet(nets[0], precision.cached_layers(ncnn_dir, name), head_dim, theta, step=nets[1], packed=True,
-                      name=name)
-
-
-def _fused_predictor_net(ncnn_dir: Path, threads: int, device: str):
-    """The code predictor's decoder and heads as one graph (`rewrites.gpu.fused_predictor_param`), its weights the
-    two `.bin` files one after the other (a file: the binding cannot load weights from memory safely)."""
-    text = fused_predictor_param((ncnn_dir / "predictor_decoder.param").read_text(),
-                                 (ncnn_dir / "predictor_heads.param").read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        merged = Path(tmp) / "predictor_fused.bin"
-        with merged.open("wb") as out:
-            for part in ("predictor_decoder.bin", "predictor_heads.bin"):
-                with (ncnn_dir / part).open("rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 24)
-        return net_from_text(text, merged, threads, device)
-
-
-
 def _gpu_talker(ncnn_dir: Path, cfg: dict, threads: int, device: str, log=None,
                 max_cached: int = TALKER_MAX_CACHED) -> GpuDecoder:
-    """The talker's GPU forms (`rewrites.gpu_layers.ensure_gpu_decoder`, `one_blob_io`) as `GpuDecoder` runs them."""
+    """The talker's GPU forms (`rewrites.gpu_layers.ensure_gpu_decoder`, `one_blob_io`) as `GpuDecoder` runs them.
+    The flat caches are the SDPA layer's cache Mats reshaped: `device`'s caches must be plain (c, h, w), as a Vulkan
+    device's are (`binding.cache_layout`); on the CPU only `max_cached=0` (the full sequence every call) is valid."""
+    _plain_caches(device, max_cached)
     forms = ensure_gpu_decoder(ncnn_dir, "talker_decoder", log=log)
     hd, kvh = cfg["head_dim"], cfg["num_key_value_heads"]
     prefill = one_blob_io(forms["kv"].read_text(), hd, kvh, step=False)
@@ -445,6 +397,7 @@ def _gemv_predictor(ncnn_dir: Path, cfg: dict, row: int, threads: int, device: s
     """The predictor's GEMV step form fused with its heads (as InnerProducts), its first position and its steps
     (`GemvCodePredictor`); the weights the two `.bin` files one after the other, in a file (the binding cannot load
     weights from memory safely)."""
+    _plain_caches(device)
     forms = ensure_gpu_decoder(ncnn_dir, "predictor_decoder", log=log)
     heads = gemv_heads((ncnn_dir / "predictor_heads.param").read_text())
     fused = fused_predictor_param(forms["step"].read_text(), heads)
@@ -461,3 +414,10 @@ def _gemv_predictor(ncnn_dir: Path, cfg: dict, row: int, threads: int, device: s
         nets = [net_from_text(text, merged, threads, device) for text in (first, step)]
     return GemvCodePredictor(*nets, hd, cfg["rope_theta"], cfg["vocab_size"],
                              precision.cached_layers(ncnn_dir, "predictor_decoder"), embeddings)
+
+
+def _plain_caches(device: str, max_cached: int = 1) -> None:
+    from ..binding import cache_layout
+
+    if max_cached and cache_layout.probe(device) != cache_layout.CacheLayout(1, spare=False):
+        raise ValueError(f"the GPU forms' flat caches need plain cache Mats; {device}'s SDPA keeps its own layout")
