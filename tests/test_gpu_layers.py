@@ -97,7 +97,7 @@ def _decoder_parity(ncnn_dir, cfg, name, device):
     """The exported decoder on the CPU vs the GPU forms on `device`: the full graph at 9 rows, and `GpuDecoder`
     (prefill 9, cached steps to 12 positions, then the full sequence) for 8 more rows. The flat caches assume the
     plain cache layout of a Vulkan device (`binding.cache_layout`): on the CPU only the full sequence is run."""
-    from qtts_lib.runtime.pipeline.loop import _gpu_talker
+    from qtts_lib.runtime.pipeline.loop import gpu_talker
 
     rng = np.random.default_rng(8)
     x = rng.standard_normal((1, 17, cfg["hidden_size"])).astype(np.float32)
@@ -111,7 +111,7 @@ def _decoder_parity(ncnn_dir, cfg, name, device):
                axes={"in0": 0, "out0": 0})[0]
     errs = [np.linalg.norm(ours - ref) / np.linalg.norm(ref)]
     if name == "talker_decoder":
-        gpu = _gpu_talker(ncnn_dir, cfg, 2, device, max_cached=0 if device == "cpu" else 12)
+        gpu = gpu_talker(ncnn_dir, cfg, 2, device, max_cached=0 if device == "cpu" else 12)
         h, c = gpu.prefill(x[:, :9])
         outs = [h] + [gpu.forward(x[:, t:t + 1], c) for t in range(9, 17)]
         assert c.flat is None and c.past == 17  # it went over to the full sequence (on the CPU: began there)

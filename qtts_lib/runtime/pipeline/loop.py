@@ -150,7 +150,7 @@ class GpuDecoder:
     """The talker on a GPU (chapter 08): the prompt prefilled by its GPU form with caches (`rewrites.gpu_layers`),
     then one-position GEMV steps (one upload, one download: `one_blob_io`) while the cache holds fewer than
     `max_cached` positions; past that, every call is the full sequence without a cache (the caches' trip through host
-    memory grows with them, a full forward's cost hardly does: data/bench/h200-vulkan-forms.json). The interface of
+    memory grows with them, a full forward's cost hardly does: data/bench/gpu/h200-vulkan-forms.json). The interface of
     `KvCacheNet` for one sequence; its `KvCache` holds the flat cache (`flat`) and the rows fed so far (`rows`)."""
 
     batches = False
@@ -202,7 +202,7 @@ class GpuDecoder:
 
 # positions: past it the talker runs the full sequence on a GPU. On the H200 a cached step costs 20 / 28 / 48 ms at
 # 32 / 64 / 128 cached positions (the flat cache up and down: 7 / 14 / 28 MB), the full sequence 29 / 29 / 33 ms
-# (data/bench/h200-vulkan-forms.json)
+# (data/bench/gpu/h200-vulkan-forms.json)
 TALKER_MAX_CACHED = 64
 
 
@@ -222,8 +222,8 @@ class Loop:
         d, t, p = cfg.ncnn_dir, cfg.talker, cfg.predictor
         head = Net(d, "talker_codec_head", threads, device)
         if parse_device(device) is not None and gpu_forms:
-            return cls(_gpu_talker(d, t, threads, device, log), head,
-                       _gemv_predictor(d, p, t["hidden_size"], threads, device, embeddings, log))
+            return cls(gpu_talker(d, t, threads, device, log), head,
+                       gemv_predictor(d, p, t["hidden_size"], threads, device, embeddings, log))
         talker = precision.decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device,
                                    precision_tier, log=log, heads=t["num_attention_heads"])
         decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
@@ -378,7 +378,7 @@ class Batch:
         return list(zip(seqs, frames))
 
 
-def _gpu_talker(ncnn_dir: Path, cfg: dict, threads: int, device: str, log=None,
+def gpu_talker(ncnn_dir: Path, cfg: dict, threads: int, device: str, log=None,
                 max_cached: int = TALKER_MAX_CACHED) -> GpuDecoder:
     """The talker's GPU forms (`rewrites.gpu_layers.ensure_gpu_decoder`, `one_blob_io`) as `GpuDecoder` runs them.
     The flat caches are the SDPA layer's cache Mats reshaped: `device`'s caches must be plain (c, h, w), as a Vulkan
@@ -392,7 +392,7 @@ def _gpu_talker(ncnn_dir: Path, cfg: dict, threads: int, device: str, log=None,
     return GpuDecoder(*nets, precision.cached_layers(ncnn_dir, "talker_decoder"), hd, cfg["rope_theta"], max_cached)
 
 
-def _gemv_predictor(ncnn_dir: Path, cfg: dict, row: int, threads: int, device: str, embeddings: Embeddings,
+def gemv_predictor(ncnn_dir: Path, cfg: dict, row: int, threads: int, device: str, embeddings: Embeddings,
                     log=None) -> GemvCodePredictor:
     """The predictor's GEMV step form fused with its heads (as InnerProducts), its first position and its steps
     (`GemvCodePredictor`); the weights the two `.bin` files one after the other, in a file (the binding cannot load

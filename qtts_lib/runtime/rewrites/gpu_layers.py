@@ -228,7 +228,7 @@ def gemv_step(kv_text: str) -> str:
     every plain projection an `InnerProduct` (a Gemm's B is an InnerProduct's weight byte for byte).
 
     ncnn's Vulkan InnerProduct on a 1-D input runs a GEMV (the K axis split in 8 partial sums): on an H200 it
-    reads fp32 weights ~6x faster than Gemm on one row (data/bench/h200-vulkan-forms.json). The input row is
+    reads fp32 weights ~6x faster than Gemm on one row (data/bench/gpu/h200-vulkan-forms.json). The input row is
     flattened once (`Reshape 0=-1`) and the heads' merge (`Reshape` to (heads*dim, rows)) made a flatten too;
     everything else (RMSNorm over the whole vector, Slice on w, the head split to (dim, heads, 1)) reads 1-D alike.
     Valid for one position only: the step graph of a cached decoder."""
