@@ -330,8 +330,11 @@ if gpu:
 
 # %% [markdown]
 # Every graph the GPU loop runs, on this device: its ncnn layers against the exported graph it replaces (the
-# landed predictor's per step: its cached decoder and its heads), and the layers that have no Vulkan kernel (each
-# would be a download, a CPU op and an upload inside the extract). The check is that there are none. (The codec is
+# landed predictor's per step: its cached decoder and its heads; the one-blob I/O's own Reshape/Split/Concat
+# layers, a few µs each, allowed on top), and the layers that have no Vulkan kernel (each would be a download, a CPU
+# op and an upload inside the extract). The check is that there are none. At full size (section 8's file): talker
+# full sequence 568 layers (exported 852), prefill 626, step 798 (its kv graph 853); predictor first position 148,
+# step 213 (of which one head's chain runs per call); codec head 2. (The codec is
 # not the loop: its exported graph has Deconvolution1D, ConvolutionDepthWise1D, Embed and MatMul, which run on the
 # CPU inside a Vulkan decode; `Synthesizer` decodes with it on a GPU.)
 
@@ -342,16 +345,24 @@ if gpu:
                 for n in ("talker_decoder", "talker_decoder_kv", "talker_codec_head", "predictor_decoder_kv",
                           "predictor_heads")}
     exported["predictor (cached decoder + heads)"] = exported["predictor_decoder_kv"] + exported["predictor_heads"]
-    graphs = {"talker prefill (kv)": (gl.talker.prefill_net, "talker_decoder_kv"),
-              "talker step (GEMV, one blob)": (gl.talker.step_net, "talker_decoder_kv"),
-              "talker full sequence": (gl.talker.full, "talker_decoder"),
-              "codec head": (gl.head.net, "talker_codec_head"),
-              "predictor first position": (gl.predictor.first, "predictor (cached decoder + heads)"),
-              "predictor step (GEMV, one blob)": (gl.predictor.step, "predictor (cached decoder + heads)")}
+    # what one_blob_io adds at most: per cache blob a flatten out (and for a step a Split, a Slice part and a reshape
+    # in), the Concat, and per step output a Split, a flatten and a Concat
+    blobs = {"talker": 2 * layers[0], "predictor": 2 * layers[1]}
+    io = {"prefill": lambda n: n + 1, "step": lambda n, outs: 3 * n + 2 + 3 * outs}
+    graphs = {"talker prefill (kv)": (gl.talker.prefill_net, "talker_decoder_kv", io["prefill"](blobs["talker"])),
+              "talker step (GEMV, one blob)": (gl.talker.step_net, "talker_decoder_kv", io["step"](blobs["talker"], 1)),
+              "talker full sequence": (gl.talker.full, "talker_decoder", 0),
+              "codec head": (gl.head.net, "talker_codec_head", 0),
+              "predictor first position": (gl.predictor.first, "predictor (cached decoder + heads)",
+                                           io["prefill"](blobs["predictor"])),
+              "predictor step (GEMV, one blob)": (gl.predictor.step, "predictor (cached decoder + heads)",
+                                                  io["step"](blobs["predictor"], 15))}
     layer_rows = []
-    for label, (net, was) in graphs.items():
+    for label, (net, was, added) in graphs.items():
         on_cpu = [lyr.name for lyr in net.layers() if not lyr.support_vulkan]
         check.equal(f"GPU loop, {label}: layers without a Vulkan kernel", "count", len(on_cpu), 0)
+        check.at_most(f"GPU loop, {label}: ncnn layers (at most {was}'s + {added} of one-blob I/O)", "layers",
+                      len(net.layers()), exported[was] + added)
         layer_rows.append({"graph": label, "ncnn layers": len(net.layers()), "exported graph": was,
                            "its layers": exported[was], "no Vulkan kernel": len(on_cpu)})
     check.at_most("GPU loop, talker full sequence: layers vs the exported graph", "ratio",
