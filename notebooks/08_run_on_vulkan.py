@@ -20,8 +20,8 @@
 # live, measure fp16 instead of assuming it, and read the H200 timings of `qtts_lib.bench`.
 #
 # **You will learn:** which conventions the Vulkan kernels share with the CPU ones on this ncnn version; why fp16 is
-# off by default; where the time goes on a GPU through the Python binding (round trips first, then ncnn's Vulkan Gemm
-# on one row) and the `.param` rewrites that cut the round trips.
+# off by default; where the time goes on a GPU through the Python binding (ncnn's Vulkan Gemm on one row, then per-call
+# host work) and the GPU forms that cut both: fewer layers, GEMV steps, one upload and one download per call.
 #
 # **You need:** a Vulkan device ncnn can see (a GPU, or Mesa's lavapipe on any CPU: `apt-get install
 # mesa-vulkan-drivers libvulkan1`; without one this chapter records a skip, and fails where `QTTS_REQUIRE_VULKAN` is
@@ -46,10 +46,12 @@ from qtts_lib.runtime import Sampling, Synthesizer
 from qtts_lib.runtime.audio.wav import load_wav, save_wav
 from qtts_lib.runtime.binding.cached import KvCacheNet
 from qtts_lib.runtime.binding.net import Net, gpu_names, net_from_text
+from qtts_lib.runtime.binding.param import parse_param
 from qtts_lib.runtime.pipeline import precision
-from qtts_lib.runtime.pipeline.loop import Loop
+from qtts_lib.runtime.pipeline.loop import Loop, gpu_talker
 from qtts_lib.runtime.pipeline.sampling import Sampler
 from qtts_lib.runtime.rewrites import gpu as gpu_forms
+from qtts_lib.runtime.rewrites import gpu_layers
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
@@ -109,9 +111,11 @@ if gpu:
 # Prefill 9 positions, then 16 cached steps, for both decoders, each against the CPU decoder the runtime loads
 # (`precision.decoder`): the landed decoder on Vulkan (the same call with `device=DEVICE`: every layer's K and V
 # extracted separately) and the packed one (`KvCacheNet(packed=True)` over the two graphs of
-# `rewrites.gpu.packed_cache_params`: all caches as one blob, section 7), built as the GPU loop builds it. A decoder
-# holds no state: `prefill` returns the hidden states and a new cache, `forward(x, cache)` grows it. Threshold as
-# chapter 05: relative error 1e-5 at every step.
+# `rewrites.gpu.packed_cache_params`: all caches as one blob), and for the talker the GPU loop's own decoder
+# (`pipeline.loop.gpu_talker`, section 7: the GPU forms, one-position GEMV steps, one flat cache blob), told here to
+# step from its cache up to 16 positions and to run the full sequence after, so both of its ways are checked. A
+# decoder holds no state: `prefill` returns the hidden states and a new cache, `forward(x, cache)` grows it.
+# Threshold as chapter 05: relative error 1e-5 at every step.
 
 # %%
 def packed_decoder(name: str, c: dict) -> KvCacheNet:
@@ -134,8 +138,10 @@ if gpu:
         x = np.random.default_rng(8).standard_normal((1, 9 + STEPS, c["hidden_size"])).astype(np.float32)
         nets = {dev: precision.decoder(out_dir, name, c["head_dim"], c["rope_theta"], THREADS, device)
                 for dev, device in (("cpu", "cpu"), ("landed", DEVICE))} | {"packed": packed_decoder(name, c)}
+        if name == "talker_decoder":
+            nets["GPU forms"] = gpu_talker(out_dir, c, THREADS, DEVICE, max_cached=16)
         outs = {k: prefill_and_step(n, x) for k, n in nets.items()}
-        for kind in ("landed", "packed"):
+        for kind in [k for k in nets if k != "cpu"]:
             errs = [check.rel_err(o, r) for o, r in zip(outs[kind], outs["cpu"])]
             step_errors[f"{name} ({kind})"] = errs
             check.at_most(f"{name}: Vulkan {kind} caches, prefill + {STEPS} steps", "worst rel", max(errs), 1e-5)
@@ -266,23 +272,40 @@ if gpu:
 # default on Vulkan; fp16 is a speed option to be judged by listening, not by parity.
 
 # %% [markdown]
-# ## 7. Count the round trips, and cut them
+# ## 7. Where a GPU frame's time goes, and the GPU forms
 # The pip binding has no `VkMat`: each `extract` is a blocking submission followed by a download, each CPU Mat given to
-# `input` an upload. The landed loop extracts the output and then every layer's K and V separately, and calls the
-# predictor's decoder and one of its heads per codebook. `runtime.rewrites.gpu` rewrites the graphs (text only; the
-# weights are untouched): the caches packed into one blob, and the predictor fused with its heads
-# (`fused_predictor_param`, run by `pipeline.loop.FusedCodePredictor`). The packing:
+# `input` an upload. So the first guess was per-call and per-layer overhead. Measured on the H200 (section 8,
+# `qtts_lib.bench.vulkan_probe`), chains of N layers of one type say otherwise: one more `AbsVal`, `Reshape`,
+# `Permute` or `Split` costs 0.3–6 µs, one `RMSNorm` ~19 µs, but one 1024×1024 `Gemm` on one row ~108 µs: ncnn's
+# Vulkan Gemm reads fp32 weights at ~60 GB/s on one row (a 4.8 TB/s GPU). The same projection as an `InnerProduct`
+# on a **1-D** input runs ncnn's GEMV kernel (the K axis in 8 partial sums) at ~350 GB/s. None of ncnn's options
+# (CPU threads of the Vulkan net, lightmode, packing, own blob/staging allocators, subgroup ops, tensor storage)
+# moved a layer's cost beyond noise; fp16 storage halves a Gemm's time but changes codes (section 6).
+#
+# So `runtime.rewrites.gpu_layers` rewrites each decoder three ways (text; the weights only regrouped), all of which
+# the GPU loop runs (`pipeline.loop.GpuDecoder`, `GemvCodePredictor`, what `Synthesizer` runs on a GPU):
+# - **full** (`gpu_decoder`): as few layers as the same arithmetic allows: q/k/v and gate/up fused into one Gemm
+#   each, one Reshape + Permute + Slice for the head split (q and k share one RMSNorm and one RotaryEmbed when their
+#   norms are the same op), the residual adds folded into the Gemm before them as its C: 852 → 568 layers (talker);
+# - **kv**: the same with caches, for the prompt's prefill;
+# - **step** (`gemv_step`): one position on 1-D blobs, every projection an InnerProduct (a Gemm's B is an
+#   InnerProduct's weight byte for byte), and `one_blob_io`: the caches as one flat blob, row + cos + sin as one
+#   input, no mask (one query), output and caches one download: one upload and one download per call.
+#
+# The talker steps from its cache while the cache is short; past `loop.TALKER_MAX_CACHED` positions every step is
+# the full sequence without a cache (the flat cache's trip through host memory grows with it, a full forward hardly
+# does). The predictor (at most 17 positions, ~0.7 MB of cache) steps from its cache always: 16 one-position calls
+# per frame. The step form:
 
 # %%
-print(inspect.getsource(gpu_forms.packed_cache_params))
+print(inspect.getsource(gpu_layers.gemv_step))
 
 # %% [markdown]
 # Counted live: every extract of both loops on this device, per generated frame (two runs of different lengths, so
-# prefill and prompt drop out of the difference), against what each loop's structure says, which then gives the
-# full size's count (28 talker layers, 5 predictor layers), both from `lab.submissions_per_frame`: a cached decoder
-# call extracts 1 + 2·layers blobs; per frame the landed talker makes one call and reads its codec head, the predictor
-# makes a prefill and 14 steps and reads 15 heads. The embedding tables are numpy on every device now
-# (`pipeline.embeddings`), so no lookup is a graph call.
+# prefill and prompt drop out of the difference), against what each loop's structure says (`lab.submissions_per_frame`):
+# the landed talker extracts its output and every layer's K and V (1 + 2·layers) and reads its codec head, the landed
+# predictor makes a prefill and 14 steps and reads 15 heads; the GPU loop makes one talker call, the codec head, and
+# 16 predictor calls. The embedding tables are numpy on every device (`pipeline.embeddings`), so no lookup is a call.
 
 # %%
 if gpu:
@@ -291,10 +314,10 @@ if gpu:
     counter = [0]
     with lab.patched_ncnn(counter=counter):  # nets made inside count their extracts
         loops = {"landed": Loop.load(synth.config, synth.embeddings, THREADS, DEVICE, gpu_forms=False),
-                 "rewritten": Loop.load(synth.config, synth.embeddings, THREADS, DEVICE)}
+                 "GPU forms": Loop.load(synth.config, synth.embeddings, THREADS, DEVICE)}
     prompt = synth.prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, synth.voice(xvector=xvec_golden["xvector"]))
     expected = {"landed": lab.submissions_per_frame,
-                "rewritten": lambda *n: lab.submissions_per_frame(*n, rewritten=True)}
+                "GPU forms": lambda *n: lab.submissions_per_frame(*n, rewritten=True)}
     for variant, loop in loops.items():
         counts = []
         for frames in (6, 12):
@@ -306,78 +329,150 @@ if gpu:
         print(f"{variant}: {per_frame} per frame here, {expected[variant](28, 5)} at full size")
 
 # %% [markdown]
-# ## 8. Read what a GPU buys (NVIDIA H200)
-# `qtts_lib.bench` ran on an H200 host at full size (`python -m qtts_lib.bench zeros` gives zero-filled weights of the
-# real sizes: fp32 kernels take the same time whatever the values): ncnn on Vulkan (landed and rewritten loops), ncnn
-# on that host's CPU (all cores and 2 threads), and PyTorch on the same GPU (qwen-tts's own loop, CUDA, fp32). The
-# runtime it measured was an earlier commit (the file's note names it), whose landed loop still looked its embeddings
-# up through graphs: 254 extracts per frame where today's makes 238. Milliseconds per frame; a frame is 80 ms of
-# audio, so below 80 is faster than real time.
+# Every graph the GPU loop runs, on this device: its ncnn layers against the exported graph it replaces (the
+# landed predictor's per step: its cached decoder and its heads; the one-blob I/O's own Reshape/Split/Concat
+# layers, a few µs each, allowed on top), and the layers that have no Vulkan kernel (each would be a download, a CPU
+# op and an upload inside the extract). The check is that there are none. At full size (section 8's file): talker
+# full sequence 568 layers (exported 852), prefill 626, step 798 (its kv graph 853); predictor first position 148,
+# step 213 (of which one head's chain runs per call); codec head 2. (The codec is
+# not the loop: its exported graph has Deconvolution1D, ConvolutionDepthWise1D, Embed and MatMul, which run on the
+# CPU inside a Vulkan decode; `Synthesizer` decodes with it on a GPU.)
 
 # %%
-bench_file = paths.ROOT / "data" / "bench" / "h200-vulkan.json"
-if gpu and bench_file.is_file():
-    doc = json.loads(bench_file.read_text())
-    table = pd.DataFrame([{"runtime": r["runtime"], "device": r["device"], "variant": r.get("variant", ""),
-                           "threads": r["threads"], **r["ms_per_frame"], "rtf": r["rtf"]} for r in doc["rows"]])
-    print(json.dumps(doc["machine"]))
-    display(table.round(1))
-    ax = table.assign(label=table.runtime + " " + table.device + " " + table.variant.str[:12] + " t" +
-                      table.threads.astype(str)).set_index("label")[["talker", "predictor", "codec"]].plot.barh(
-        stacked=True, figsize=(9, 3.5), title="full size on the H200 host: ms per frame")
-    ax.axvline(80, color="crimson", ls="--", lw=1)
-    ax.set_xlabel("ms per frame (80 = real time)")
-elif gpu:
-    print(f"{bench_file} is not there: no H200 measurement committed yet (python -m qtts_lib.bench loop there)")
+if gpu:
+    gl = loops["GPU forms"]
+    exported = {n: len(parse_param((out_dir / f"{n}.param").read_text()).layers)
+                for n in ("talker_decoder", "talker_decoder_kv", "talker_codec_head", "predictor_decoder_kv",
+                          "predictor_heads")}
+    exported["predictor (cached decoder + heads)"] = exported["predictor_decoder_kv"] + exported["predictor_heads"]
+    # what one_blob_io adds at most: per cache blob a flatten out (and for a step a Split, a Slice part and a reshape
+    # in), the Concat, and per step output a Split, a flatten and a Concat
+    blobs = {"talker": 2 * layers[0], "predictor": 2 * layers[1]}
+    io = {"prefill": lambda n: n + 1, "step": lambda n, outs: 3 * n + 2 + 3 * outs}
+    graphs = {"talker prefill (kv)": (gl.talker.prefill_net, "talker_decoder_kv", io["prefill"](blobs["talker"])),
+              "talker step (GEMV, one blob)": (gl.talker.step_net, "talker_decoder_kv", io["step"](blobs["talker"], 1)),
+              "talker full sequence": (gl.talker.full, "talker_decoder", 0),
+              "codec head": (gl.head.net, "talker_codec_head", 0),
+              "predictor first position": (gl.predictor.first, "predictor (cached decoder + heads)",
+                                           io["prefill"](blobs["predictor"])),
+              "predictor step (GEMV, one blob)": (gl.predictor.step, "predictor (cached decoder + heads)",
+                                                  io["step"](blobs["predictor"], 15))}
+    layer_rows = []
+    for label, (net, was, added) in graphs.items():
+        on_cpu = [lyr.name for lyr in net.layers() if not lyr.support_vulkan]
+        check.equal(f"GPU loop, {label}: layers without a Vulkan kernel", "count", len(on_cpu), 0)
+        check.at_most(f"GPU loop, {label}: ncnn layers (at most {was}'s + {added} of one-blob I/O)", "layers",
+                      len(net.layers()), exported[was] + added)
+        layer_rows.append({"graph": label, "ncnn layers": len(net.layers()), "exported graph": was,
+                           "its layers": exported[was], "no Vulkan kernel": len(on_cpu)})
+    check.at_most("GPU loop, talker full sequence: layers vs the exported graph", "ratio",
+                  len(gl.talker.full.layers()) / exported["talker_decoder"], 0.72)
+    display(pd.DataFrame(layer_rows))
 
 # %% [markdown]
-# Where a rewritten frame's time goes on the H200 (`python -m qtts_lib.bench profile`, `qtts_lib.bench.gpu`, ms per
-# call, medians of 20): a one-layer
-# graph's round trip, one fused code-predictor call at 2, 9 and 17 positions, and a talker step at 100 cached positions
-# with and without downloading the packed caches. A second column has every Gemm rewritten as InnerProduct.
+# ## 8. Read what a GPU buys (NVIDIA H200)
+# `qtts_lib.bench` ran on an H200 host at full size (`python -m qtts_lib.bench zeros` gives zero-filled weights of the
+# real sizes: fp32 kernels take the same time whatever the values). One table, like for like: the same harness
+# (`python -m qtts_lib.bench loop`), the same text, voice clip (an x-vector clone on both sides) and 40 greedy frames,
+# runs interleaved, each in a fresh process: ncnn on Vulkan (the GPU forms), PyTorch on the same GPU (qwen-tts's own
+# generate, CUDA, fp32, on a random checkpoint of the real architecture), and ncnn on that host's 16 CPU cores (an
+# earlier call of the same harness on another machine of the kind). Milliseconds per frame; a frame is 80 ms of audio.
 
 # %%
-if gpu and bench_file.is_file():
-    prof = pd.DataFrame(doc["profile_ms_per_call"])
-    display(prof)
-    total = {(r["runtime"], r["device"], r["variant"][:9], r["threads"]): r["ms_per_frame"]["total"]
-             for r in doc["rows"]}
-    landed, rewritten = total["ncnn", "vulkan", "landed", 16], total["ncnn", "vulkan", "rewritten", 16]
-    cuda = next(v for k, v in total.items() if k[0] == "pytorch")
-    check.at_least("H200: rewritten loop vs landed loop on Vulkan", "speed-up", landed / rewritten, 1.8)
-    cpu2, cpu16 = total["ncnn", "cpu", "cpu loop", 2], total["ncnn", "cpu", "cpu loop", 16]
-    check.at_least("H200: ncnn on Vulkan vs 2 CPU threads", "speed-up", cpu2 / rewritten, 1.2)
-    check.at_least("H200: ncnn on Vulkan vs all 16 CPU cores (on par)", "speed-up", cpu16 / rewritten, 0.7)
-    check.at_least("H200: PyTorch on CUDA vs ncnn on Vulkan (rewritten)", "speed-up", rewritten / cuda, 1.0)
-    kept = prof.iloc[:, 0]
-    check.at_least("H200: a predictor call at 2 positions vs at 17", "time ratio",
-                   kept["predictor fused call, 2 positions"] / kept["predictor fused call, 17 positions"], 0.8)
+loop_file = paths.ROOT / "data" / "bench" / "h200-vulkan-loop.json"
+forms_file = paths.ROOT / "data" / "bench" / "gpu" / "h200-vulkan-forms.json"
+if gpu and loop_file.is_file():
+    doc = json.loads(loop_file.read_text())
+    table = pd.DataFrame([{"runtime": r["runtime"], "device": r["device"], "threads": r["threads"],
+                           **r["ms_per_frame"], "loop": r["ms_per_frame"]["talker"] + r["ms_per_frame"]["predictor"],
+                           "rtf": r["rtf"]} for r in doc["rows"]])
+    print(json.dumps(doc["machine"]))
+    display(table.round(1))
+    ax = table.assign(label=table.runtime + " " + table.device).set_index("label")[
+        ["talker", "predictor", "codec"]].plot.barh(stacked=True, figsize=(9, 2.8),
+                                                    title="full size on the H200 host: ms per frame")
+    ax.axvline(80, color="crimson", ls="--", lw=1)
+    ax.set_xlabel("ms per frame (80 = real time)")
+    row = {(r["runtime"], r["device"]): r["ms_per_frame"] for r in doc["rows"]}
+    ours, cuda = row["ncnn", "vulkan"], row["pytorch", "cuda"]
+    loop_ms = lambda m: m["talker"] + m["predictor"]  # noqa: E731
+    check.at_most("H200: ncnn Vulkan vs PyTorch CUDA, generation loop (talker + predictor)", "time ratio",
+                  loop_ms(ours) / loop_ms(cuda), 1.02)
+    check.at_least("H200: ncnn Vulkan vs the host's 16 CPU cores (ncnn)", "speed-up",
+                   row["ncnn", "cpu"]["total"] / ours["total"], 2.0)
+    old = json.loads((paths.ROOT / "data" / "bench" / "h200-vulkan.json").read_text())
+    before = next(r for r in old["rows"] if r["device"] == "vulkan" and r["variant"] == "rewritten")["ms_per_frame"]
+    check.at_least("H200: the GPU forms vs the packed/fused forms before them (h200-vulkan.json)", "loop speed-up",
+                   loop_ms(before) / loop_ms(ours), 1.5)
+elif gpu:
+    print(f"{loop_file} is not there: no H200 measurement committed yet (python -m qtts_lib.bench loop there)")
+
+# %% [markdown]
+# Where the time goes (`python -m qtts_lib.bench.vulkan_probe`, `data/bench/gpu/h200-vulkan-forms.json`, ms per extract,
+# medians): the cost of one more layer of each type, one projection in each of ncnn's forms, and the talker's two ways
+# of stepping at each length.
+
+# %%
+if gpu and forms_file.is_file():
+    forms = json.loads(forms_file.read_text())
+    ch = forms["layer_chains"]["chains"]
+    per_layer = {kind: round(1e3 * (ch[f"{kind} x{n}"]["wall"] - ch[f"{kind} x1"]["wall"]) / (n - 1) / k, 1)
+                 for kind, n, k in (("AbsVal", 400, 1), ("Split", 400, 1), ("BinaryOp", 200, 1), ("RMSNorm", 200, 1),
+                                    ("ReshapePermute", 100, 4), ("Gemm64", 200, 1), ("Gemm1024", 100, 1))}
+    display(pd.Series(per_layer, name="µs per extra layer (ReshapePermute: per layer of 4)"))
+    pf = forms["projection_forms"]
+    display(pd.DataFrame({k: v for k, v in pf.items() if "wall" in v}).T[["wall", "fp32 weight GB/s"]])
+    ms = forms["gpu_forms"]["ms_per_call"]
+    steps = pd.DataFrame([{"cached GEMV step": ms[f"talker GEMV step at past {p}, caches in and out"]["wall"],
+                           "full sequence": ms[f"talker full sequence, {p + 1} rows"]["wall"],
+                           "flat cache MB": ms[f"flat cache MB at past {p}"]} for p in (16, 32, 64, 128, 256, 512)],
+                         index=pd.Index([16, 32, 64, 128, 256, 512], name="past"))
+    display(steps)
+    gemv = (pf["innerproduct, input (1024,)"]["fp32 weight GB/s"]
+            / pf["gemm B transB=1, input (1, 1024)"]["fp32 weight GB/s"])
+    check.at_least("H200: a projection on one row, InnerProduct on 1-D vs Gemm", "weight-read speed-up", gemv, 4.0)
+    check.at_least("H200: one more Gemm 1024x1024 vs one more AbsVal (the cost is the Gemm, not the layer)",
+                   "time ratio", per_layer["Gemm1024"] / per_layer["AbsVal"], 10.0)
+    check.at_least("H200: talker at 128 cached positions, cached step vs full sequence", "time ratio",
+                   steps.loc[128, "cached GEMV step"] / steps.loc[128, "full sequence"], 1.0)
 
 # %% [markdown]
 # What the numbers say:
-# - The landed loop measured there made 254 blocking round trips per frame; the rewritten one makes 18 and runs a
-#   frame in less than half the time (422 → 200 ms). That is faster than 2 CPU threads but only on par with all 16
-#   cores of that host (175 ms with the runtime's CPU forms of chapter 09): the CPU loop is bandwidth-bound, the GPU
-#   one is not yet compute-bound.
-# - What is left is not round trips: a decoder layer costs ~1.5 ms on Vulkan whether it sees 2 rows or 17, the same for
-#   the talker's 28 layers (~44 ms per step). That is ~40 GB/s of fp32 weights on a 4.8 TB/s GPU: ncnn's Vulkan Gemm
-#   is tiled for matrices and leaves most of the GPU idle on one row (InnerProduct is slower still). The packed caches'
-#   download and upload add ~12 ms per talker step at 100 positions (22 MB each way through staging buffers).
-# - PyTorch on the same GPU (cuBLAS GEMV, caches resident on the device) takes 97 ms, 2× faster again; its codec
-#   decode is ~20× faster. Closing that gap needs device-resident caches (a VkMat API in the binding, or C++) and a
-#   GEMV-shaped kernel, not more `.param` rewrites.
+# - On the same GPU, the same prompt, through the same harness, ncnn on Vulkan's generation loop now takes what
+#   PyTorch CUDA's takes: 104.5 against 104.6 ms per frame (talker 30.0 vs 29.5, code predictor 74.5 vs 75.1); before
+#   this chapter's GPU forms it was 181 (200 with the codec). The whole frame is 121 against 108: the codec, which
+#   `Synthesizer` decodes on the GPU with its exported graph (CPU-fallback layers inside, 16.6 ms per frame), where
+#   PyTorch's takes 3.4. ncnn on the host's 16 CPU cores: 333.
+# - The cost on a GPU through the binding is the weights read at ncnn's Vulkan Gemm's one-row speed, not the number
+#   of layers: a GEMV on a 1-D blob reads them ~6× faster, so every one-position call is an InnerProduct graph.
+#   Layer count still matters a little (an extract's host-side recording is a few µs per layer): the full form has a
+#   third fewer layers than the exported graph.
+# - What is left is per-call host work: a predictor call costs 3.3–4.3 ms of which ~2–3 ms is the calling thread's
+#   CPU (extractor, upload, recording ~150 layers, download), 16 calls a frame; and the talker's cache crosses the bus
+#   every step (7 MB at 32 positions, ~2 GB/s through the binding's staging), which is why it steps from its cache
+#   only up to 64 positions (`loop.TALKER_MAX_CACHED`) and runs the full sequence after (29–33 ms up to 129 rows, 39
+#   at 257, 61 at 513).
+# - What only C++ would buy (not measured: the session's device time ran out before a probe against ncnn's C++ API
+#   could be built there): caches kept as `VkMat` across steps (no cache trip: the talker's step would cost its GEMV,
+#   ~5 ms of weights, at any length), and several extracts recorded into one `VkCompute` (one submission per frame
+#   part instead of 16). Using it would take a C++ extension beside the pip wheel (ncnn built with Vulkan and
+#   glslang, ~a few minutes on 16 cores), or a binding that exposes `VkMat`/`VkCompute`.
 
+# %% [markdown]
 # ## Summary
 # - Every graph, the cached decoders and the whole generation loop give the CPU's answers on Vulkan in fp32: every
 #   code of the x-vector and ICL goldens, waveforms far above 60 dB.
 # - On ncnn 1.0.20261020 full-width rope tables and 3-D masks work on CPU and Vulkan alike; ncnn's tests define
 #   half-width tables and 2-D / 3-D masks, and the runtime keeps to the half-width, 2-D forms.
 # - fp16 on Vulkan corrupts int32 ids that pass through a GPU layer and changes codes: fp32 stays the default.
-# - Through the pip binding the landed loop makes 238 blocking round trips per frame at full size (254 when the H200
-#   was measured, its embedding lookups still graph calls); packed caches and a fused code predictor
-#   (`runtime.rewrites.gpu`, what `Synthesizer` always runs on a GPU) make 18. On the H200 that is 2.1× faster
-#   (422 → 200 ms per frame), on par with all 16 CPU cores (175), while PyTorch on the same GPU takes 97: what
-#   remains is ncnn's Vulkan Gemm on one row (~1.5 ms per decoder layer) and the caches' trip through host memory.
+# - The GPU loop (`runtime.rewrites.gpu_layers`, what `Synthesizer` runs on a GPU) runs fewer layers (the talker's
+#   full sequence 568 instead of 852), one-position steps as GEMVs on 1-D blobs, one upload and one download per
+#   call (18 extracts per frame, as before, where the landed loop makes 238), and no layer without a Vulkan kernel.
+# - On the H200, same harness, text, voice clip and frame count: its generation loop takes what PyTorch CUDA's takes
+#   (104.5 vs 104.6 ms per frame; 181 before); the whole frame 121 vs 108, the difference the codec's exported graph
+#   on Vulkan. The cost was ncnn's Vulkan Gemm on one row (~60 GB/s of weights), not per-layer overhead; what is left
+#   is per-call host work and the talker's cache through host memory, which only C++ (`VkMat` caches, one command
+#   for several extracts) would remove.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/08_vulkan.wav`, the chapter report.
 #

@@ -11,19 +11,44 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+# graphs whose load probes the weights (the codec's CPU form measures how far each part reaches, which zeros hide):
+# these get small random values instead, laid out as ncnn reads them (a storage tag before each tagged load)
+RANDOM_BINS = ("ncnn/codec_decoder.bin",)
 
-def write_zero_bins(directory: str | Path) -> None:
-    """Zero-filled `.bin` files of the sizes in bin_sizes.json (sparse: instant, no disk)."""
+
+def write_zero_bins(directory: str | Path, random: tuple[str, ...] = RANDOM_BINS) -> None:
+    """Zero-filled `.bin` files of the sizes in bin_sizes.json (sparse: instant, no disk); those in `random` filled
+    with N(0, 0.02) fp32 weights in their .param's load order instead (`write_random_bin`)."""
     directory = Path(directory)
     for name, size in json.loads((directory / "bin_sizes.json").read_text()).items():
+        if name in random:
+            write_random_bin(directory / name, size)
+            continue
         with (directory / name).open("wb") as f:
             f.truncate(size)
+
+
+def write_random_bin(path: Path, size: int, seed: int = 0) -> None:
+    """`path` (a .bin beside its .param) as fp32 N(0, 0.02) values, every tagged load preceded by the fp32 tag."""
+    from ..runtime.binding.param import read_param
+    from ..runtime.binding.weights import FP32_TAG, layer_loads
+
+    rng = np.random.default_rng(seed)
+    written = 0
+    with path.open("wb") as f:
+        for layer in read_param(path.with_suffix(".param")).layers:
+            for count, tagged in layer_loads(layer):
+                if tagged:
+                    f.write(FP32_TAG)
+                f.write((rng.standard_normal(count, np.float32) * np.float32(0.02)).tobytes())
+                written += 4 * count + (4 if tagged else 0)
+    if written != size:
+        raise ValueError(f"{path}: the .param reads {written} bytes, bin_sizes.json says {size}")
 
 
 def stub_missing(*names: str) -> None:
@@ -43,7 +68,15 @@ def stub_missing(*names: str) -> None:
                 mod = types.ModuleType(part)
                 mod.__spec__ = importlib.machinery.ModuleSpec(part, None)
                 mod.mel = mod.load = mod.resample = missing
+                if name == "librosa":  # cloning from a clip needs the mel filterbank: the runtime's, bit-exact
+                    mod.mel = _librosa_mel
                 sys.modules[part] = mod
+
+
+def _librosa_mel(*, sr, n_fft, n_mels, fmin=0.0, fmax=None, **_):
+    from ..runtime.audio.mel import mel_filterbank
+
+    return mel_filterbank(sr, n_fft, n_mels, fmin, sr / 2 if fmax is None else fmax)
 
 
 def _ms(fn, repeats: int = 20) -> float:
@@ -57,44 +90,8 @@ def _ms(fn, repeats: int = 20) -> float:
 
 
 def profile_vulkan(model_dir: str | Path, device: str = "vulkan", threads: int = 2) -> dict:
-    """Where a GPU frame's time goes on `device`: ms per call of each piece, medians of 20.
+    """Where a GPU frame's time goes on `device`: ms per call of each graph of the GPU loop, and their layer counts
+    (`vulkan_probe.gpu_forms`)."""
+    from .vulkan_probe import gpu_forms
 
-    floor: a one-layer graph (upload + submission + download); the fused predictor at 2/9/17 positions; the talker
-    step at past 100 with and without downloading the packed caches; the codec head."""
-    from ..runtime.binding import rope
-    from ..runtime.binding.net import Net, net_from_text, run
-    from ..runtime.pipeline.config import ModelConfig
-    from ..runtime.pipeline.embeddings import Embeddings
-    from ..runtime.pipeline.loop import Loop
-
-    cfg = ModelConfig.load(model_dir)
-    t, p = cfg.talker, cfg.predictor
-    loop = Loop.load(cfg, Embeddings(cfg, threads, "cpu"), threads, device)
-    rng = np.random.default_rng(0)
-    out: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "e.bin").write_bytes(b"")
-        tiny = net_from_text("7767517\n2 2\nInput in0 0 1 in0\nAbsVal a 1 1 in0 out0\n", Path(tmp) / "e.bin",
-                             threads, device)
-    x = rng.standard_normal((1, t["hidden_size"])).astype(np.float32)
-    out["floor: 1-layer graph"] = _ms(lambda: run(tiny, {"in0": x}, ["out0"]))
-    for length in (2, 9, 17):
-        seq = rng.standard_normal((length, p["hidden_size"])).astype(np.float32)
-        out[f"predictor fused call, {length} positions"] = _ms(lambda seq=seq: loop.predictor.logits(seq, 3))
-    head = Net(cfg.ncnn_dir, "talker_codec_head", threads, device)
-    out["talker codec head"] = _ms(lambda: head(x))
-    talker = loop.talker
-    _, cache = talker.prefill(rng.standard_normal((1, 100, t["hidden_size"])).astype(np.float32))
-    e = rng.standard_normal((1, 1, t["hidden_size"])).astype(np.float32)
-    cos, sin = rope.tables(t["head_dim"], t["rope_theta"], 100, 1)
-    inputs = {"in0": e, "in1": rope.causal_mask(1, 100), "in2": cos, "in3": sin} | cache.blobs
-
-    def step(with_cache: bool):
-        names = ["out0", "cache_all_out"] if with_cache else ["out0"]
-        return run(talker.step_net, inputs, names, axes={"in0": 0, "out0": 0}, raw=names[1:])
-
-    out["talker step at past 100, hidden only"] = _ms(lambda: step(False))
-    out["talker step at past 100, hidden + caches"] = _ms(lambda: step(True))
-    packed = cache.blobs["cache_all_in"]
-    out["packed cache MB at past 100"] = round(packed.c * packed.cstep * packed.elemsize / 2**20, 2)
-    return out
+    return gpu_forms(model_dir, device, threads)

@@ -43,8 +43,8 @@ def vulkan_or_skip(gpu_count: int | None = None, required: str | None = None) ->
 def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int = 16, rewritten: bool = False) -> int:
     """Blocking extracts (each one GPU submission + download in the pip binding) per generated frame. Embedding
     lookups are numpy on every device (`pipeline.embeddings`), so they make none."""
-    if rewritten:  # talker: hidden + packed caches; codec head; one fused graph per codebook
-        return 2 + 1 + (groups - 1)
+    if rewritten:  # the GPU forms (chapter 08): one talker call (hidden and caches in one blob), the codec head,
+        return 1 + 1 + groups  # the predictor's first position and one call per codebook 1..15
     kv = lambda layers: 1 + 2 * layers  # noqa: E731  (output, then K and V of every layer)
     talker = kv(talker_layers) + 1  # + codec head
     predictor = (groups - 1) * (kv(predictor_layers) + 1)  # prefill + 14 steps, each with its head

@@ -37,7 +37,8 @@ from ..binding import rope
 from ..binding.cached import KvCache, KvCacheNet, merge
 from ..binding.net import Net, net_from_text, parse_device, run
 from ..errors import BatchError
-from ..rewrites.gpu import fused_predictor_param, packed_cache_params
+from ..rewrites.gpu import fused_predictor_param
+from ..rewrites.gpu_layers import ensure_gpu_decoder, gemv_heads, one_blob_io
 from . import precision
 from .config import ModelConfig
 from .embeddings import Embeddings
@@ -101,53 +102,128 @@ class CodePredictor:
         return self.frames(hidden[None], [c0], [sampler])[0]
 
 
-class FusedCodePredictor:
-    """`CodePredictor` for a GPU, over `rewrites.gpu.fused_predictor_param`: the decoder over the whole (at most
-    17-position) sequence, no cache, and head s, one graph call per codebook (chapter 08)."""
-
-    def __init__(self, net, head_dim: int, theta: float, embeddings: Embeddings):
-        self.net, self.head_dim, self.theta, self.embed = net, head_dim, theta, embeddings
-
-    def logits(self, seq: np.ndarray, s: int) -> np.ndarray:
-        """seq (L, hidden) -> head s's logits (vocab,) at position L-1."""
-        length = len(seq)
-        cos, sin = rope.tables(self.head_dim, self.theta, 0, length)
-        inputs = {"in0": seq[None].astype(np.float32), "in1": rope.causal_mask(length), "in2": cos, "in3": sin}
-        return run(self.net, inputs, [f"logits_{s}"], axes={"in0": 0}, name="fused predictor")[0][-1]
+class GemvCodePredictor:
+    """`CodePredictor` for a GPU (chapter 08): every position one call of the one-position GEMV form of the
+    predictor fused with its heads (`rewrites.gpu_layers.gemv_step`, `rewrites.gpu.fused_predictor_param`), the caches
+    of its layers one flat blob, the row, cos and sin one blob, and logits + caches one download
+    (`rewrites.gpu_layers.one_blob_io`). Per frame: position 0 (the talker's hidden state) builds the cache, then
+    codebooks 1..15 one call each (head s on the embedding of codebook s-1): 16 calls, 16 uploads, 16 downloads."""
 
     batches = False  # one sequence per call
+
+    def __init__(self, first, step, head_dim: int, theta: float, vocab: int, layers: int, embeddings: Embeddings):
+        self.first, self.step, self.layers = first, step, layers
+        self.head_dim, self.theta, self.vocab, self.embed = head_dim, theta, vocab, embeddings
+
+    def start(self, hidden: np.ndarray) -> np.ndarray:
+        """The flat cache after position 0 (the talker's hidden state)."""
+        cos, sin = rope.tables(self.head_dim, self.theta, 0, 1)
+        inputs = {"in0": hidden[None].astype(np.float32), "in1": rope.causal_mask(1), "in2": cos, "in3": sin}
+        inputs |= {b: m for b, m in KvCache(self.layers).blobs.items()}
+        return run(self.first, inputs, ["cache_all_out"], name="GEMV predictor")[0]
+
+    def logits(self, x: np.ndarray, cache: np.ndarray, past: int, s: int, last: bool = False):
+        """Head s's logits after row x at position `past`, and the grown flat cache (None when `last`)."""
+        cos, sin = rope.tables(self.head_dim, self.theta, past, 1)
+        row = np.concatenate([x.astype(np.float32).ravel(), cos.ravel(), sin.ravel()])
+        name = f"logits_{s}" if last else f"all_logits_{s}"
+        out = run(self.step, {"x": row, "cache_all_in": cache}, [name], name="GEMV predictor")[0]
+        return (out, None) if last else (out[:self.vocab], out[self.vocab:])
 
     def frames(self, hidden: np.ndarray, c0: list[int], samplers: list[Sampler]) -> list[Frame]:
         return [self.frame(h, c, s) for h, c, s in zip(hidden, c0, samplers)]
 
     def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
+        cache = self.start(hidden)
         codes, embed = [c0], self.embed.codec([c0])[0]
-        seq = [hidden, embed]
-        for s in range(self.embed.groups - 1):
-            codes.append(sampler.code(self.logits(np.stack(seq), s), codes[1:], s))
-            seq.append(self.embed.acoustic(s, codes[-1]))
-            embed = embed + seq[-1]
+        x = embed
+        groups = self.embed.groups
+        for s in range(groups - 1):
+            logits, cache = self.logits(x, cache, s + 1, s, last=s == groups - 2)
+            codes.append(sampler.code(logits, codes[1:], s))
+            x = self.embed.acoustic(s, codes[-1])
+            embed = embed + x
         return Frame(np.array(codes, np.int64), embed)
+
+
+class GpuDecoder:
+    """The talker on a GPU (chapter 08): the prompt prefilled by its GPU form with caches (`rewrites.gpu_layers`),
+    then one-position GEMV steps (one upload, one download: `one_blob_io`) while the cache holds fewer than
+    `max_cached` positions; past that, every call is the full sequence without a cache (the caches' trip through host
+    memory grows with them, a full forward's cost hardly does: data/bench/gpu/h200-vulkan-forms.json). The interface of
+    `KvCacheNet` for one sequence; its `KvCache` holds the flat cache (`flat`) and the rows fed so far (`rows`)."""
+
+    batches = False
+    heads = None
+
+    def __init__(self, prefill, step, full, layers: int, head_dim: int, theta: float, max_cached: int,
+                 name: str = "talker_decoder"):
+        self.prefill_net, self.step_net, self.full = prefill, step, full
+        self.layers, self.head_dim, self.theta, self.max_cached, self.name = layers, head_dim, theta, max_cached, name
+
+    def new_cache(self, sequences: int = 1) -> KvCache:
+        if sequences != 1:
+            raise ValueError(f"{self.name}: the GPU form takes one sequence at a time")
+        cache = KvCache(self.layers)
+        cache.flat, cache.rows = None, np.zeros((0, 0), np.float32)
+        return cache
+
+    def forward(self, embeds: np.ndarray, cache: KvCache) -> np.ndarray:
+        if embeds.shape[0] != 1:
+            raise ValueError(f"{self.name}: the GPU form takes one sequence at a time")
+        rows = embeds[0].astype(np.float32)
+        first = cache.rows.size == 0
+        cache.rows = rows if first else np.concatenate([cache.rows, rows])
+        length, past = len(rows), cache.past
+        if past + length <= self.max_cached and (first or (cache.flat is not None and length == 1)):
+            cos, sin = rope.tables(self.head_dim, self.theta, past, length)
+            if first:
+                inputs = {"in0": rows[None], "in1": rope.causal_mask(length), "in2": cos, "in3": sin} | cache.blobs
+                out, cache.flat = run(self.prefill_net, inputs, ["out0", "cache_all_out"], axes={"in0": 0, "out0": 0},
+                                      name=self.name)
+            else:
+                x = np.concatenate([rows.ravel(), cos.ravel(), sin.ravel()])
+                both = run(self.step_net, {"x": x, "cache_all_in": cache.flat}, ["all_out0"], name=self.name)[0]
+                out, cache.flat = both[None, None, :rows.shape[1]], both[rows.shape[1]:]
+            cache.past = cache.lengths[0] = past + length
+            return out.reshape(1, length, -1)
+        cache.flat = None  # from here on the full sequence every call: no cache crosses the bus
+        total = len(cache.rows)
+        cos, sin = rope.tables(self.head_dim, self.theta, 0, total)
+        inputs = {"in0": cache.rows[None], "in1": rope.causal_mask(total), "in2": cos, "in3": sin}
+        out = run(self.full, inputs, ["out0"], axes={"in0": 0, "out0": 0}, name=self.name)[0]
+        cache.past = cache.lengths[0] = total
+        return out[:, total - length:]
+
+    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, KvCache]:
+        cache = self.new_cache(embeds.shape[0])
+        return self.forward(embeds, cache), cache
+
+
+# positions: past it the talker runs the full sequence on a GPU. On the H200 a cached step costs 20 / 28 / 48 ms at
+# 32 / 64 / 128 cached positions (the flat cache up and down: 7 / 14 / 28 MB), the full sequence 29 / 29 / 33 ms
+# (data/bench/gpu/h200-vulkan-forms.json)
+TALKER_MAX_CACHED = 64
 
 
 class Loop:
     """The graphs of the generation loop, and the loop over them (module docstring)."""
 
-    def __init__(self, talker: KvCacheNet, head: Net, predictor: CodePredictor | FusedCodePredictor):
+    def __init__(self, talker: KvCacheNet | GpuDecoder, head: Net, predictor: CodePredictor | GemvCodePredictor):
         self.talker, self.head, self.predictor = talker, head, predictor
 
     @classmethod
     def load(cls, cfg: ModelConfig, embeddings: Embeddings, threads: int = 2, device: str = "cpu",
              precision_tier: str = "fp32", gpu_forms: bool = True, log=None) -> Loop:
         """The loop as the runtime runs it on `device` in `precision_tier`. On a GPU, `gpu_forms` (default) runs the
-        graphs of `rewrites.gpu` (caches in one blob, the predictor fused with its heads: fewer round trips,
-        chapter 08); False keeps the CPU's graphs there too (the chapter's comparison)."""
+        GPU forms of `rewrites.gpu_layers` (fewer layers, GEMV steps, one upload and one download per call:
+        `GpuDecoder`, `GemvCodePredictor`; chapter 08); False keeps the CPU's graphs there too (the chapter's
+        comparison, and `Synthesizer(gpu_batches=True)`)."""
         d, t, p = cfg.ncnn_dir, cfg.talker, cfg.predictor
         head = Net(d, "talker_codec_head", threads, device)
         if parse_device(device) is not None and gpu_forms:
-            return cls(_packed_decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device), head,
-                       FusedCodePredictor(_fused_predictor_net(d, threads, device), p["head_dim"], p["rope_theta"],
-                                          embeddings))
+            return cls(gpu_talker(d, t, threads, device, log), head,
+                       gemv_predictor(d, p, t["hidden_size"], threads, device, embeddings, log))
         talker = precision.decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device,
                                    precision_tier, log=log, heads=t["num_attention_heads"])
         decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
@@ -303,24 +379,46 @@ class Batch:
         return list(zip(seqs, frames))
 
 
-def _packed_decoder(ncnn_dir: Path, name: str, head_dim: int, theta: float, threads: int, device: str) -> KvCacheNet:
-    """A cached decoder on a GPU with every layer's cache in one blob (`rewrites.gpu.packed_cache_params`)."""
-    prefill, step = packed_cache_params((ncnn_dir / f"{name}_kv.param").read_text())
-    nets = [net_from_text(text, ncnn_dir / f"{name}.bin", threads, device) for text in (prefill, step)]
-    return KvCacheNet(nets[0], precision.cached_layers(ncnn_dir, name), head_dim, theta, step=nets[1], packed=True,
-                      name=name)
+def gpu_talker(ncnn_dir: Path, cfg: dict, threads: int, device: str, log=None,
+                max_cached: int = TALKER_MAX_CACHED) -> GpuDecoder:
+    """The talker's GPU forms (`rewrites.gpu_layers.ensure_gpu_decoder`, `one_blob_io`) as `GpuDecoder` runs them.
+    The flat caches are the SDPA layer's cache Mats reshaped: `device`'s caches must be plain (c, h, w), as a Vulkan
+    device's are (`binding.cache_layout`); on the CPU only `max_cached=0` (the full sequence every call) is valid."""
+    _plain_caches(device, max_cached)
+    forms = ensure_gpu_decoder(ncnn_dir, "talker_decoder", log=log)
+    hd, kvh = cfg["head_dim"], cfg["num_key_value_heads"]
+    prefill = one_blob_io(forms["kv"].read_text(), hd, kvh, step=False)
+    step = one_blob_io(forms["step"].read_text(), hd, kvh, ("out0",), row=cfg["hidden_size"])
+    nets = [net_from_text(text, forms["bin"], threads, device) for text in (prefill, step, forms["full"].read_text())]
+    return GpuDecoder(*nets, precision.cached_layers(ncnn_dir, "talker_decoder"), hd, cfg["rope_theta"], max_cached)
 
 
-def _fused_predictor_net(ncnn_dir: Path, threads: int, device: str):
-    """The code predictor's decoder and heads as one graph (`rewrites.gpu.fused_predictor_param`), its weights the
-    two `.bin` files one after the other (a file: the binding cannot load weights from memory safely)."""
-    text = fused_predictor_param((ncnn_dir / "predictor_decoder.param").read_text(),
-                                 (ncnn_dir / "predictor_heads.param").read_text())
+def gemv_predictor(ncnn_dir: Path, cfg: dict, row: int, threads: int, device: str, embeddings: Embeddings,
+                    log=None) -> GemvCodePredictor:
+    """The predictor's GEMV step form fused with its heads (as InnerProducts), its first position and its steps
+    (`GemvCodePredictor`); the weights the two `.bin` files one after the other, in a file (the binding cannot load
+    weights from memory safely)."""
+    _plain_caches(device)
+    forms = ensure_gpu_decoder(ncnn_dir, "predictor_decoder", log=log)
+    heads = gemv_heads((ncnn_dir / "predictor_heads.param").read_text())
+    fused = fused_predictor_param(forms["step"].read_text(), heads)
+    hd, kvh = cfg["head_dim"], cfg["num_key_value_heads"]
+    groups = cfg["num_code_groups"]
+    first = one_blob_io(fused, hd, kvh, step=False)
+    step = one_blob_io(fused, hd, kvh, tuple(f"logits_{s}" for s in range(groups - 1)), row=row)
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "predictor_fused.bin"
         with merged.open("wb") as out:
-            for part in ("predictor_decoder.bin", "predictor_heads.bin"):
-                with (ncnn_dir / part).open("rb") as f:
+            for part in (forms["bin"], ncnn_dir / "predictor_heads.bin"):
+                with part.open("rb") as f:
                     shutil.copyfileobj(f, out, 1 << 24)
-        return net_from_text(text, merged, threads, device)
+        nets = [net_from_text(text, merged, threads, device) for text in (first, step)]
+    return GemvCodePredictor(*nets, hd, cfg["rope_theta"], cfg["vocab_size"],
+                             precision.cached_layers(ncnn_dir, "predictor_decoder"), embeddings)
 
+
+def _plain_caches(device: str, max_cached: int = 1) -> None:
+    from ..binding import cache_layout
+
+    if max_cached and cache_layout.probe(device) != cache_layout.CacheLayout(1, spare=False):
+        raise ValueError(f"the GPU forms' flat caches need plain cache Mats; {device}'s SDPA keeps its own layout")

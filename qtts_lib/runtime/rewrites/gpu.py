@@ -14,8 +14,9 @@ Two `.param` rewrites, neither touching the weights, cut it down:
   GPU microseconds and removes the cache traffic: one upload + one extract per codebook.
 
 (The third saving needs no rewrite: the embedding tables are read once into numpy, on every device, so a lookup is
-an index, not a graph call: `pipeline.embeddings`.) `pipeline.loop` runs these graphs on a GPU
-(`binding.cached.KvCacheNet(packed=True)`, `pipeline.loop.FusedCodePredictor`).
+an index, not a graph call: `pipeline.embeddings`.) `rewrites.gpu_layers` goes further (fewer layers, GEMV steps,
+one upload and one download per call) and uses `fused_predictor_param`; `pipeline.loop` runs its forms on a GPU
+(`GpuDecoder`, `GemvCodePredictor`). `packed_cache_params` stays for chapter 08's comparison.
 """
 from __future__ import annotations
 
