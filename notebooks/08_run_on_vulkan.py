@@ -183,9 +183,9 @@ if gpu:
         runs[mode] = (result, voice)
 
 # %% [markdown]
-# The waveform: `synthesize`'s audio, decoded by the codec on Vulkan (the exported graph: the codec's CPU form is for
-# the CPU), against chapter 03's wav (PyTorch on the CPU) and against the ncnn CPU decode of the same codes.
-# Chapter 06's threshold, 60 dB.
+# The waveform: `synthesize`'s audio, decoded by the codec's GPU form on Vulkan (`codec.gpu_form`: the codebook sums on
+# the CPU, everything after them one Vulkan graph; section 7 counts its layers), against chapter 03's wav (PyTorch on
+# the CPU) and against the ncnn CPU decode of the same codes. Chapter 06's threshold, 60 dB.
 
 # %%
 if gpu:
@@ -334,9 +334,11 @@ if gpu:
 # layers, a few µs each, allowed on top), and the layers that have no Vulkan kernel (each would be a download, a CPU
 # op and an upload inside the extract). The check is that there are none. At full size (section 8's file): talker
 # full sequence 568 layers (exported 852), prefill 626, step 798 (its kv graph 853); predictor first position 148,
-# step 213 (of which one head's chain runs per call); codec head 2. (The codec is
-# not the loop: its exported graph has Deconvolution1D, ConvolutionDepthWise1D, Embed and MatMul, which run on the
-# CPU inside a Vulkan decode; `Synthesizer` decodes with it on a GPU.)
+# step 213 (of which one head's chain runs per call); codec head 2. The codec's exported graph has Deconvolution1D,
+# ConvolutionDepthWise1D, Embed and MatMul, which have no Vulkan kernel and would run on the CPU inside a Vulkan decode:
+# its GPU form (`codec.gpu_form`, what `Synthesizer` decodes with on a GPU) rewrites the first two into layers that
+# have one (polyphase stride-1 convolutions, 2-D convolutions with h = 1, chapter 09's rewrites without its CPU-only
+# cuts) and runs the codebook sums (a gather and the pre_conv, a few MFLOP a frame) on the CPU before the Vulkan graph.
 
 # %%
 if gpu:
@@ -356,7 +358,12 @@ if gpu:
               "predictor first position": (gl.predictor.first, "predictor (cached decoder + heads)",
                                            io["prefill"](blobs["predictor"])),
               "predictor step (GEMV, one blob)": (gl.predictor.step, "predictor (cached decoder + heads)",
-                                                  io["step"](blobs["predictor"], 15))}
+                                                  io["step"](blobs["predictor"], 15)),
+              "codec (GPU form, after the codebooks)": (synth.codec.net, "codec_decoder", 0)}
+    exported["codec_decoder"] = len(parse_param((out_dir / "codec_decoder.param").read_text()).layers)
+    exported_codec = Net(out_dir, "codec_decoder", THREADS, DEVICE).net
+    exported_on_cpu = sorted({lyr.type for lyr in exported_codec.layers() if not lyr.support_vulkan})
+    print("the exported codec graph's layer types without a Vulkan kernel (what the GPU form removes):", exported_on_cpu)
     layer_rows = []
     for label, (net, was, added) in graphs.items():
         on_cpu = [lyr.name for lyr in net.layers() if not lyr.support_vulkan]

@@ -159,6 +159,47 @@ def test_the_gpu_loop_runs_no_layer_on_the_cpu(synth):
         assert [lyr.name for lyr in net.layers() if not lyr.support_vulkan] == []
 
 
+@pytest.fixture(scope="module")
+def codec_cfg():
+    return json.loads((paths.model_dir(CKPT) / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+
+
+def test_the_codecs_gpu_form_leaves_the_cpu_only_the_codebooks(ncnn_dir, codec_cfg):
+    """Part 0 holds every Embed and the MatMul (the codebook sums) and the pre_conv; part 1 none of the four layer
+    types ncnn has no Vulkan kernel for, and no CPU-only cut (time tiles, channel splits)."""
+    from qtts_lib.runtime.rewrites.codec_cpu import codec_gpu_parts
+
+    text = (ncnn_dir / "codec_decoder.param").read_text()
+    (t0, _), (t1, b1) = codec_gpu_parts(text, (ncnn_dir / "codec_decoder.bin").read_bytes(), codec_cfg)
+    before, codes, rest = parse_param(text).counts, parse_param(t0).counts, parse_param(t1).counts
+    assert codes["Embed"] == before["Embed"] == 2 and codes["MatMul"] == 1 and codes["Convolution"] == 1
+    for kind in ("Embed", "MatMul", "Deconvolution1D", "ConvolutionDepthWise1D", "Convolution1D", "Deconvolution"):
+        assert rest.get(kind, 0) == 0, kind
+    assert rest["SDPA"] == before["SDPA"]
+    assert rest["ConvolutionDepthWise"] == before["ConvolutionDepthWise1D"]
+    # one Convolution per exported 1-D conv but the pre_conv, and one per transposed conv (polyphase)
+    assert rest["Convolution"] == before["Convolution1D"] - 1 + before["Deconvolution1D"]
+    assert codec_gpu_parts(text, (ncnn_dir / "codec_decoder.bin").read_bytes(), codec_cfg)[1] == (t1, b1)
+
+
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_the_codecs_gpu_form_decodes_as_the_exported_graph(ncnn_dir, codec_cfg, device):
+    """The same waveform as the exported graph on the CPU (to float rounding), and on Vulkan with every layer of
+    its Vulkan graph on the GPU."""
+    from qtts_lib.runtime.codec.decoder import Codec
+
+    device = _vulkan() if device == "vulkan" else device
+    codes = np.random.default_rng(4).integers(0, codec_cfg["codebook_size"], (20, 16))
+    ref = Codec(ncnn_dir, codec_cfg, 2, form="exported").decode_once(codes)
+    codec = Codec(ncnn_dir, codec_cfg, 2, device, form="gpu")
+    wav = codec.decode_once(codes)
+    assert wav.shape == ref.shape == (20 * 1920,)
+    snr = 20 * np.log10(np.linalg.norm(ref) / np.linalg.norm(wav - ref))
+    assert snr > 90, snr
+    if device != "cpu":
+        assert [lyr.name for lyr in codec.net.layers() if not lyr.support_vulkan] == []
+
+
 def test_random_bins_follow_the_param(tmp_path):
     from qtts_lib.bench.gpu import write_random_bin
 

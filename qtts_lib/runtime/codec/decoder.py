@@ -31,6 +31,7 @@ from ..binding.cached import KvCache, layer_cache_outputs
 from ..binding.net import Net, make_net, parse_device, run
 from ..errors import InputError, PrecisionError
 from .cpu_form import fast_graph, manifest_axes
+from .gpu_form import gpu_graph
 from .parts import Part, PartChain, attention_inputs, pack_codes, run_codes, run_parts
 
 CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 300, 25  # the reference's chunked_decode defaults
@@ -53,16 +54,18 @@ class Codec:
 
     `form` "cpu" (the default on the CPU) loads the faster equivalent form of `codec.cpu_form` (1-D convolutions as
     2-D ones with h = 1, which reach ncnn's packed kernels, polyphase upsampling, long convolutions cut along time,
-    other wide ones along input channels) in parts whose upsampling stages run chunk by chunk; "exported" (the only
-    form on a GPU) the graph pnnx wrote, as chapter 04 aligned it."""
+    other wide ones along input channels) in parts whose upsampling stages run chunk by chunk; "gpu" (the default
+    on a GPU) `codec.gpu_form`: the codebooks on the CPU, everything after them one Vulkan graph with no layer
+    left to the CPU; "exported" the graph pnnx wrote, as chapter 04 aligned it (on a GPU its layers without a
+    Vulkan kernel run on the CPU mid-graph)."""
 
     def __init__(self, ncnn_dir: str | Path, config: dict, threads: int = 2, device: str = "cpu",
                  form: str | None = None, precision: str = "fp32"):
         self.config = config  # speech_tokenizer/config.json's decoder_config
         self.groups = int(config["num_quantizers"])
-        form = ("cpu" if parse_device(device) is None else "exported") if form is None else form
-        if form not in ("cpu", "exported"):
-            raise InputError(f"unknown codec form {form!r}; use cpu or exported")
+        form = ("cpu" if parse_device(device) is None else "gpu") if form is None else form
+        if form not in ("cpu", "gpu", "exported"):
+            raise InputError(f"unknown codec form {form!r}; use cpu, gpu or exported")
         self.precision = check_codec_tier(precision, form)
         self.form, self.threads, self.device = form, threads, device
         self.parts: list[Part] | None = None
@@ -76,6 +79,11 @@ class Codec:
                                p.get("up", 1), p.get("context", 0), p.get("chunk_frames"))
                           for i, p in enumerate(desc["parts"])]
             self.transformer_kv = self.directory / desc["transformer_kv"]
+        elif form == "gpu":
+            (p0, b0), (p1, b1) = gpu_graph(ncnn_dir, config)
+            self.in_axes = manifest_axes(Path(ncnn_dir) / "manifest.json")
+            self.codes_net = Part(make_net(p0, b0, threads, "cpu"))  # Embed and MatMul: no Vulkan kernel
+            self.net = make_net(p1, b1, threads, device)
         else:
             self.net = Net(ncnn_dir, "codec_decoder", threads, device)
 
@@ -87,6 +95,9 @@ class Codec:
         T = len(codes)
         if self.parts is not None:
             return run_parts(self.parts[2:], self.transformer_output(codes)).reshape(-1)
+        if self.form == "gpu":
+            x = run_codes(self.codes_net, codes, c, self.in_axes)
+            return run(self.net, {"in0": x} | attention_inputs(c, T), ["out0"], name="codec (GPU form)")[0].reshape(-1)
         semantic, acoustic = pack_codes(codes, c["codebook_size"])
         mask = rope.causal_mask(T, window=c["sliding_window"])
         cos, sin = rope.tables(c["head_dim"], c["rope_theta"], 0, T)

@@ -116,7 +116,7 @@ class Synthesizer:
             raise MissingArtifact(f"{model_dir} has no config.json: not a checkpoint directory; pass one, or run "
                                   "notebooks/00_get_checkpoint.py")
         self.precision = check_tier(precision, device)
-        check_codec_tier(codec_precision, "cpu" if parse_device(device) is None else "exported")
+        check_codec_tier(codec_precision, "cpu" if parse_device(device) is None else "gpu")
         missing_graphs(Path(model_dir) / "ncnn", raise_error=True)  # what a checkpoint without exports needs first
         self.config = cfg = ModelConfig.load(model_dir)
         self.tokenizer = Tokenizer.from_dir(cfg.directory)

@@ -18,6 +18,8 @@ run it; each is checked equal to the exported graph (tests/test_codec_cpu.py, ch
 - `conv_split_input` / `conv_tile_time`: wide convolutions cut along input channels, long ones along time (each cut
   computes the same sums; ncnn's im2col matrix and sgemm tiles stay small).
 - `codec_fast_parts`: all of it, cut in parts at the input of each upsampling stage (`binding.graph.cut_graph`).
+- `codec_gpu_parts`: the GPU form (08): the shared rewrites without the CPU's cuts, in two parts, the codebooks
+  (CPU) and the rest (Vulkan), so no layer of the GPU's part lacks a Vulkan kernel.
 """
 from __future__ import annotations
 
@@ -507,9 +509,30 @@ def codec_fast_parts(text: str, data: bytes, config: dict, part_of=split_part,
     stage; part 1 can run one position at a time with a KV cache (streaming). Each part is then rewritten like
     the whole (time tiles by `tiles_of(k, channels)`, channel splits)."""
     t, b = codec_rewritten(text, data)
+    parts = []
+    for k, (pt, pb) in enumerate(_cut_parts(t, b, codec_cut_layers(text, config))):
+        parts.append(_cut_convolutions(pt, pb, part_of, None if tiles_of is None else lambda c, k=k: tiles_of(k, c)))
+    return parts
+
+
+def codec_gpu_parts(text: str, data: bytes, config: dict) -> list[tuple[str, bytes]]:
+    """The codec's GPU form: `codec_rewritten` (no Deconvolution1D or ConvolutionDepthWise1D left, layers that
+    ncnn has no Vulkan kernel for) cut once, after the pre_conv, and nothing cut along time or channels (those
+    cuts pay on the CPU's caches; on a GPU they would only add layers):
+
+        0  codes -> the codebook sums and the pre_conv: Embed and MatMul, which have no Vulkan kernel either; a
+           gather and a few MFLOP per frame, run on the CPU              reads in0/in1 (codes), writes out0
+        1  everything else, one graph for Vulkan                       reads in0, in2/in3/in4, writes out0"""
+    t, b = codec_rewritten(text, data)
+    return _cut_parts(t, b, codec_cut_layers(text, config)[:1])
+
+
+def _cut_parts(t: str, b: bytes, names: list[str]) -> list[tuple[str, bytes]]:
+    """`t`/`b` cut at the output of the layer `names[0]` (the pre_conv, and the Reshapes that take it back to 2-D)
+    and at the input of each later one: len(names) + 1 parts, each with its own weights."""
     segs = split_bin(t, b)
     texts, rest = [], t
-    for name in codec_cut_layers(text, config):
+    for name in names:
         layer = next(lyr for lyr in parse_param(rest).layers if lyr.name == name)
         cut = layer.outputs[0] if not texts else layer.inputs[0]  # after the pre_conv; before each transposed conv
         if not texts:
@@ -521,8 +544,7 @@ def codec_fast_parts(text: str, data: bytes, config: dict, part_of=split_part,
         texts.append(head)
     texts.append(rest)
     parts = []
-    for k, pt in enumerate(texts):
+    for pt in texts:
         keep = {lyr.name for lyr in parse_param(pt).layers}
-        pb = join_bin(pt, {n: v for n, v in segs.items() if n in keep})
-        parts.append(_cut_convolutions(pt, pb, part_of, None if tiles_of is None else lambda c, k=k: tiles_of(k, c)))
+        parts.append((pt, join_bin(pt, {n: v for n, v in segs.items() if n in keep})))
     return parts
