@@ -64,10 +64,9 @@ def run_pytorch(model_dir: str, frames: int, threads: int, device: str = "cpu") 
     """The same with the qwen_tts package (greedy generate_voice_clone, x-vector, fp32, sdpa) on `device` (cpu or
     cuda), timed by wrapping the talker's generate, the code predictor's generate, the talker's first forward
     (prefill) and the codec (synchronized around each on a GPU)."""
-    if device != "cpu":
-        from .gpu import stub_missing
+    from .gpu import stub_missing
 
-        stub_missing("librosa", "soundfile")  # a GPU host may lack what the 12 Hz generate path never calls
+    stub_missing("librosa", "soundfile")  # a GPU host may lack what the 12 Hz generate path never calls
     import torch
 
     from .. import reference
