@@ -465,11 +465,47 @@ if gpu and forms_file.is_file():
 #   every step (7 MB at 32 positions, ~2 GB/s through the binding's staging), which is why it steps from its cache
 #   only up to 64 positions (`loop.TALKER_MAX_CACHED`) and runs the full sequence after (29–33 ms up to 129 rows, 39
 #   at 257, 61 at 513).
-# - What only C++ would buy (not measured: the session's device time ran out before a probe against ncnn's C++ API
-#   could be built there): caches kept as `VkMat` across steps (no cache trip: the talker's step would cost its GEMV,
-#   ~5 ms of weights, at any length), and several extracts recorded into one `VkCompute` (one submission per frame
-#   part instead of 16). Using it would take a C++ extension beside the pip wheel (ncnn built with Vulkan and
-#   glslang, ~a few minutes on 16 cores), or a binding that exposes `VkMat`/`VkCompute`.
+# - What only C++ would buy, measured next.
+
+# %% [markdown]
+# ### What only C++ would buy
+# The pip binding has no `VkMat`: every call's caches go up and come back through host memory, and every call is its
+# own submission. ncnn's C++ API has both (`Extractor::input(name, VkMat)`, `extract(name, VkMat&, VkCompute&)`).
+# `python -m qtts_lib.bench.cpp_probe` builds a small probe (`qtts_lib/bench/cpp/vulkan_probe.cpp`) against ncnn's
+# source beside the wheel (43 s on the H200 host's 16 cores) and times the GPU loop's one-position graphs, with their
+# caches as separate blobs, at several cache lengths: through the binding (as they are, and as the runtime runs them,
+# `one_blob_io`), and in C++ with host Mats, with the caches kept on the GPU from call to call (`resident`), and with
+# four calls recorded into one command (`chained`). ms per call, medians of 20
+# (`data/bench/gpu/h200-cpp-probe.json`; the probe ran right after its build, the host's load average 6.9).
+
+# %%
+cpp_file = paths.ROOT / "data" / "bench" / "gpu" / "h200-cpp-probe.json"
+if gpu and cpp_file.is_file():
+    cpp = pd.DataFrame(json.loads(cpp_file.read_text())["rows"]).set_index(["graph", "past"])
+    display(cpp[["binding_ms", "binding_one_blob_ms", "host_ms", "resident_ms", "chained_ms_per_call",
+                 "submit_floor_ms", "layers"]])
+    talker, pred = cpp.loc["talker step"], cpp.loc["predictor step"]
+    check.at_least("H200, C++: talker step at 128 positions, the runtime's one-blob call vs caches resident on the GPU",
+                   "time ratio", talker.loc[128, "binding_one_blob_ms"] / talker.loc[128, "resident_ms"], 2.0)
+    check.at_least("H200, C++: predictor step, the runtime's one-blob call vs caches resident on the GPU",
+                   "time ratio", (pred["binding_one_blob_ms"] / pred["resident_ms"]).median(), 1.1)
+    frame_now = talker.loc[64, "binding_one_blob_ms"] + 16 * pred["binding_one_blob_ms"].median()
+    frame_cpp = talker.loc[64, "resident_ms"] + 16 * pred["chained_ms_per_call"].median()
+    print(f"a frame's loop at 64 positions, from these calls: {frame_now:.0f} ms through the binding, "
+          f"{frame_cpp:.0f} ms in C++ (caches resident, calls chained)")
+
+# %% [markdown]
+# What the probe says:
+# - The cache trip is the talker's cost: with its caches resident the talker's step costs 13-15 ms at 64 and 128
+#   positions, where the runtime's one-blob call costs 35-48 (and 26 at 16 positions, where the first resident calls
+#   still paid for allocations). Past 64 positions the runtime runs the full sequence instead (29-33 ms); C++ would
+#   step from the cache at any length.
+# - The predictor gains less: 2.5-2.9 ms per call resident, 2.2-2.6 chained, against 3.2-3.4 through the binding.
+#   Its floor is the host-side recording of ~140 layers per call (about 12 µs each) plus the submit (0.35 ms).
+# - Together (the cell above): about 40% off a frame's loop. Using it means a C++ extension beside the wheel (ncnn and
+#   glslang built from source, as the probe is), or a binding that exposes `VkMat` and `VkCompute`. The probe's ncnn
+#   is the source of July 2026 with upstream glslang, not the wheel's build, so its numbers are an estimate of what the
+#   runtime would get, not a measurement of it.
 
 # %% [markdown]
 # ## Summary
@@ -486,8 +522,8 @@ if gpu and forms_file.is_file():
 # - On the H200, same harness, text, voice clip and frame count: the whole frame 112.3 ms on ncnn Vulkan against 134.6
 #   on PyTorch CUDA (98.6 vs 116.0 in an earlier call; 200 before the GPU forms), the codec 1.2 vs 4.6. The cost was
 #   ncnn's Vulkan Gemm on one row (~60 GB/s of weights), not per-layer overhead; what is left
-#   is per-call host work and the talker's cache through host memory, which only C++ (`VkMat` caches, one command
-#   for several extracts) would remove.
+#   is per-call host work and the talker's cache through host memory: C++ (`VkMat` caches, one command for several
+#   calls) would take about 40% off the loop's time (the probe of section 8).
 #
 # **Artifacts left:** `data/outputs/<ckpt>/08_vulkan.wav`, the chapter report.
 #
