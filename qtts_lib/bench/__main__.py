@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("--device", default="cpu", help="cpu, or vulkan / vulkan:N (the graphs that batch, fp32)")
     batch.add_argument("--parity", action="store_true",
                        help="instead: the first --batch prompts alone vs batched, greedy, --frames frames")
+    proj = measurement("projections", "the int8 loop's projections alone against its floor (issue 24)")
+    proj.add_argument("--threads", type=int, default=2)
+    proj.add_argument("--repeats", type=int, default=9)
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
     zeros.add_argument("dir")
     profile = sub.add_parser("profile", help="where a Vulkan frame's time goes")
@@ -105,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         result = tier_benchmark(model_dir, thread_counts(a.threads), [t.strip() for t in a.tiers.split(",")],
                                 a.frames, a.rounds) if a.tiers \
             else codec_benchmark(model_dir, thread_counts(a.threads), a.frames, a.rounds)
+    elif a.what == "projections":
+        from .machine import describe
+        from .projections import measure as projections
+
+        result = {"machine": describe([a.threads]), "checkpoint": a.checkpoint,
+                  **projections(model_dir / "ncnn", a.threads, a.repeats)}
     elif a.what == "stream":
         from .stream import stream_benchmark
 

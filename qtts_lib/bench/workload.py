@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import paths
-from ..runtime.pipeline.precision import weight_bytes
+from ..runtime.pipeline.precision import HEADS, weight_bytes
 
 TEXT = "Hello from ncnn. Every token of this sentence is checked against PyTorch."
 LANGUAGE = "english"
@@ -26,7 +26,7 @@ def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16, precision: str = "f
     tier (chapter 10) stores the two decoders in fewer bytes per weight, and int8 the predictor's heads too."""
     size = lambda name: (ncnn_dir / f"{name}.bin").stat().st_size  # noqa: E731
     shrink = weight_bytes(precision) / 4.0
-    heads = shrink if precision == "int8" else 1.0  # `pipeline.precision.HEADS`
+    heads = shrink if precision == "int8" and "predictor_heads" in HEADS else 1.0
     per_head = size("predictor_heads") / (groups - 1)
     return int(shrink * size("talker_decoder") + size("talker_codec_head")
                + (groups - 1) * (shrink * size("predictor_decoder") + heads * per_head))

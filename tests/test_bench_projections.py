@@ -1,0 +1,33 @@
+"""`bench.projections`: the int8 tier's projections alone (issue 24's kernel floor), on tiny-base."""
+import numpy as np
+
+from qtts_lib import paths
+from qtts_lib.bench.projections import projections_graph
+from qtts_lib.runtime.binding.net import net_from_text, run
+from qtts_lib.runtime.binding.param import parse_param
+from qtts_lib.runtime.pipeline.precision import ensure_int8_tier, int8_paths
+
+
+def test_projections_graph_holds_every_int8_gemm_and_nothing_else(synth, tmp_path):
+    ncnn_dir = paths.model_dir("tiny-base") / "ncnn"
+    ensure_int8_tier(ncnn_dir)
+    param, bin_ = int8_paths(ncnn_dir, "predictor_decoder")
+    hp, hb = int8_paths(ncnn_dir, "predictor_heads")
+    text, data, nbytes = projections_graph(param.read_text(), bin_.read_bytes(), (hp.read_text(), hb.read_bytes()))
+    source = parse_param(param.read_text())
+    gemms = [lyr for lyr in source.layers if lyr.type == "Gemm" and "18=2" in lyr.params]
+    gemms.append(next(lyr for lyr in parse_param(hp.read_text()).layers if lyr.type == "Gemm" and "18=2" in lyr.params))
+    counts = parse_param(text).counts
+    assert counts["Gemm"] == len(gemms)  # the decoder's projections and one head
+    assert set(counts) == {"Input", "Split", "Gemm", "MemoryData", "BinaryOp", "Concat"}
+    # the int8 weights of those Gemms (tag + int8 bytes + the B scale), not their fp32 row scales
+    k_n = [(int(d["9"]), int(d["8"])) for d in (dict(p.split("=", 1) for p in lyr.params) for lyr in gemms)]
+    assert nbytes >= sum(k * n for k, n in k_n)
+    assert nbytes < 1.1 * sum(k * n for k, n in k_n) + 1e5
+    f = tmp_path / "p.bin"
+    f.write_bytes(data)
+    net = net_from_text(text, f, 1)
+    widths = [int(lyr.outputs[0][2:]) for lyr in parse_param(text).layers if lyr.type == "Input"]
+    out = run(net, {f"in{k}": np.ones((1, k), np.float32) for k in widths}, ["out0"])[0]
+    assert out.size == sum(n for _, n in k_n)
+    assert np.isfinite(out).all() and np.abs(out).max() > 0
