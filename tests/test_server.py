@@ -114,8 +114,8 @@ def test_soak_four_clients_good_bad_and_abandoned(server):
             results.append((kind, got, ok))
         return results
 
-    with ThreadPoolExecutor(4) as pool:  # warm-up: voices built, allocator and thread pools at working size
-        assert all(r[2] for rs in pool.map(client, range(100, 104), [10] * 4) for r in rs)
+    with ThreadPoolExecutor(4) as pool:  # warm-up, a whole round: voices built, allocator and pools at working size
+        assert all(r[2] for rs in pool.map(client, range(100, 104)) for r in rs)
     rss_before = rss_kb(proc.pid)
     t0 = time.time()
     with ThreadPoolExecutor(4) as pool:
@@ -129,7 +129,9 @@ def test_soak_four_clients_good_bad_and_abandoned(server):
           f"RSS {rss_before / 1024:.1f} -> {rss_after / 1024:.1f} MB ({growth_mb:+.1f} MB)")
     assert len(results) >= 200 and not failed, failed[:5]
     assert all(kinds[k] > 0 for k in KINDS), kinds
-    assert growth_mb < 16  # measured: +4.6 MB here; +0.3 MB over 600 more requests (the allocator settles)
+    # a leak grows with every round; after a 10-request warm-up the first round grew +2.4 to +17.7 MB (the allocator
+    # still settling), so the warm-up is a whole round and the bound is on the round after it
+    assert growth_mb < 16
     # A client that hung up is noticed at the engine's next step, so the last abandoned request can still be in
     # the batch when the other clients are done: the server must drain to idle, with nothing left waiting.
     deadline = time.monotonic() + 30
