@@ -165,31 +165,22 @@ int main(int argc, char** argv) {
             for (size_t i = 0; i < caches.size(); i++) ex.extract(caches[i].second.c_str(), next[i], cmd);
             gpu.swap(next);
         };
-        std::vector<double> resident, chained;
-        {
+        // ms per call with `calls` calls recorded into each command (1: resident; `chain`: chained)
+        auto per_call = [&](int calls) {
             std::vector<ncnn::VkMat> gpu;
             upload_caches(gpu);
+            std::vector<double> times;
             for (int r = 0; r <= repeats; r++) {
                 double t0 = now_ms();
                 ncnn::VkCompute cmd(vkdev);
                 std::vector<ncnn::Mat> down;
-                record_call(cmd, gpu, down);
+                for (int k = 0; k < calls; k++) record_call(cmd, gpu, down);
                 cmd.submit_and_wait();
-                if (r) resident.push_back(now_ms() - t0);
+                if (r) times.push_back((now_ms() - t0) / calls);
             }
-        }
-        {
-            std::vector<ncnn::VkMat> gpu;
-            upload_caches(gpu);
-            for (int r = 0; r <= repeats; r++) {
-                double t0 = now_ms();
-                ncnn::VkCompute cmd(vkdev);
-                std::vector<ncnn::Mat> down;
-                for (int k = 0; k < chain; k++) record_call(cmd, gpu, down);
-                cmd.submit_and_wait();
-                if (r) chained.push_back((now_ms() - t0) / chain);
-            }
-        }
+            return times;
+        };
+        std::vector<double> resident = per_call(1), chained = per_call(chain);
         // the floor of one submit: 4 bytes up and down
         std::vector<double> floor;
         ncnn::Mat one(1);
