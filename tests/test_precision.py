@@ -242,7 +242,7 @@ def test_the_codec_bf16_tier_is_another_codec_close_to_fp32(exported, tmp_path):
     with pytest.raises(PrecisionError, match="CPU form"):
         Codec(exported / "ncnn", cfg.codec, 2, form="exported", precision="bf16")
     with pytest.raises(PrecisionError):
-        Synthesizer(exported, codec_precision="int8")
+        Synthesizer(exported, codec_precision="fp8")
     assert Synthesizer(exported, codec_precision="bf16").codec.precision == "bf16"
     out = tmp_path / "bf16.wav"
     assert main(["say", "--checkpoint", str(exported), "--voice", str(paths.voice_wav()), "--text", "Hello.",

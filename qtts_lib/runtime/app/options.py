@@ -56,8 +56,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="weights of the talker and code predictor: fp32 (exact) or fewer bytes (faster, approximate;"
                         " CPU only; chapter 10 measures the cost)")
     g.add_argument("--codec-precision", default="fp32", choices=CODEC_TIERS,
-                   help="the codec's upsampling stages: fp32 (exact) or bf16 storage (faster where the CPU has"
-                        " AVX512-BF16, approximate; CPU only; chapter 10 measures the cost)")
+                   help="the codec's upsampling stages: fp32 (exact), bf16 storage (faster where the CPU has"
+                        " AVX512-BF16, approximate) or int8 (bf16 with int8 residual convolutions, calibrated once;"
+                        " fastest, approximate); CPU only; chapter 10 measures the cost")
 
 
 def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> None:

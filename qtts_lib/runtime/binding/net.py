@@ -155,16 +155,21 @@ def net_from_text(text: str, bin: str | Path, threads: int = 2, device: str = "c
 
 
 def run(net: ncnn.Net, inputs: Mapping[str, np.ndarray | ncnn.Mat], outputs: Sequence[str], *,
-        axes: Mapping[str, int] | None = None, raw: Sequence[str] = (), name: str = "graph") -> list:
+        axes: Mapping[str, int] | None = None, raw: Sequence[str] = (), name: str = "graph",
+        light: bool = True) -> list:
     """One extractor of `net`: set `inputs` (blob name -> numpy array or Mat), extract `outputs` in order.
 
     Numpy inputs become Mats that own a copy (`to_mat`); the Mats live until the last extract. Outputs named in
     `raw` come back as Mats extracted with `type=1`, in the backend's own layout (KV caches: never round-trip them
     through numpy, chapter 05); the others as numpy copies. `axes` (blob name -> pnnx's batch axis, from the export
     manifest) drops the batch axis going in and restores it coming out. ncnn computes only the layers the
-    extracted outputs need (the code predictor reads one of its 15 heads per step). Introduced in 04."""
+    extracted outputs need (the code predictor reads one of its 15 heads per step). `light=False` keeps every
+    intermediate blob until the extractor goes (ncnn's light mode frees each once consumed, so a second extract
+    upstream of the first would compute it again): for reading inner blobs, as a calibration does. Introduced in 04."""
     axes = axes or {}
     ex = net.create_extractor()
+    if not light:
+        ex.set_light_mode(False)
     held = {k: v if isinstance(v, ncnn.Mat) else to_mat(v, axes.get(k, NO_BATCH)) for k, v in inputs.items()}
     for k, m in held.items():
         ex.input(k, m)

@@ -56,11 +56,14 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
         return []
     if t in ("Convolution", "Convolution1D", "ConvolutionDepthWise", "ConvolutionDepthWise1D",
              "Deconvolution", "Deconvolution1D", "DeconvolutionDepthWise", "DeconvolutionDepthWise1D"):
-        if int_param(d, "8", 0) or int_param(d, "19", 0):
-            raise ValueError(f"{layer.name}: int8 or dynamic-weight convolutions are not supported")
+        int8 = int_param(d, "8", 0)
+        if int_param(d, "19", 0) or int8 > 1 or (int8 and t != "Convolution"):
+            raise ValueError(f"{layer.name}: dynamic-weight or requantizing int8 convolutions are not supported")
         loads = [(int_param(d, "6", 0), True)]
         if int_param(d, "5", 0):
             loads.append((int_param(d, "0", 0), False))
+        if int8:  # an int8 Convolution (the codec's int8 tier, chapter 10): per-output weight scales, input scale
+            loads += [(int_param(d, "0", 0), False), (1, False)]
         return loads
     if t == "InnerProduct":
         if int_param(d, "8", 0):

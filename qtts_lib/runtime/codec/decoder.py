@@ -16,8 +16,11 @@ stage whole: at full size the codec's working memory stays in the low hundreds o
 by about 10 MB per frame, which also matters for speed where fresh memory is slow to touch (a VM).
 
 `precision="bf16"` (CPU form only) runs the upsampling parts with ncnn's bf16 storage: weights and the
-activations between layers held as bfloat16 (8 bits of mantissa), fp32 accumulation. It is an approximation,
-measured against fp32 on the same codes (SNR, spectral distance) in chapter 10; fp32 is the parity tier.
+activations between layers held as bfloat16 (8 bits of mantissa), fp32 accumulation. `precision="int8"` keeps fp32
+storage and makes the residual units of the last three decoder stages int8 convolutions, calibrated once
+(`codec.int8_form`). Both
+are approximations, measured against fp32 on the same codes (SNR, spectral distance, the codes Mimi hears) in
+chapter 10; fp32 is the parity tier.
 """
 from __future__ import annotations
 
@@ -32,12 +35,13 @@ from ..binding.net import Net, make_net, parse_device, run
 from ..errors import InputError, PrecisionError
 from .cpu_form import fast_graph, manifest_axes
 from .gpu_form import gpu_graph
+from .int8_form import int8_graph
 from .parts import Part, PartChain, attention_inputs, pack_codes, run_codes, run_parts
 
 CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 300, 25  # the reference's chunked_decode defaults
 
 
-CODEC_TIERS = ("fp32", "bf16")
+CODEC_TIERS = ("fp32", "bf16", "int8")
 
 
 def check_codec_tier(precision: str, form: str = "cpu") -> str:
@@ -57,10 +61,10 @@ class Codec:
     other wide ones along input channels) in parts whose upsampling stages run chunk by chunk; "gpu" (the default
     on a GPU) `codec.gpu_form`: the codebooks on the CPU, everything after them one Vulkan graph with no layer
     left to the CPU; "exported" the graph pnnx wrote, as chapter 04 aligned it (on a GPU its layers without a
-    Vulkan kernel run on the CPU mid-graph)."""
+    Vulkan kernel run on the CPU mid-graph). `log` hears about one-time work (the int8 tier's calibration)."""
 
     def __init__(self, ncnn_dir: str | Path, config: dict, threads: int = 2, device: str = "cpu",
-                 form: str | None = None, precision: str = "fp32"):
+                 form: str | None = None, precision: str = "fp32", log=None):
         self.config = config  # speech_tokenizer/config.json's decoder_config
         self.groups = int(config["num_quantizers"])
         form = ("cpu" if parse_device(device) is None else "gpu") if form is None else form
@@ -71,11 +75,13 @@ class Codec:
         self.parts: list[Part] | None = None
         self.net = None
         if form == "cpu":
-            self.directory, desc = fast_graph(ncnn_dir, config)
-            self.in_axes = manifest_axes(self.directory / "manifest.json")
+            self.directory, desc = (int8_graph(ncnn_dir, config, threads, log) if precision == "int8"
+                                    else fast_graph(ncnn_dir, config))
+            self.in_axes = manifest_axes(self.directory / desc.get("manifest", "manifest.json"))
+            self.part_files = [[self.directory / f for f in p["files"]] for p in desc["parts"]]
             # bf16: the upsampling parts (2..), nearly all of the codec's arithmetic; codebooks and transformer fp32
-            self.parts = [Part(make_net(self.directory / p["files"][0], self.directory / p["files"][1], threads,
-                                        device, bf16=precision == "bf16" and i >= 2), p.get("spf", 1),
+            self.parts = [Part(make_net(*self.part_files[i], threads, device,
+                                        bf16=precision == "bf16" and i >= 2), p.get("spf", 1),
                                p.get("up", 1), p.get("context", 0), p.get("chunk_frames"))
                           for i, p in enumerate(desc["parts"])]
             self.transformer_kv = self.directory / desc["transformer_kv"]
@@ -151,8 +157,7 @@ class IncrementalDecode:
 
     def __init__(self, codec: Codec):
         self.codec, self.config = codec, codec.config
-        self.net = make_net(codec.transformer_kv, codec.directory / "codec_decoder.part1.bin", codec.threads,
-                            codec.device)
+        self.net = make_net(codec.transformer_kv, codec.part_files[1][1], codec.threads, codec.device)
         layers = sum(1 for line in codec.transformer_kv.read_text().splitlines() if line.startswith("SDPA"))
         self.cache, self.cache_outputs = KvCache(layers), layer_cache_outputs(layers)
         self.chain = PartChain(codec.parts[2:])

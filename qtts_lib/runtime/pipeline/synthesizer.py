@@ -107,11 +107,12 @@ class Synthesizer:
                  gpu_batches: bool = False):
         """`threads`: CPU threads for ncnn; `device`: cpu, vulkan or vulkan:N; `precision`: fp32 (the default, the
         parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 10);
-        `codec_precision`: fp32 (the default) or bf16, the codec's upsampling stages (CPU only; chapter 10). `log` hears
-        about one-time work (writing a tier's files). `decoders`: where frames become audio, if not this
-        process's codec (`experimental.codec_process`). `gpu_batches`, on a GPU: load the graphs that take several
-        sequences per call (the CPU's, folded: about 240 round trips per step, shared by the batch) instead of the
-        GPU forms that take one (18 per frame; chapter 08). On the CPU the loop always batches."""
+        `codec_precision`: fp32 (the default), bf16 or int8, the codec's upsampling stages (CPU only; chapter 10).
+        `log` hears about one-time work (writing a tier's files, calibrating the codec's int8 tier). `decoders`: where
+        frames become audio, if not this process's codec (`experimental.codec_process`). `gpu_batches`, on a GPU:
+        load the graphs that take several sequences per call (the CPU's, folded: about 240 round trips per step,
+        shared by the batch) instead of the GPU forms that take one (18 per frame; chapter 08). On the CPU the loop
+        always batches."""
         if not (Path(model_dir) / "config.json").is_file():
             raise MissingArtifact(f"{model_dir} has no config.json: not a checkpoint directory; pass one, or run "
                                   "notebooks/00_get_checkpoint.py")
@@ -125,7 +126,7 @@ class Synthesizer:
         self.voices = VoiceEncoder(cfg, threads, device)
         self.loop = Loop.load(cfg, self.embeddings, threads, device, self.precision, gpu_forms=not gpu_batches,
                               log=log)
-        self.codec = Codec(cfg.ncnn_dir, cfg.codec, threads, device, precision=codec_precision) \
+        self.codec = Codec(cfg.ncnn_dir, cfg.codec, threads, device, precision=codec_precision, log=log) \
             if decoders is None else None
         self.decoders = Decoders(self.codec) if decoders is None else decoders
         self.sampling = Sampling.from_generation_config(cfg.generation)

@@ -1,0 +1,123 @@
+"""The codec's int8 tier on disk: the CPU form with int8 residual convolutions, calibrated once. Introduced in 10.
+
+`int8_graph` takes the CPU form (`codec.cpu_form.fast_graph`), decodes `CALIBRATION_FRAMES` frames of random codes
+through it in fp32, chunk by chunk as the runtime does, and records the largest |input| of every convolution that
+`rewrites.codec_int8.residual_convolutions` picks in the decoder stages `INT8_STAGES` (the time tiles of one layer
+share the largest of theirs). `rewrites.codec_int8.int8_convolutions` then writes those parts again with ncnn's
+int8 Convolution under `ncnn/fast_int8/`; the other parts are the CPU form's own files, named from there. Storage
+stays fp32 (on the Intel Xeon VM of 2026-12-02, stages 2-4 with fp32 storage ran 17.3 ms/frame at 33.5 dB SNR
+against fp32's 27.0; the same with bf16 storage, 20.4 at 30.8 dB; stages 1-4, 15.9 at 27.2 dB; 3-4, 22.1 at 40.1 dB).
+
+The input scales are static (ncnn's int8 Convolution has no per-call absmax), so they are only as good as the
+calibration's codes: random codes through the checkpoint's own codebooks, transformer and upsampler. With a real
+checkpoint, check the tier on real speech before relying on it (`python -m qtts_lib.bench codec --tiers` against
+fp32 on your codes; chapter 10).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..binding.graph import Graph
+from ..binding.net import run
+from ..rewrites.codec_int8 import calibration_group, int8_convolutions, residual_convolutions
+from .cpu_form import FAST_DIR, fast_graph
+from .parts import Part, run_parts
+
+INT8_DIR = "fast_int8"     # under the ncnn directory, beside the CPU form's `fast/`
+INT8_VERSION = 1           # bump when the int8 form changes: the cached files are rewritten
+INT8_STAGES = (2, 3, 4)    # decoder stages (1 = the first after the ConvNeXt upsampler) with int8 residual units
+CALIBRATION_FRAMES, CALIBRATION_SEED = 320, 20261202
+
+
+class _Observed:
+    """A codec part that also records the largest |value| of `blobs` on every call (calibration only)."""
+
+    def __init__(self, part: Part, blobs: list[str]):
+        self.part, self.blobs = part, blobs
+        self.spf, self.up, self.context, self.chunk_frames = part.spf, part.up, part.context, part.chunk_frames
+        self.absmax = dict.fromkeys(blobs, 0.0)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        out, *seen = run(self.part.net, {"in0": x}, ["out0", *self.blobs], name="codec calibration", light=False)
+        for b, a in zip(self.blobs, seen):
+            self.absmax[b] = max(self.absmax[b], float(np.abs(a).max()))
+        return out
+
+
+def stage_of_part(k: int, config: dict) -> int:
+    """The decoder stage (1..) that part `k` of the CPU form runs, 0 for the codes, transformer and upsampler."""
+    return max(0, k - 1 - len(config["upsampling_ratios"]))
+
+
+def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path, dict]:
+    """The directory of the codec's int8 tier and its description (`codec_decoder.json`, as the CPU form's, with
+    part files relative to it and the calibration recorded), written on first use and again when the CPU form or
+    this tier changes. Files are written under temporary names and renamed, the description last."""
+    from .decoder import Codec
+
+    src = Path(ncnn_dir)
+    fast_dir, fast = fast_graph(src, config)
+    out = src / INT8_DIR
+    key = {"version": INT8_VERSION, "stages": list(INT8_STAGES), "frames": CALIBRATION_FRAMES,
+           "seed": CALIBRATION_SEED, "cpu_form": fast["key"]}
+    meta = out / "codec_decoder.json"
+    if meta.is_file():
+        try:
+            desc = json.loads(meta.read_text())
+            if desc.get("key") == key and all((out / f).is_file() for p in desc["parts"] for f in p["files"]):
+                return out, desc
+        except (ValueError, KeyError, TypeError):
+            pass
+    if log:
+        log(f"codec int8 tier: calibrating on {CALIBRATION_FRAMES} frames of random codes ...")
+    out.mkdir(exist_ok=True)
+    meta.unlink(missing_ok=True)
+    chosen = {}  # part index -> the layers made int8
+    texts = {}
+    for k, p in enumerate(fast["parts"]):
+        stage = stage_of_part(k, config)
+        if stage in INT8_STAGES:
+            texts[k] = (fast_dir / p["files"][0]).read_text()
+            chosen[k] = residual_convolutions(texts[k], int(config["decoder_dim"]) // 2 ** stage)
+    codec = Codec(src, config, threads, precision="fp32")
+    inputs = {k: [lyr.inputs[0] for lyr in Graph(texts[k]).layers if lyr.name in chosen[k]] for k in chosen}
+    observed = {k: _Observed(codec.parts[k], sorted(set(inputs[k]))) for k in chosen}
+    codes = np.random.default_rng(CALIBRATION_SEED).integers(
+        0, config["codebook_size"], (CALIBRATION_FRAMES, int(config["num_quantizers"])))
+    run_parts([observed.get(k, part) for k, part in enumerate(codec.parts) if k >= 2], codec.transformer_output(codes))
+    del codec
+    desc = {"key": key, "parts": [], "calibration": {}, "stats": {}}
+    moves = []
+    for k, p in enumerate(fast["parts"]):
+        if k not in chosen:
+            desc["parts"].append(p | {"files": [f"../{FAST_DIR}/{f}" for f in p["files"]]})
+            continue
+        layer_input = {lyr.name: lyr.inputs[0] for lyr in Graph(texts[k]).layers if lyr.name in chosen[k]}
+        group_max: dict[str, float] = {}
+        for name, blob in layer_input.items():
+            g = calibration_group(name)
+            group_max[g] = max(group_max.get(g, 0.0), observed[k].absmax[blob])
+        absmax = {name: group_max[calibration_group(name)] for name in layer_input}
+        text, data, stats = int8_convolutions(texts[k], (fast_dir / p["files"][1]).read_bytes(), absmax)
+        files = [f"codec_decoder.part{k}.param", f"codec_decoder.part{k}.bin"]
+        for name, content in zip(files, (text, data)):
+            tmp = out / f"{name}.tmp{os.getpid()}"
+            tmp.write_text(content) if isinstance(content, str) else tmp.write_bytes(content)
+            moves.append((tmp, out / name))
+        desc["parts"].append(p | {"files": files})
+        desc["calibration"][str(k)] = {g: round(v, 6) for g, v in sorted(group_max.items())}
+        desc["stats"][str(k)] = {"stage": stage_of_part(k, config), "convolutions": stats["convolutions"],
+                                 "weights": stats["weights"],
+                                 "weight_rel_rms_max": round(max(stats["weight_rel_rms"]), 5)}
+    desc["transformer_kv"] = f"../{FAST_DIR}/{fast['transformer_kv']}"
+    desc["manifest"] = f"../{FAST_DIR}/manifest.json"
+    for tmp, dst in moves:
+        os.replace(tmp, dst)
+    tmp_meta = meta.with_name(f"{meta.name}.tmp{os.getpid()}")
+    tmp_meta.write_text(json.dumps(desc, indent=1))
+    os.replace(tmp_meta, meta)
+    return out, desc
