@@ -76,3 +76,24 @@ def test_a_dead_codec_process_is_an_error(tts):
     process.proc.wait()
     with pytest.raises(CodecProcessError):
         synth.synthesize(TEXT, "english", voice, GREEDY, max_frames=8)
+
+
+def test_a_codec_process_in_the_int8_tier(tts):
+    """The child decodes in the codec tier it is given: the int8 stream's pieces are the in-process int8 codec's
+    (the same arithmetic, in the child), and an unknown tier is refused before any child starts."""
+    from qtts_lib import export
+    from qtts_lib.runtime.errors import PrecisionError
+
+    export.ensure(tts, CKPT)
+    with pytest.raises(PrecisionError):
+        CodecProcess.for_checkpoint(paths.model_dir(CKPT), precision="fp8")
+    local = Synthesizer(paths.model_dir(CKPT), threads=1, codec_precision="int8")
+    with Synthesizer(paths.model_dir(CKPT), threads=1,
+                     decoders=CodecProcess.for_checkpoint(paths.model_dir(CKPT), precision="int8")) as piped:
+        voice = [s.voice(wav=load_wav(paths.voice_wav())) for s in (local, piped)]
+        ours = list(local.stream(TEXT, "english", voice[0], GREEDY, max_frames=16, chunk_frames=4))
+        theirs = list(piped.stream(TEXT, "english", voice[1], GREEDY, max_frames=16, chunk_frames=4))
+    assert np.array_equal(np.concatenate(ours), np.concatenate(theirs))
+    fp32 = list(Synthesizer(paths.model_dir(CKPT), threads=1).stream(TEXT, "english", voice[0], GREEDY, max_frames=16,
+                                                                     chunk_frames=4))
+    assert not np.array_equal(np.concatenate(fp32), np.concatenate(theirs))  # really the int8 tier

@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     overlap.add_argument("--precision", default="int8")
     overlap.add_argument("--threads", type=int, default=0, help="cores for the sequential run (default: all)")
     overlap.add_argument("--repeats", type=int, default=2)
+    overlap.add_argument("--codec-precision", default="fp32", help="the codec's tier in every arrangement")
     batch = measurement("batch", "many utterances at once: throughput against the batch size")
     batch.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
     batch.add_argument("--precision", default="fp32,int8")
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from .overlap import measure
 
-        result = measure(model_dir, a.precision, a.threads or None, a.frames, a.repeats)
+        result = measure(model_dir, a.precision, a.threads or None, a.frames, a.repeats, a.codec_precision)
     text = write_result(result, a.output)
     if a.what != "quality":
         print(text)

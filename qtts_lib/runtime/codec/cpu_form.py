@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..binding.net import net_from_text
+from ..binding.net import make_net, net_from_text
 from ..rewrites.codec_cpu import codec_fast_parts
 from ..rewrites.kv_cache import add_kv_cache
 from .parts import Part, attention_inputs, codes_reach, reach, run_codes
@@ -143,3 +143,11 @@ def fast_graph(ncnn_dir, config: dict, threads: int = 1) -> tuple[Path, dict]:
 
 def manifest_axes(manifest: Path) -> list[int]:
     return json.loads(manifest.read_text())["codec_decoder.param"]["input_batch_axes"]
+
+
+def load_parts(directory: Path, desc: dict, threads: int, device: str = "cpu", bf16: bool = False) -> list[Part]:
+    """The parts `desc` (a `codec_decoder.json`) names, files relative to `directory`, loaded; `bf16`: ncnn's bf16
+    storage on the upsampling parts (2..), nearly all of the codec's arithmetic (codebooks and transformer fp32)."""
+    return [Part(make_net(directory / p["files"][0], directory / p["files"][1], threads, device, bf16=bf16 and i >= 2),
+                 p.get("spf", 1), p.get("up", 1), p.get("context", 0), p.get("chunk_frames"))
+            for i, p in enumerate(desc["parts"])]

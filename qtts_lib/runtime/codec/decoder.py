@@ -33,10 +33,10 @@ from ..binding import rope
 from ..binding.cached import KvCache, layer_cache_outputs
 from ..binding.net import Net, make_net, parse_device, run
 from ..errors import InputError, PrecisionError
-from .cpu_form import fast_graph, manifest_axes
+from .cpu_form import fast_graph, load_parts, manifest_axes
 from .gpu_form import gpu_graph
 from .int8_form import int8_graph
-from .parts import Part, PartChain, attention_inputs, pack_codes, run_codes, run_parts
+from .parts import Part, PartChain, attention_inputs, pack_codes, run_codes, run_parts, transformer_output
 
 CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 300, 25  # the reference's chunked_decode defaults
 
@@ -79,11 +79,7 @@ class Codec:
                                     else fast_graph(ncnn_dir, config))
             self.in_axes = manifest_axes(self.directory / desc.get("manifest", "manifest.json"))
             self.part_files = [[self.directory / f for f in p["files"]] for p in desc["parts"]]
-            # bf16: the upsampling parts (2..), nearly all of the codec's arithmetic; codebooks and transformer fp32
-            self.parts = [Part(make_net(*self.part_files[i], threads, device,
-                                        bf16=precision == "bf16" and i >= 2), p.get("spf", 1),
-                               p.get("up", 1), p.get("context", 0), p.get("chunk_frames"))
-                          for i, p in enumerate(desc["parts"])]
+            self.parts = load_parts(self.directory, desc, threads, device, bf16=precision == "bf16")
             self.transformer_kv = self.directory / desc["transformer_kv"]
         elif form == "gpu":
             (p0, b0), (p1, b1) = gpu_graph(ncnn_dir, config)
@@ -112,8 +108,7 @@ class Codec:
     def transformer_output(self, codes: np.ndarray) -> np.ndarray:
         """Parts 0 and 1 (codebooks, pre_conv, transformer) over all of `codes` (T, groups): what the upsampling
         parts (`parts[2:]`) are fed, (channels, T). The CPU form only."""
-        x = run_codes(self.parts[0], codes, self.config, self.in_axes)
-        return self.parts[1](x, **attention_inputs(self.config, len(codes)))
+        return transformer_output(self.parts, codes, self.config, self.in_axes)
 
     def incremental(self) -> IncrementalDecode:
         """A decode fed a few frames at a time (`IncrementalDecode`; the CPU form only)."""

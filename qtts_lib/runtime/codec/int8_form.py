@@ -24,8 +24,8 @@ import numpy as np
 from ..binding.graph import Graph
 from ..binding.net import run
 from ..rewrites.codec_int8 import calibration_group, int8_convolutions, residual_convolutions
-from .cpu_form import FAST_DIR, fast_graph
-from .parts import Part, run_parts
+from .cpu_form import FAST_DIR, fast_graph, load_parts, manifest_axes
+from .parts import Part, run_parts, transformer_output
 
 INT8_DIR = "fast_int8"     # under the ncnn directory, beside the CPU form's `fast/`
 INT8_VERSION = 1           # bump when the int8 form changes: the cached files are rewritten
@@ -57,8 +57,6 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
     """The directory of the codec's int8 tier and its description (`codec_decoder.json`, as the CPU form's, with
     part files relative to it and the calibration recorded), written on first use and again when the CPU form or
     this tier changes. Files are written under temporary names and renamed, the description last."""
-    from .decoder import Codec
-
     src = Path(ncnn_dir)
     fast_dir, fast = fast_graph(src, config)
     out = src / INT8_DIR
@@ -83,13 +81,15 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
         if stage in INT8_STAGES:
             texts[k] = (fast_dir / p["files"][0]).read_text()
             chosen[k] = residual_convolutions(texts[k], int(config["decoder_dim"]) // 2 ** stage)
-    codec = Codec(src, config, threads, precision="fp32")
+    parts = load_parts(fast_dir, fast, threads)
     inputs = {k: [lyr.inputs[0] for lyr in Graph(texts[k]).layers if lyr.name in chosen[k]] for k in chosen}
-    observed = {k: _Observed(codec.parts[k], sorted(set(inputs[k]))) for k in chosen}
+    observed = {k: _Observed(parts[k], sorted(set(inputs[k]))) for k in chosen}
     codes = np.random.default_rng(CALIBRATION_SEED).integers(
         0, config["codebook_size"], (CALIBRATION_FRAMES, int(config["num_quantizers"])))
-    run_parts([observed.get(k, part) for k, part in enumerate(codec.parts) if k >= 2], codec.transformer_output(codes))
-    del codec
+    x = transformer_output(parts, codes, config, manifest_axes(fast_dir / "manifest.json"))
+    run_parts([observed.get(k, part) for k, part in enumerate(parts) if k >= 2], x)
+    seen = {k: o.absmax for k, o in observed.items()}
+    del parts, observed  # the fp32 nets
     desc = {"key": key, "parts": [], "calibration": {}, "stats": {}}
     moves = []
     for k, p in enumerate(fast["parts"]):
@@ -100,7 +100,7 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
         group_max: dict[str, float] = {}
         for name, blob in layer_input.items():
             g = calibration_group(name)
-            group_max[g] = max(group_max.get(g, 0.0), observed[k].absmax[blob])
+            group_max[g] = max(group_max.get(g, 0.0), seen[k][blob])
         absmax = {name: group_max[calibration_group(name)] for name in layer_input}
         text, data, stats = int8_convolutions(texts[k], (fast_dir / p["files"][1]).read_bytes(), absmax)
         files = [f"codec_decoder.part{k}.param", f"codec_decoder.part{k}.bin"]

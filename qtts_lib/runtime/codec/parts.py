@@ -134,3 +134,10 @@ def run_codes(part: Part, codes: np.ndarray, config: dict, in_axes: list[int]) -
     semantic, acoustic = pack_codes(codes, config["codebook_size"])
     return run(part.net, {"in0": semantic, "in1": acoustic}, ["out0"], axes={"in0": in_axes[0], "in1": in_axes[1]},
                name="codec part 0")[0]
+
+
+def transformer_output(parts: list[Part], codes: np.ndarray, config: dict, in_axes: list[int]) -> np.ndarray:
+    """Parts 0 and 1 of the CPU form (codebooks, pre_conv, transformer) over all of `codes` (T, groups): what the
+    upsampling parts (`parts[2:]`) are fed, (channels, T)."""
+    x = run_codes(parts[0], codes, config, in_axes)
+    return parts[1](x, **attention_inputs(config, len(codes)))

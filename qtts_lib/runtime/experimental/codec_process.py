@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codec.decoder import Codec
+from ..codec.decoder import Codec, check_codec_tier
 from ..codec.stream import StreamDecoder
 from ..errors import QttsError
 
@@ -90,19 +90,21 @@ class CodecProcess:
     synthesizer feeds; `close()` (or the end of this process) stops the child."""
 
     @classmethod
-    def for_checkpoint(cls, model_dir: str | Path, threads: int = 1) -> CodecProcess:
+    def for_checkpoint(cls, model_dir: str | Path, threads: int = 1, precision: str = "fp32") -> CodecProcess:
         config = json.loads((Path(model_dir) / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
-        return cls(Path(model_dir) / "ncnn", config, threads)
+        return cls(Path(model_dir) / "ncnn", config, threads, precision)
 
-    def __init__(self, ncnn_dir: str | Path, decoder_config: dict, threads: int = 1):
+    def __init__(self, ncnn_dir: str | Path, decoder_config: dict, threads: int = 1, precision: str = "fp32"):
+        """`precision`: the codec's tier in the child (`codec.decoder.CODEC_TIERS`)."""
         if threads < 1:
             raise ValueError(f"the codec process needs at least 1 thread, not {threads}")
+        check_codec_tier(precision)
         self.threads = threads
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "qtts_lib.runtime.experimental.codec_process", str(ncnn_dir),
              json.dumps(decoder_config),
-             str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+             str(threads), precision], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self._inbox = _Inbox(self.proc.stdout.fileno())
         first = self._inbox.read()
         if first is None or first[0] != b"R":
@@ -206,7 +208,7 @@ class RemoteDecoder:
 
 # ---------------------------------------------------------------- the child
 def child_loop(ncnn_dir: Path, decoder_config: dict, threads: int, stdin_fd: int, stdout,
-               min_piece: int = ADAPTIVE_MIN_FRAMES) -> None:
+               min_piece: int = ADAPTIVE_MIN_FRAMES, precision: str = "fp32") -> None:
     """The child's loop: one `StreamDecoder` per utterance, fed frame by frame. Chunk 0 (what `synthesize` asks
     for) decodes adaptively: whenever no message is waiting and at least `min_piece` frames are, all of them at
     once, so the decode keeps pace with the loop (behind, its pieces grow and cost less per frame) and what is
@@ -214,7 +216,7 @@ def child_loop(ncnn_dir: Path, decoder_config: dict, threads: int, stdin_fd: int
     import traceback
 
     try:
-        codec = Codec(ncnn_dir, decoder_config, threads, "cpu")
+        codec = Codec(ncnn_dir, decoder_config, threads, "cpu", precision=precision)
     except Exception:
         _write_message(stdout, b"X", 0, traceback.format_exc().encode())
         return
@@ -268,4 +270,5 @@ def child_loop(ncnn_dir: Path, decoder_config: dict, threads: int, stdin_fd: int
 if __name__ == "__main__":
     wire = os.fdopen(os.dup(1), "wb")  # the protocol keeps the real stdout; anything printed goes to stderr
     os.dup2(2, 1)
-    child_loop(Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), sys.stdin.fileno(), wire)
+    child_loop(Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), sys.stdin.fileno(), wire,
+               precision=sys.argv[4] if len(sys.argv) > 4 else "fp32")
