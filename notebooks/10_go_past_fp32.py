@@ -529,8 +529,9 @@ else:
 # real time. Two cautions in reading it. The floor is DRAM bandwidth, and a 480 MiB L3 can keep part of the
 # predictor's 77 MB of int8 weights between its 15 calls, so on this VM the floor is not a hard floor (the
 # projections alone, below, run under it). And the codec's share went from 36% to 29%, not half: its first decode in a
-# process costs 25 ms per frame where a second costs 17-18 (warm-up decodes at load and glibc's malloc thresholds did
-# not change that; the cause is not found).
+# process costs 25 ms per frame where a second costs 17-19, because it touches about 150 MB of fresh memory (ncnn's
+# pooled workspaces; 39-40 thousand minor page faults, 0.5 s of system time in one run), which a one-shot process
+# pays once and a server on its first request only.
 #
 # How close can the int8 loop get to its floor? Its projections alone answer it: `python -m qtts_lib.bench
 # projections` builds, for each decoder, a graph of nothing but its int8 Gemms (each with the BinaryOp that applies
