@@ -302,6 +302,10 @@ check.at_least("committed overlap measurements", "files", len(overlap_runs), 1)
 # thread and the codec only costs 49: split 179 vs sequential 174 ms per frame. On the EPYC VM one thread reads 26-31
 # of 32-39 GB/s, the loop loses 23 ms and the codec costs 44: split 89 vs sequential 111 (int8). Squeezing the decoder
 # beside a two-thread loop is the slowest on both: ncnn's OpenMP threads wait on a busy core (FACTS.md).
+# Measured again on the Intel Xeon VM of 2026-12-02 with the int8 codec (`--codec-precision int8`, the file ending
+# `-int8-codec`): one thread reads 14.7 of 28.9 GB/s, the loop loses 51 ms per frame on one thread and the cheaper
+# codec costs 27 on two: split 121 and pipeline 124 against sequential 96. A cheaper codec makes the second core worth
+# less, not more.
 #
 # The EPYC numbers asked for a pipeline, so we built one, as an experiment: `runtime.experimental.codec_process`.
 # `CodecProcess` starts a child Python that loads the codec and runs chapter 11's incremental `StreamDecoder` on the
