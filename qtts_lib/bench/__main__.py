@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     codec = measurement("codec", "the codec alone, ncnn vs PyTorch in one process")
     codec.add_argument("--threads", default="1,2")
     codec.add_argument("--rounds", type=int, default=9)
-    codec.add_argument("--tiers", help="instead: the runtime's codec in these tiers against fp32 (fp32,bf16); no torch")
+    codec.add_argument("--tiers", help="instead: the runtime's codec in these tiers against fp32 (fp32,bf16,int8)")
     stream = measurement("stream", "time to first audio; stream vs synthesize")
     stream.add_argument("--threads", default="1,2")
     stream.add_argument("--repeats", type=int, default=3)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("--precision", default="fp32,int8")
     batch.add_argument("--threads", type=int, default=2)
     batch.add_argument("--repeats", type=int, default=3)
-    batch.add_argument("--codec-precision", default="fp32", help="comma-separated codec tiers (fp32, bf16)")
+    batch.add_argument("--codec-precision", default="fp32", help="comma-separated codec tiers (fp32, bf16, int8)")
     batch.add_argument("--device", default="cpu", help="cpu, or vulkan / vulkan:N (the graphs that batch, fp32)")
     batch.add_argument("--parity", action="store_true",
                        help="instead: the first --batch prompts alone vs batched, greedy, --frames frames")
