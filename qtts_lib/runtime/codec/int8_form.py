@@ -81,6 +81,8 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
         if stage in INT8_STAGES:
             texts[k] = (fast_dir / p["files"][0]).read_text()
             chosen[k] = residual_convolutions(texts[k], int(config["decoder_dim"]) // 2 ** stage)
+            if not chosen[k]:  # nothing of the residual width in this part: it stays the CPU form's
+                del chosen[k], texts[k]
     parts = load_parts(fast_dir, fast, threads)
     inputs = {k: [lyr.inputs[0] for lyr in Graph(texts[k]).layers if lyr.name in chosen[k]] for k in chosen}
     observed = {k: _Observed(parts[k], sorted(set(inputs[k]))) for k in chosen}
