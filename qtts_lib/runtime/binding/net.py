@@ -108,22 +108,36 @@ def from_mat(mat, batch_axis: int = NO_BATCH) -> np.ndarray:
     return a[None] if batch_axis == 0 else a
 
 
+def memory_pool() -> ncnn.PoolAllocator:
+    """One pool of blob and workspace memory for several nets that run one after another (the codec's parts,
+    `make_net(allocator=...)`). Each net's own pools hold that net's peak for the life of the net, so a chain of
+    nets first touches the sum of their peaks; sharing one, it touches little more than the largest. First-touched
+    memory is slow on a VM (page faults): the codec's first decode in a process touched about 160 MB with a pool
+    per part and about 65 MB with one shared (chapter 10). ncnn keeps a raw pointer to it: whoever holds the nets
+    must hold the pool too, and drop it after them (`codec.parts.Part` carries it)."""
+    return ncnn.PoolAllocator()
+
+
 def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu",
-             rewrite: Callable[[str], str] | None = None, fp16_weights: bool = False, bf16: bool = False):
+             rewrite: Callable[[str], str] | None = None, fp16_weights: bool = False, bf16: bool = False,
+             allocator: ncnn.PoolAllocator | None = None):
     """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin.
 
     `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.rewrites`);
     the weights are read from `bin` unchanged. `fp16_weights` turns ncnn's fp16 storage on (the fp16
     precision tier, chapter 10: the .param masks every layer that should stay fp32). `bf16` turns ncnn's bf16
     storage on (weights and activations held as bfloat16 between layers; on x86 with AVX512-BF16 its
-    convolutions multiply in bf16 and accumulate in fp32: the codec's bf16 tier, chapter 10)."""
+    convolutions multiply in bf16 and accumulate in fp32: the codec's bf16 tier, chapter 10). `allocator`: blobs and
+    workspaces from this pool (`memory_pool`) instead of the net's own."""
     for f in (param, bin):
         if not Path(f).is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/04_export_align.py to export the modules")
     text = Path(param).read_text()
     try:
+        options = ({"use_bf16_storage": True} if bf16 else {}) | (
+            {"blob_allocator": allocator, "workspace_allocator": allocator} if allocator is not None else {})
         return net_from_text(text if rewrite is None else rewrite(text), bin, threads, device, fp16_weights,
-                             {"use_bf16_storage": True} if bf16 else None)
+                             options or None)
     except RuntimeError:
         raise RuntimeError(f"ncnn could not load {param}" + (" (rewritten)" if rewrite else "")) from None
 

@@ -145,9 +145,12 @@ def manifest_axes(manifest: Path) -> list[int]:
     return json.loads(manifest.read_text())["codec_decoder.param"]["input_batch_axes"]
 
 
-def load_parts(directory: Path, desc: dict, threads: int, device: str = "cpu", bf16: bool = False) -> list[Part]:
+def load_parts(directory: Path, desc: dict, threads: int, device: str = "cpu", bf16: bool = False,
+               pool=None) -> list[Part]:
     """The parts `desc` (a `codec_decoder.json`) names, files relative to `directory`, loaded; `bf16`: ncnn's bf16
-    storage on the upsampling parts (2..), nearly all of the codec's arithmetic (codebooks and transformer fp32)."""
-    return [Part(make_net(directory / p["files"][0], directory / p["files"][1], threads, device, bf16=bf16 and i >= 2),
-                 p.get("spf", 1), p.get("up", 1), p.get("context", 0), p.get("chunk_frames"))
+    storage on the upsampling parts (2..), nearly all of the codec's arithmetic (codebooks and transformer fp32);
+    `pool`: one memory pool for all of them (`binding.net.memory_pool`)."""
+    return [Part(make_net(directory / p["files"][0], directory / p["files"][1], threads, device, bf16=bf16 and i >= 2,
+                          allocator=pool),
+                 p.get("spf", 1), p.get("up", 1), p.get("context", 0), p.get("chunk_frames"), pool)
             for i, p in enumerate(desc["parts"])]

@@ -31,7 +31,7 @@ import numpy as np
 from ..audio.wav import SAMPLES_PER_FRAME
 from ..binding import rope
 from ..binding.cached import KvCache, layer_cache_outputs
-from ..binding.net import Net, make_net, parse_device, run
+from ..binding.net import Net, make_net, memory_pool, parse_device, run
 from ..errors import InputError, PrecisionError
 from .cpu_form import fast_graph, load_parts, manifest_axes
 from .gpu_form import gpu_graph
@@ -79,7 +79,9 @@ class Codec:
                                     else fast_graph(ncnn_dir, config))
             self.in_axes = manifest_axes(self.directory / desc.get("manifest", "manifest.json"))
             self.part_files = [[self.directory / f for f in p["files"]] for p in desc["parts"]]
-            self.parts = load_parts(self.directory, desc, threads, device, bf16=precision == "bf16")
+            # one memory pool for every part: far less fresh memory on the first decode (binding.net.memory_pool)
+            self.parts = load_parts(self.directory, desc, threads, device, bf16=precision == "bf16",
+                                    pool=memory_pool() if parse_device(device) is None else None)
             self.transformer_kv = self.directory / desc["transformer_kv"]
         elif form == "gpu":
             (p0, b0), (p1, b1) = gpu_graph(ncnn_dir, config)

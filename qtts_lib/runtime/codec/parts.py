@@ -38,12 +38,14 @@ def attention_inputs(config: dict, length: int, past: int = 0) -> dict[str, np.n
 class Part:
     """One part of the codec's CPU form (`rewrites.codec_cpu.codec_fast_parts`). The upsampling parts (2..) run over
     chunks of `chunk_frames` frames, each with `context` input samples of left context whose output is dropped; `spf`:
-    input samples per frame, `up`: output samples per input sample."""
+    input samples per frame, `up`: output samples per input sample; `pool`: the memory pool the net allocates from,
+    if not its own (`binding.net.memory_pool`), held here so that it outlives the net."""
     net: object
     spf: int = 1
     up: int = 1
     context: int = 0
     chunk_frames: int | None = None
+    pool: object = None
 
     def __call__(self, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
         """One graph call: `x` as in0 (a (channels, 1, samples) or (channels, samples) array), `inputs` by name."""
