@@ -406,6 +406,24 @@ def test_tiny_codec_parts_chunked_equal_whole(tiny_ncnn):
         assert 10 * np.log10(np.sum(ref ** 2) / np.sum((ref - y) ** 2)) >= 100, T
 
 
+def test_tiny_codec_parts_share_one_memory_pool(tiny_ncnn):
+    """Every part of a codec allocates from one ncnn pool (`binding.net.memory_pool`), held by each part; the samples
+    are those of parts with their own pools, bit for bit, decode after decode."""
+    from qtts_lib.runtime.codec import decoder as codec
+    from qtts_lib.runtime.codec.cpu_form import fast_graph, load_parts
+    from qtts_lib.runtime.codec.parts import run_parts
+
+    cfg = json.loads((tiny_ncnn.parent / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+    shared = codec.Codec(tiny_ncnn, cfg, 2)
+    assert shared.parts[0].pool is not None and len({id(p.pool) for p in shared.parts}) == 1
+    own = load_parts(*fast_graph(tiny_ncnn, cfg), 2)
+    assert all(p.pool is None for p in own)
+    for T in (40, 7, 40):
+        codes = np.random.default_rng(T).integers(0, cfg["codebook_size"], (T, 16))
+        x = shared.transformer_output(codes)
+        np.testing.assert_array_equal(run_parts(shared.parts[2:], x), run_parts(own[2:], x))
+
+
 # ---------------------------------------------------------------- cutting a graph
 CHAIN = """7767517
 4 4
