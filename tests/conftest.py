@@ -17,6 +17,15 @@ def tts():
 
 
 @pytest.fixture(scope="module")
+def exported(tts):
+    """tiny-base with its ncnn graphs (chapters 04-05 do the same; reused when current): its model directory."""
+    from qtts_lib import export, paths
+
+    export.ensure(tts, "tiny-base")
+    return paths.model_dir("tiny-base")
+
+
+@pytest.fixture(scope="module")
 def synth(tts):
     """The runtime on tiny-base (its graphs exported first), one per test file."""
     from qtts_lib import export, paths

@@ -79,14 +79,6 @@ def test_stream_rounds_reports_first_audio_and_whole_streams(tts):
     assert all(len(v) == 1 for v in out["rounds_ms_per_frame"].values())
 
 
-@pytest.fixture(scope="module")
-def exported(tts):
-    from qtts_lib import export
-
-    export.ensure(tts, "tiny-base")
-    return paths.model_dir("tiny-base")
-
-
 def test_weight_bytes_shrink_with_the_tier(exported):
     sizes = [workload.weight_bytes_per_frame(exported / "ncnn", precision=t) for t in ("fp32", "fp16", "int8")]
     assert sizes[0] > sizes[1] > sizes[2] > 0

@@ -11,15 +11,6 @@ from qtts_lib.runtime.app.cli import main
 CKPT = "tiny-base"
 
 
-@pytest.fixture(scope="module")
-def exported(tts):
-    """tiny-base with its ncnn graphs (chapters 04-05 do the same; reused when current)."""
-    from qtts_lib import export
-
-    export.ensure(tts, CKPT)
-    return paths.model_dir(CKPT)
-
-
 def say(*args):
     return main(["say", "--checkpoint", str(paths.model_dir(CKPT)), "--threads", "2", *args])
 

@@ -77,14 +77,6 @@ def test_bad_tiers_are_refused():
     assert precision.check_tier(" INT8 ") == "int8"
 
 
-@pytest.fixture(scope="module")
-def exported(tts):
-    from qtts_lib import export
-
-    export.ensure(tts, CKPT)
-    return paths.model_dir(CKPT)
-
-
 def _decoder(model_dir, tier):
     cfg = json.loads((model_dir / "config.json").read_text())["talker_config"]
     return cfg["hidden_size"], precision.decoder(model_dir / "ncnn", "talker_decoder", cfg["head_dim"],

@@ -74,18 +74,17 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
         log(f"codec int8 tier: calibrating on {CALIBRATION_FRAMES} frames of random codes ...")
     out.mkdir(exist_ok=True)
     meta.unlink(missing_ok=True)
-    chosen = {}  # part index -> the layers made int8
-    texts = {}
+    texts, chosen = {}, {}  # part index -> its .param text; the layers made int8 -> the blob each reads
     for k, p in enumerate(fast["parts"]):
         stage = stage_of_part(k, config)
         if stage in INT8_STAGES:
-            texts[k] = (fast_dir / p["files"][0]).read_text()
-            chosen[k] = residual_convolutions(texts[k], int(config["decoder_dim"]) // 2 ** stage)
-            if not chosen[k]:  # nothing of the residual width in this part: it stays the CPU form's
-                del chosen[k], texts[k]
+            text = (fast_dir / p["files"][0]).read_text()
+            names = set(residual_convolutions(text, int(config["decoder_dim"]) // 2 ** stage))
+            if names:  # else nothing of the residual width in this part: it stays the CPU form's
+                texts[k] = text
+                chosen[k] = {lyr.name: lyr.inputs[0] for lyr in Graph(text).layers if lyr.name in names}
     parts = load_parts(fast_dir, fast, threads)
-    inputs = {k: [lyr.inputs[0] for lyr in Graph(texts[k]).layers if lyr.name in chosen[k]] for k in chosen}
-    observed = {k: _Observed(parts[k], sorted(set(inputs[k]))) for k in chosen}
+    observed = {k: _Observed(parts[k], sorted(set(chosen[k].values()))) for k in chosen}
     codes = np.random.default_rng(CALIBRATION_SEED).integers(
         0, config["codebook_size"], (CALIBRATION_FRAMES, int(config["num_quantizers"])))
     x = transformer_output(parts, codes, config, manifest_axes(fast_dir / "manifest.json"))
@@ -98,12 +97,11 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
         if k not in chosen:
             desc["parts"].append(p | {"files": [f"../{FAST_DIR}/{f}" for f in p["files"]]})
             continue
-        layer_input = {lyr.name: lyr.inputs[0] for lyr in Graph(texts[k]).layers if lyr.name in chosen[k]}
         group_max: dict[str, float] = {}
-        for name, blob in layer_input.items():
+        for name, blob in chosen[k].items():
             g = calibration_group(name)
             group_max[g] = max(group_max.get(g, 0.0), seen[k][blob])
-        absmax = {name: group_max[calibration_group(name)] for name in layer_input}
+        absmax = {name: group_max[calibration_group(name)] for name in chosen[k]}
         text, data, stats = int8_convolutions(texts[k], (fast_dir / p["files"][1]).read_bytes(), absmax)
         files = [f"codec_decoder.part{k}.param", f"codec_decoder.part{k}.bin"]
         for name, content in zip(files, (text, data)):

@@ -271,4 +271,4 @@ if __name__ == "__main__":
     wire = os.fdopen(os.dup(1), "wb")  # the protocol keeps the real stdout; anything printed goes to stderr
     os.dup2(2, 1)
     child_loop(Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), sys.stdin.fileno(), wire,
-               precision=sys.argv[4] if len(sys.argv) > 4 else "fp32")
+               precision=sys.argv[4])

@@ -19,14 +19,16 @@ import numpy as np
 
 from ..binding.graph import Graph, int_param, params_dict, set_params
 from ..binding.weights import Segment, join_bin, split_bin
+from .int8 import dequantize_rows, quantize_rows
 
 INT8_MAX = 127.0
 
 
 def residual_convolutions(text: str, width: int) -> list[str]:
-    """The Convolution layers of one decoder stage's part (`rewrites.codec_cpu.codec_fast_parts`) whose output has
-    the stage's residual width `width` (half its input width) and whose kernel is not its upsampler's: the residual
-    units' dilated and 1x1 convolutions, including the pieces `conv_split_input` / `conv_tile_time` cut them in."""
+    """The ungrouped Convolution layers of one decoder stage's part (`rewrites.codec_cpu.codec_fast_parts`) whose
+    output has the stage's residual width `width` (half its input width): the residual units' dilated and 1x1
+    convolutions, including the pieces `conv_split_input` / `conv_tile_time` cut them in. The stage's polyphase
+    upsampler writes `width` times its stride channels and the last output convolution one, so neither is picked."""
     names = []
     for layer in Graph(text).layers:
         d = params_dict(layer)
@@ -41,17 +43,12 @@ def calibration_group(name: str) -> str:
     return re.sub(r"_tile\d+_sp\d+$", "", name)
 
 
-def weight_scales(w: np.ndarray) -> np.ndarray:
-    """(out, ...) fp32 weights -> ncnn's per-output-channel int8 scales, 127 / |max| of each output's weights."""
-    amax = np.abs(w.reshape(len(w), -1)).max(axis=1)
-    return np.where(amax > 0, INT8_MAX / np.where(amax > 0, amax, 1.0), 1.0).astype(np.float32)
-
-
 def int8_convolutions(text: str, data: bytes, input_absmax: dict[str, float]) -> tuple[str, bytes, dict]:
     """Every Convolution named in `input_absmax` (layer -> the largest |input| it was seen to get) -> ncnn's int8
-    Convolution: input scale 127 / absmax, per-output-channel weight scales (`weight_scales`). The weights stay fp32
-    in the .bin (ncnn quantizes them on load with those scales), so the file is the same size. Returns (param text,
-    bin, stats: layers made int8, their weights, the rms error of the rounded weights relative to their rms)."""
+    Convolution: input scale 127 / absmax, per-output-channel weight scales 127 / |max| of each output's weights
+    (the rows of `rewrites.int8.quantize_rows`). The weights stay fp32 in the .bin (ncnn quantizes them on load with
+    those scales), so the file is the same size. Returns (param text, bin, stats: layers made int8, their weights,
+    the rms error of the rounded weights relative to their rms)."""
     g = Graph(text)
     segs = split_bin(text, data)
     stats = {"convolutions": 0, "weights": 0, "weight_rel_rms": []}
@@ -67,8 +64,9 @@ def int8_convolutions(text: str, data: bytes, input_absmax: dict[str, float]) ->
         out_c = int_param(d, "0", 0)
         s = segs[layer.name]
         w = s[0].array().reshape(out_c, -1)
-        ws = weight_scales(w)
-        err = np.clip(np.rint(w * ws[:, None]), -INT8_MAX, INT8_MAX) / ws[:, None] - w
+        q, amax_rows = quantize_rows(w)  # what ncnn makes of w * ws on load
+        ws = (INT8_MAX / amax_rows).astype(np.float32)
+        err = dequantize_rows(q, amax_rows) - w
         stats["weight_rel_rms"].append(float(np.sqrt((err ** 2).mean() / max((w ** 2).mean(), 1e-30))))
         stats["convolutions"] += 1
         stats["weights"] += w.size
