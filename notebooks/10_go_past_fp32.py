@@ -96,10 +96,14 @@ display(floors)
 # converts them while reading (F16C); the arithmetic stays fp32. Turning the option on for a whole net would round
 # every activation too, so `rewrites.decode_step.fp16_step` masks every other layer back to fp32 with the per-layer
 # feature mask `31=2`. **int8** (`rewrites.int8.int8_graph`) rewrites every projection (a constant-weight Gemm) as
-# ncnn's int8 Gemm: weights int8,
-# activations quantized per row at run time (absmax → 127) and multiplied in int32 on VNNI. ncnn's int8 Gemm keeps
-# one scale per weight tensor, which would waste most of the 8 bits on rows with small weights; so each row is first
-# normalised to |max| = 1 and its scale is applied after the Gemm by a `BinaryOp` with a `MemoryData` row of scales.
+# ncnn's int8 Gemm, with the weights as its constant **A**: int8, one scale per row (per output feature) kept inside
+# the Gemm; the activations are its B, quantized at run time (absmax → 127, one scale per call: a step's one row,
+# or shared by the rows of a prefill or a batch) and multiplied in int32 on VNNI; the output is transposed back to
+# rows × features (`14=1`), and each Gemm reads its whole K as one tile (`22=K`). Why A: ncnn's int8 Gemm keeps
+# one scale per row of a constant A but one per *tensor* of a constant B, which would waste most of the 8 bits on
+# rows with small weights. The first int8 form here kept the weights as B, normalised each row to |max| = 1 and
+# applied the row scales after every Gemm with a `BinaryOp` and a `MemoryData` table: 40 more layers in every
+# predictor call and 224 in every talker step (section 9 measures both forms).
 # The predictor's heads are rewritten the same way, but not fused: they share one input, and one fused Gemm would
 # compute all 15 where a step needs one. `pipeline.precision` decides which graphs a tier loads and writes the int8
 # files once (`ensure_int8`; `ensure_int8_tier` all of them).
@@ -119,8 +123,9 @@ pd.DataFrame({n: {"Gemms made int8": stamps[n]["gemms"], "weights": stamps[n]["w
 
 # %% [markdown]
 # Before trusting a tier, check that ncnn computes what we think it computes. One projection of the talker, its int8
-# form run by ncnn, against a numpy model of the same arithmetic (per-row activation scale, exact integer sums, both
-# scales undone) — they must agree to float rounding — and against the fp32 product, which it only approximates:
+# form run by ncnn, against a numpy model of the same arithmetic (one activation scale for the call, exact integer
+# sums, both scales undone) — they must agree to float rounding — and against the fp32 product, which it only
+# approximates:
 
 # %%
 text = (ncnn_dir / "talker_decoder.param").read_text()
@@ -136,7 +141,7 @@ work.mkdir(parents=True, exist_ok=True)
 x = np.random.default_rng(0).standard_normal((4, k)).astype(np.float32)
 y = run(make_net(work / "g.param", work / "g.bin", THREADS), {"in": x}, ["out"], name="one int8 Gemm")[0]  # (4, n)
 q, scale = quantize_rows(w)
-a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
+a_scale = 127 / np.abs(x).max()
 model = (np.clip(np.rint(x * a_scale), -127, 127) @ q.T.astype(np.float64)) / (a_scale * 127) * scale
 check.close(f"ncnn int8 Gemm ({gemm.name}, {n}x{k}) vs the numpy model of its arithmetic", y, model, rel=1e-5)
 check.within("the same int8 Gemm vs the fp32 product", "rel", y, x @ w.T, 0.03)

@@ -19,10 +19,10 @@ def test_projections_graph_holds_every_int8_gemm_and_nothing_else(synth, tmp_pat
     gemms.append(next(lyr for lyr in parse_param(hp.read_text()).layers if lyr.type == "Gemm" and "18=2" in lyr.params))
     counts = parse_param(text).counts
     assert counts["Gemm"] == len(gemms)  # the decoder's projections and one head
-    assert set(counts) == {"Input", "Split", "Gemm", "MemoryData", "BinaryOp", "Concat"}
-    # the int8 weights of those Gemms (tag + int8 bytes + the B scale), not their fp32 row scales
-    k_n = [(int(d["9"]), int(d["8"])) for d in (dict(p.split("=", 1) for p in lyr.params) for lyr in gemms)]
-    assert nbytes >= sum(k * n for k, n in k_n)
+    assert set(counts) == {"Input", "Split", "Gemm", "Concat"}
+    # the int8 weights of those Gemms (weights as A: K = 9, M = 7) with their tags and fp32 row scales
+    k_n = [(int(d["9"]), int(d["7"])) for d in (dict(p.split("=", 1) for p in lyr.params) for lyr in gemms)]
+    assert nbytes >= sum(k * n + 4 * n for k, n in k_n)
     assert nbytes < 1.1 * sum(k * n for k, n in k_n) + 1e5
     f = tmp_path / "p.bin"
     f.write_bytes(data)
@@ -31,3 +31,31 @@ def test_projections_graph_holds_every_int8_gemm_and_nothing_else(synth, tmp_pat
     out = run(net, {f"in{k}": np.ones((1, k), np.float32) for k in widths}, ["out0"])[0]
     assert out.size == sum(n for _, n in k_n)
     assert np.isfinite(out).all() and np.abs(out).max() > 0
+
+
+def test_earlier_forms_compute_the_same_projections(synth, tmp_path):
+    """`bench.projections` times the tier beside its earlier forms over the same int8 weights: with ncnn's own K
+    tiles, and the weights as B with a row-scale BinaryOp after each Gemm. At one input row (one activation scale
+    either way) all three compute the same numbers to float rounding; the earlier form has two more layers a Gemm."""
+    from qtts_lib.bench.projections import FORMS
+
+    ncnn_dir = paths.model_dir("tiny-base") / "ncnn"
+    ensure_int8_tier(ncnn_dir)
+    param, bin_ = int8_paths(ncnn_dir, "talker_decoder")
+    text, data, _ = projections_graph(param.read_text(), bin_.read_bytes())
+    widths = [int(lyr.outputs[0][2:]) for lyr in parse_param(text).layers if lyr.type == "Input"]
+    x = {f"in{k}": np.random.default_rng(3).standard_normal((1, k)).astype(np.float32) for k in widths}
+    outs = {}
+    for form, rewrite in FORMS.items():
+        t, d = (text, data) if rewrite is None else rewrite(text, data)
+        f = tmp_path / f"{form}.bin"
+        f.write_bytes(d)
+        outs[form] = run(net_from_text(t, f, 1), x, ["out0"])[0]
+        counts = parse_param(t).counts
+        if form == "weights_as_b_row_scales":
+            assert counts["BinaryOp"] == counts["MemoryData"] == counts["Gemm"] and " 5=1" in t
+        else:
+            assert "BinaryOp" not in counts and " 4=1" in t and (" 22=" in t) == (form == "weights_as_a")
+    ref = outs["weights_as_a"]
+    for form, y in outs.items():
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=form)

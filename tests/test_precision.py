@@ -36,18 +36,19 @@ Gemm                     gemm_0                   1 1 in out 10=-1 2=0 3=1 4=0 5
 
 
 def test_int8_gemm_is_what_we_think_it_is(tmp_path):
-    """ncnn's int8 Gemm + our row scales against a numpy model: activations quantized per row (absmax -> 127),
-    int8 products summed exactly, then both scales undone."""
+    """ncnn's int8 Gemm over constant A (the weights, a scale per row) against a numpy model: the activations
+    quantized with one scale per call (absmax -> 127), int8 products summed exactly, then both scales undone; no
+    layer but the Gemm."""
     w = RNG.standard_normal((24, 40)).astype(np.float32)
     text, data, stats = int8.int8_graph(GEMM, weights.FP32_TAG + w.tobytes())
-    assert stats["gemms"] == 1 and "18=2" in text and "MemoryData" in text
+    assert stats["gemms"] == 1 and "18=2" in text and "4=1" in text and "MemoryData" not in text
     (tmp_path / "g.param").write_text(text)
     (tmp_path / "g.bin").write_bytes(data)
     x = RNG.standard_normal((3, 40)).astype(np.float32)
     net = make_net(tmp_path / "g.param", tmp_path / "g.bin", 2)
     (y,) = run(net, {"in": x}, ["out"])
     q, scale = int8.quantize_rows(w)
-    a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
+    a_scale = 127 / np.abs(x).max()
     xq = np.clip(np.rint(x * a_scale), -127, 127)
     model = (xq @ q.T.astype(np.float64)) / (a_scale * 127) * scale
     np.testing.assert_allclose(y, model, rtol=1e-5, atol=1e-5)
@@ -57,13 +58,13 @@ def test_int8_gemm_is_what_we_think_it_is(tmp_path):
 
 
 def test_int8_bin_walks_like_any_other():
-    """weights.split_bin knows the int8 Gemm's loads (int8-tagged weights padded to 4 bytes, then a raw scale), so
-    an int8 .bin splits and joins back to the same bytes; odd N*K exercises the padding."""
+    """weights.split_bin knows the int8 Gemm's loads (int8-tagged weights padded to 4 bytes, then a raw scale per
+    row of A), so an int8 .bin splits and joins back to the same bytes; odd N*K exercises the padding."""
     w = RNG.standard_normal((7, 5)).astype(np.float32)
     text, data, _ = int8.int8_graph(GEMM.replace("8=24 9=40", "8=7 9=5"), weights.FP32_TAG + w.tobytes())
     segs = weights.split_bin(text, data)
     gemm = next(name for name, s in segs.items() if s[0].data[:4] == weights.INT8_TAG)
-    assert [(s.count, s.tagged, len(s.data)) for s in segs[gemm]] == [(35, True, 4 + 36), (1, False, 4)]
+    assert [(s.count, s.tagged, len(s.data)) for s in segs[gemm]] == [(35, True, 4 + 36), (7, False, 28)]
     assert weights.join_bin(text, segs) == data
     with pytest.raises(ValueError, match="weight blocks"):
         weights.split_bin(text.replace("18=2", "18=802"), data)
@@ -207,7 +208,7 @@ def test_a_gemm_with_a_bias_is_int8_and_keeps_its_bias(tmp_path):
     x = RNG.standard_normal((3, 40)).astype(np.float32)
     (y,) = run(make_net(tmp_path / "g.param", tmp_path / "g.bin", 2), {"in": x}, ["out"])
     q, scale = int8.quantize_rows(w)
-    a_scale = 127 / np.abs(x).max(axis=1, keepdims=True)
+    a_scale = 127 / np.abs(x).max()
     xq = np.clip(np.rint(x * a_scale), -127, 127)
     np.testing.assert_allclose(y, (xq @ q.T.astype(np.float64)) / (a_scale * 127) * scale + bias, rtol=1e-5, atol=1e-5)
 

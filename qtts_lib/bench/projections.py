@@ -3,31 +3,33 @@ GEMV itself. Introduced in 10 (issue 24).
 
     python -m qtts_lib.bench projections [--checkpoint full-base] [--threads 2] [--repeats 9] [-o OUT.json]
 
-For each cached decoder of the int8 tier, one graph holds only its projections (every int8 Gemm with the BinaryOp
-that applies its row scales, `rewrites.int8`), each fed from one input row of its width, their outputs gathered by one
+For each cached decoder of the int8 tier, one graph holds only its projections (every int8 Gemm, `rewrites.int8`),
+each fed from one input row of its width, their outputs gathered by one
 Concat: the same weights the loop reads, the same kernels, none of the loop's other layers, one call per decoder
 call. A frame is the talker's call once and the predictor's 15 times (each predictor call also reads one of its 15
 int8 heads, put in its graph), timed in the same process as the streaming-read probe (`machine.read_bandwidth_gbs`),
 interleaved, medians. `projections / floor` near 1 says the kernel streams at the probe's rate; the loop's own
-`loop / floor` (`bench loop`) minus it is what everything else costs.
+`loop / floor` (`bench loop`) minus it is what everything else costs. The same weights are timed in the tier's
+earlier forms too (`FORMS`, `as_earlier_form`), interleaved with it: what writing the weights as the Gemm's A bought.
 """
 from __future__ import annotations
 
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from ..runtime.binding.graph import Graph, params_dict
+from ..runtime.binding.graph import Graph, params_dict, set_params
 from ..runtime.binding.param import ParamLayer
-from ..runtime.binding.weights import join_bin, split_bin
+from ..runtime.binding.weights import Segment, join_bin, split_bin
 
 
 def projections_graph(text: str, data: bytes, extra: tuple[str, bytes] | None = None) -> tuple[str, bytes, int]:
-    """An int8 decoder graph -> (its projections alone, their .bin, bytes of weights they read). `extra`: another
-    int8 graph (a head) whose first int8 projection joins them."""
+    """An int8 decoder graph -> (its projections alone, their .bin, bytes of weights they read: int8 weights and
+    row scales). `extra`: another int8 graph (a head) whose first int8 projection joins them."""
     layers, segs = [], {}
     for t, d in [(text, data)] + ([extra] if extra else []):
         g, s = Graph(t), split_bin(t, d)
@@ -35,28 +37,60 @@ def projections_graph(text: str, data: bytes, extra: tuple[str, bytes] | None = 
         if extra and t is extra[0]:
             gemms = gemms[:1]
         for gemm in gemms:
-            scale = g.consumers(gemm.outputs[0])[0]            # BinaryOp(mul) with the row scales
-            table = g.producer(next(b for b in scale.inputs if b != gemm.outputs[0]))
             prefix = f"p{len(layers)}_"
             k = int(params_dict(gemm)["9"])
-            layers.append((k, [ParamLayer("Gemm", prefix + gemm.name, [f"x{k}"], [prefix + "g"], list(gemm.params)),
-                               ParamLayer("MemoryData", prefix + table.name, [], [prefix + "t"], list(table.params)),
-                               ParamLayer("BinaryOp", prefix + scale.name, [prefix + "g", prefix + "t"],
-                                          [prefix + "o"], list(scale.params))]))
-            segs[prefix + gemm.name], segs[prefix + table.name] = s[gemm.name], s[table.name]
+            layers.append((k, ParamLayer("Gemm", prefix + gemm.name, [f"x{k}"], [prefix + "o"], list(gemm.params))))
+            segs[prefix + gemm.name] = s[gemm.name]
     widths = sorted({k for k, _ in layers})
     users = {k: [i for i, (kk, _) in enumerate(layers) if kk == k] for k in widths}
     out = [ParamLayer("Input", f"in{k}", [], [f"in{k}"], []) for k in widths]
     out += [ParamLayer("Split", f"split{k}", [f"in{k}"], [f"x{k}_{i}" for i in users[k]], []) for k in widths]
-    for i, (k, trio) in enumerate(layers):
-        trio[0].inputs = [f"x{k}_{i}"]
-        out += trio
+    for i, (k, gemm) in enumerate(layers):
+        gemm.inputs = [f"x{k}_{i}"]
+        out.append(gemm)
     out.append(ParamLayer("Concat", "gather", [f"p{i}_o" for i in range(len(layers))], ["out0"], ["0=1"]))
     g = Graph("7767517\n0 0\n")
     g.layers = out
     new = g.text()
-    weight_bytes = sum(len(seg.data) for name, ss in segs.items() for seg in ss if "_rows" not in name)
+    weight_bytes = sum(len(seg.data) for ss in segs.values() for seg in ss)
     return new, join_bin(new, segs), weight_bytes
+
+
+def as_earlier_form(text: str, data: bytes, tiles: bool = False) -> tuple[str, bytes]:
+    """A projections graph (int8 Gemms with the weights as A, `rewrites.int8`) in another form over the same int8
+    weights, for the side-by-side of `measure`: `tiles=True` the same Gemms with ncnn's own K tiles (no `22=K`);
+    otherwise the tier's first form, the weights as the Gemm's constant B with one scale for the tensor (127: rows
+    normalised to |max| = 1) and the row scales applied after it by a BinaryOp with a MemoryData table."""
+    g, segs = Graph(text), split_bin(text, data)
+    out = {}
+    for gemm in [lyr for lyr in g.layers if lyr.type == "Gemm"]:
+        d = params_dict(gemm)
+        if tiles:
+            d.pop("22", None)
+            set_params(gemm, d)
+            out[gemm.name] = segs[gemm.name]
+            continue
+        n = int(d["7"])
+        weights, a_scales = segs[gemm.name]
+        rows = 127.0 / np.frombuffer(a_scales.data, np.float32)
+        d.update({"4": "0", "5": "1", "7": "0", "8": str(n)})
+        for key in ("14", "22"):
+            d.pop(key, None)
+        set_params(gemm, d)
+        table, scaled = gemm.name + "_rows", gemm.name + "_q"
+        final, gemm.outputs = gemm.outputs[0], [scaled]
+        i = g.layers.index(gemm)
+        g.layers[i + 1 : i + 1] = [ParamLayer("MemoryData", table, [], [table], [f"0={n}"]),
+                                   ParamLayer("BinaryOp", gemm.name + "_mul", [scaled, table], [final], ["0=2"])]
+        out[gemm.name] = [weights, Segment(1, False, np.float32(127.0).tobytes())]
+        out[table] = [Segment.of(rows, False)]
+    new = g.text()
+    return new, join_bin(new, out | {k: v for k, v in segs.items() if k not in out})
+
+
+FORMS = {"weights_as_a": None,                       # the tier as written (`rewrites.int8`)
+         "weights_as_a_ncnn_tiles": partial(as_earlier_form, tiles=True),
+         "weights_as_b_row_scales": as_earlier_form}  # the tier's first form (before 2026-12-02)
 
 
 def measure(ncnn_dir: Path, threads: int = 2, repeats: int = 9, groups: int = 16) -> dict:
@@ -75,30 +109,39 @@ def measure(ncnn_dir: Path, threads: int = 2, repeats: int = 9, groups: int = 16
                 hp, hb = int8_paths(ncnn_dir, "predictor_heads")
                 extra = (hp.read_text(), hb.read_bytes())
             text, data, nbytes = projections_graph(param.read_text(), bin_.read_bytes(), extra)
-            f = Path(tmp) / f"{name}.bin"
-            f.write_bytes(data)
-            nets[name], bytes_[name] = net_from_text(text, f, threads), nbytes
+            bytes_[name] = nbytes
+            for form, rewrite in FORMS.items():
+                t, dd = (text, data) if rewrite is None else rewrite(text, data)
+                f = Path(tmp) / f"{name}_{form}.bin"
+                f.write_bytes(dd)
+                nets[form, name] = net_from_text(t, f, threads)
             widths = [int(lyr.split()[1][2:]) for lyr in text.splitlines() if lyr.startswith("Input")]
             inputs[name] = {f"in{k}": rng.standard_normal((1, k)).astype(np.float32) for k in widths}
     calls = {"talker_decoder": 1, "predictor_decoder": groups - 1}
     frame_bytes = sum(calls[n] * bytes_[n] for n in calls)
     probe = np.ones(2**28, np.float32)
 
-    def frame() -> float:
+    def frame(form: str) -> float:
         t0 = time.perf_counter()
         for name, n in calls.items():
             for _ in range(n):
-                run(nets[name], inputs[name], ["out0"])
+                run(nets[form, name], inputs[name], ["out0"])
         return time.perf_counter() - t0
 
-    frame()
-    times, rates = [], []
-    for _ in range(repeats):
+    forms = list(FORMS)
+    for form in forms:
+        frame(form)
+    times, rates = {f: [] for f in forms}, []
+    for r in range(repeats):  # the forms interleaved, each round starting with the next one
         rates.append(read_bandwidth_gbs(threads, array=probe))
-        times.append(frame())
-    ms, gbs = statistics.median(times) * 1e3, statistics.median(rates)
+        for form in forms[r % len(forms):] + forms[:r % len(forms)]:
+            times[form].append(frame(form))
+    gbs = statistics.median(rates)
     floor = frame_bytes / (gbs * 1e9) * 1e3
+    result = {form: {"projections_ms_per_frame": round(statistics.median(t) * 1e3, 1),
+                     "projections_over_floor": round(statistics.median(t) * 1e3 / floor, 3),
+                     "projections_gbs": round(frame_bytes / statistics.median(t) / 1e9, 1)}
+              for form, t in times.items()}
     return {"threads": threads, "repeats": repeats, "projection_bytes_per_frame": frame_bytes,
-            "projections_ms_per_frame": round(ms, 1), "read_bandwidth_gbs": round(gbs, 1),
-            "floor_ms_per_frame": round(floor, 1), "projections_over_floor": round(ms / floor, 3),
-            "projections_gbs": round(frame_bytes / ms / 1e6, 1)}
+            **result["weights_as_a"], "read_bandwidth_gbs": round(gbs, 1), "floor_ms_per_frame": round(floor, 1),
+            "forms": result}

@@ -30,7 +30,9 @@ import ncnn
 import numpy as np
 
 from . import cache_layout, rope
-from .net import run
+from .net import run, to_mat
+
+POSITIONS_KEPT = 64  # `KvCacheNet.position_inputs`: enough for the code predictor's 17 positions, bounded for a talker
 
 
 def cache_blob_names(i: int) -> tuple[str, str, str, str]:
@@ -146,6 +148,22 @@ class KvCacheNet:
         self.prefill_net, self.step_net, self.layers, self.device = prefill, step, layers, device
         self.head_dim, self.theta, self.name, self.heads = head_dim, theta, name, heads
         self.cache_outputs = ["cache_all_out"] if packed else layer_cache_outputs(layers)
+        self._positions: dict[tuple[int, int], dict[str, ncnn.Mat]] = {}
+
+    def position_inputs(self, past: int, length: int) -> dict[str, ncnn.Mat]:
+        """One sequence's mask, cos and sin for `length` positions after `past`, as Mats, kept for the positions
+        that come back: the code predictor runs positions 0..16 again every frame (building them costs about
+        0.1 ms a call, a tenth of the glue of a frame). At most `POSITIONS_KEPT` are kept, the oldest dropped.
+        Sharing a Mat between calls is safe: ncnn copies a shared input before a layer works on it in place."""
+        key = (past, length)
+        mats = self._positions.get(key)
+        if mats is None:
+            cos, sin = rope.tables(self.head_dim, self.theta, past, length)
+            mats = {"in1": to_mat(rope.causal_mask(length, past)), "in2": to_mat(cos), "in3": to_mat(sin)}
+            if len(self._positions) >= POSITIONS_KEPT:
+                del self._positions[next(iter(self._positions))]
+            self._positions[key] = mats
+        return mats
 
     @property
     def batches(self) -> bool:
@@ -164,15 +182,14 @@ class KvCacheNet:
         if sequences > 1 and not self.batches:
             raise ValueError(f"{self.name}: this graph takes one sequence at a time")
         if sequences == 1:
-            cos, sin = rope.tables(self.head_dim, self.theta, cache.past, length)
-            mask = rope.causal_mask(length, cache.past)
+            positions = self.position_inputs(cache.past, length)
         else:
             tables = [rope.tables(self.head_dim, self.theta, n, length) for n in cache.lengths]
             cos, sin = (np.concatenate(t) for t in zip(*tables))
-            mask = batch_mask(cache, length, self.heads)
+            positions = {"in1": batch_mask(cache, length, self.heads), "in2": cos, "in3": sin}
         stepping = self.step_net is not None and sequences * length == 1 and cache.past > 0
         rows = embeds.reshape(1, sequences * length, embeds.shape[2])
-        inputs = {"in0": rows, "in1": mask, "in2": cos, "in3": sin} | cache.blobs
+        inputs = {"in0": rows} | positions | cache.blobs
         out, *mats = run(self.step_net if stepping else self.prefill_net, inputs, ["out0", *self.cache_outputs],
                          axes={"in0": 0, "out0": 0}, raw=self.cache_outputs, name=self.name)
         cache.grow(self.cache_outputs, mats, length)

@@ -16,12 +16,11 @@ the codec stay fp32 in every tier (the codec has tiers of its own, `codec.decode
           layer is masked back to fp32 (`31=2`), so only the weights are rounded. Same .bin. Prefill
           runs the exported fp32 graph (ncnn's x86 Gemm has no fp16 storage), so this tier holds the
           decoders' weights 1.5 times: fp32 and fp16.
-    int8  every projection (constant-B Gemm) as ncnn's int8 Gemm: weights int8 with a per-row
-          scale, activations quantized per row at run time (dynamic, absmax) and multiplied on
-          VNNI; the per-row weight scale is applied by a BinaryOp after the Gemm (ncnn's int8
-          Gemm has one scale per weight tensor, so the rows are normalised to |max| = 1 first).
-          One graph serves prefill and steps. The predictor's heads the same way, each its own Gemm (fused,
-          one call would compute all 15). Written once from numpy into `ncnn/int8/`.
+    int8  every projection (constant-B Gemm) as ncnn's int8 Gemm with the weights as its constant A:
+          int8 with one scale per row (per output feature) inside the Gemm, activations quantized
+          at run time (dynamic absmax, one scale per call) and multiplied on VNNI
+          (`rewrites.int8`). One graph serves prefill and steps. The predictor's heads the same
+          way, each its own Gemm (fused, one call would compute all 15). Written once from numpy into `ncnn/int8/`.
 
 The graphs are rewrites (`rewrites.decode_step`, `rewrites.int8`); this module decides which a tier loads and
 keeps the int8 files current. Nothing here imports torch: the runtime writes the int8 files itself the first time
@@ -49,7 +48,7 @@ TIERS = ("fp32", "fp16", "int8")
 DECODERS = ("talker_decoder", "predictor_decoder")
 HEADS = ("predictor_heads",)   # the heads int8 makes int8 too (module docstring)
 INT8_GRAPHS = DECODERS + HEADS  # what `ensure_int8` writes for the int8 tier
-INT8_FORMAT = 3          # bump when the written files change meaning (3: biased Gemms are int8 too)
+INT8_FORMAT = 4          # bump when the written files change meaning (3: biased Gemms are int8 too; 4: weights as A)
 
 
 def check_tier(precision: str, device: str = "cpu") -> str:

@@ -1,10 +1,16 @@
 """The int8 form of a decoder graph, written from numpy: pure text and bytes in, text and bytes out. Introduced in 10.
 
-Every projection (constant-B Gemm) becomes ncnn's int8 Gemm (`18=2`): weights int8 with a per-row scale,
-activations quantized per row at run time (dynamic, absmax) and multiplied on VNNI. ncnn's int8 Gemm has one scale
-per weight tensor, so each row is normalised to |max| = 1 before rounding and its scale is applied by a BinaryOp
-after the Gemm. Gemms that share an input (q/k/v; gate/up) are fused into one first (`fuse_shared_input`).
-`pipeline.precision` writes the result once per export (`ensure_int8`).
+Every projection (constant-B Gemm) becomes ncnn's int8 Gemm (`18=2`) with the weights as its constant *A*: ncnn
+keeps one int8 scale per row of a constant A, so each output feature has its own weight scale inside the Gemm (no
+layer after it), and the activations, the Gemm's B, are quantized at run time (dynamic absmax, one scale per call:
+the row's own for a one-position step, shared by the rows of a prefill or a batch), multiplied on VNNI, and the
+output transposed back to rows x features (`14=1`). Each Gemm reads its whole K in one tile (`22=K`): a thread
+streams its rows' weights in one pass. Gemms that share an input (q/k/v; gate/up) are fused into one first
+(`fuse_shared_input`). `pipeline.precision` writes the result once per export (`ensure_int8`).
+
+An earlier form kept the weights as B (ncnn's int8 B has one scale per tensor) with rows normalised to |max| = 1 and
+a BinaryOp of row scales after every Gemm: 40 more layers per predictor call, the activations quantized per row.
+Chapter 10 measures both.
 """
 from __future__ import annotations
 
@@ -48,7 +54,7 @@ def _parts(w) -> tuple[np.ndarray, ...]:
 
 def fuse_shared_input(g: Graph, weights: dict[str, np.ndarray]) -> int:
     """Gemms fed by the same Split (q/k/v; gate/up) -> one Gemm over their stacked weights and a Slice of its
-    output. Exact under int8 too: the shared input is quantized once per row either way, and every weight row
+    output. Exact under int8 too: the shared input is quantized the same way either way, and every weight row
     has its own scale. `weights` (layer name -> (N, K) fp32, or a tuple of row blocks to stack) is updated; returns
     the number of Gemms removed."""
     removed = 0
@@ -85,8 +91,8 @@ def fuse_shared_input(g: Graph, weights: dict[str, np.ndarray]) -> int:
 
 def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, dict]:
     """The int8 form of a decoder graph and its .bin: Gemms sharing an input fused (`fuse_shared_input`), then
-    each eligible Gemm -> int8 Gemm -> BinaryOp(mul, MemoryData row scales) [-> BinaryOp(add, MemoryData bias) for a
-    Gemm with a bias, whose bias stays fp32]. Returns (param text, bin, stats)."""
+    each eligible Gemm -> int8 Gemm over constant A with its row scales (module docstring) [-> BinaryOp(add,
+    MemoryData bias) for a Gemm with a bias, whose bias stays fp32]. Returns (param text, bin, stats)."""
     segs = split_bin(text, data)
     g = Graph(text)
     weights = {}
@@ -113,23 +119,20 @@ def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, d
         stats["rel_rms"].append(float(np.sqrt((err**2).mean() / max((w**2).mean(), 1e-30))))
         stats["gemms"] += 1
         stats["weights"] += n * k
-        d["18"] = INT8_GEMM
+        # the weights become the constant A (M = n output features, K = k): out = (A . x^T)^T, one scale per row
+        d.update({"4": "1", "5": "0", "7": str(n), "8": "0", "14": "1", "18": INT8_GEMM, "22": str(k)})
         set_params(layer, d)
         body = q.tobytes() + b"\0" * (-q.size % 4)
-        out[layer.name] = [Segment(n * k, True, INT8_TAG + body), Segment(1, False, np.float32(127.0).tobytes())]
-        scaled, table = g.fresh(layer.name + "_q"), g.fresh(layer.name + "_rows")
-        final = layer.outputs[0]
-        layer.outputs = [scaled]
-        i = g.layers.index(layer)
-        unbiased = final if bias is None else g.fresh(layer.name + "_scaled")
-        added = [ParamLayer("MemoryData", table, [], [table], [f"0={n}"]),
-                 ParamLayer("BinaryOp", g.fresh(layer.name + "_mul"), [scaled, table], [unbiased], ["0=2"])]
-        out[table] = [Segment.of(scale, False)]
+        out[layer.name] = [Segment(n * k, True, INT8_TAG + body),
+                           Segment(n, False, (127.0 / scale).astype(np.float32).tobytes())]
         if bias is not None:
-            bias_table = g.fresh(layer.name + "_bias")
-            added += [ParamLayer("MemoryData", bias_table, [], [bias_table], [f"0={n}"]),
-                      ParamLayer("BinaryOp", g.fresh(layer.name + "_add"), [unbiased, bias_table], [final], ["0=0"])]
+            final = layer.outputs[0]
+            unbiased, bias_table = g.fresh(layer.name + "_scaled"), g.fresh(layer.name + "_bias")
+            layer.outputs = [unbiased]
+            i = g.layers.index(layer)
+            g.layers[i + 1 : i + 1] = [
+                ParamLayer("MemoryData", bias_table, [], [bias_table], [f"0={n}"]),
+                ParamLayer("BinaryOp", g.fresh(layer.name + "_add"), [unbiased, bias_table], [final], ["0=0"])]
             out[bias_table] = [Segment.of(bias, False)]
-        g.layers[i + 1 : i + 1] = added
     new = g.text()
     return new, join_bin(new, out), stats
