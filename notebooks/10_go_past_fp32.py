@@ -19,8 +19,8 @@
 # written (a `.param` rewrite for fp16, int8 weights written from numpy for int8) and check ncnn's int8 arithmetic
 # against a numpy model of it; time the decoders in every tier; measure the quality cost against fp32 —
 # teacher-forced agreement per codebook, the first divergent frame, per-layer error — and read the full-size results;
-# then try decoding on the second core, an experiment the product does not ship; and make the codec cheaper in bf16
-# and in int8, with what each costs in sound.
+# then try decoding on the second core, an experiment the product does not ship; make the codec cheaper in bf16
+# and in int8, with what each costs in sound; and take the int8 loop apart against its floor.
 #
 # **You will learn:** why fp32 cannot reach real time on two cores; what fp16 storage and int8 weights buy on this
 # CPU; why agreement on random weights is a pessimistic proxy; what real time on two cores would still need; why the
@@ -103,7 +103,7 @@ display(floors)
 # one scale per row of a constant A but one per *tensor* of a constant B, which would waste most of the 8 bits on
 # rows with small weights. The first int8 form here kept the weights as B, normalised each row to |max| = 1 and
 # applied the row scales after every Gemm with a `BinaryOp` and a `MemoryData` table: 40 more layers in every
-# predictor call and 224 in every talker step (section 9 measures both forms).
+# predictor call and 224 in every talker step (section 10 measures both forms).
 # The predictor's heads are rewritten the same way, but not fused: they share one input, and one fused Gemm would
 # compute all 15 where a step needs one. `pipeline.precision` decides which graphs a tier loads and writes the int8
 # files once (`ensure_int8`; `ensure_int8_tier` all of them).
@@ -552,10 +552,10 @@ else:
 # 65 MB: 21-22 ms per frame against 25-27, with the second decode unchanged at 17-19.
 #
 # How close can the int8 loop get to its floor? Its projections alone answer it: `python -m qtts_lib.bench
-# projections` builds, for each decoder, a graph of nothing but its int8 Gemms (each with the BinaryOp that applies
-# its row scales, the predictor's with one head), and times a frame's worth of calls (the talker's once, the
-# predictor's 15 times) interleaved with the read probe in one process. The loop end to end (section 5's file) sits
-# at 1.35-1.45x its floor; the projections alone on the same VM, idle:
+# projections` builds, for each decoder, a graph of nothing but its int8 Gemms (in the form of that day, each with
+# the BinaryOp that applies its row scales; the predictor's with one head), and times a frame's worth of calls (the
+# talker's once, the predictor's 15 times) interleaved with the read probe in one process. The loop end to end
+# (section 5's file) sits at 1.35-1.45x its floor; the projections alone on the same VM, idle:
 
 # %%
 proj_file = paths.DATA / "bench" / "int8" / "dev-2core-epyc-full-base-projections.json"
@@ -582,6 +582,140 @@ if xeon_proj.is_file():
 # the Xeon VM's does.
 
 # %% [markdown]
+# ## 10. The int8 loop against its floor
+# Section 9 left the int8 loop at 1.35-1.45x its floor on the EPYC VM. What does a frame spend beyond reading its
+# weights? Counted on the loop itself (full-base, int8, 2 threads, every `extract` of three 40-frame runs timed): a
+# frame makes 32 graph calls (the talker step, the talker's codec head, 15 code-predictor steps, 15 head calls, and a
+# text embedding every tenth frame) and 238 extracts (the talker's hidden state and its 56 cache blobs, 11 per
+# predictor step). ncnn's extracts took 55-56 ms of the loop's 61 ms per frame in those runs, so what Python and the
+# binding add around them is 4-6 ms; the rest is inside ncnn. Three things went, in the product:
+#
+# - **The row-scale layers.** With the weights as B, every Gemm was followed by a `BinaryOp` that multiplied its
+#   output by a `MemoryData` table of row scales: 40 more layers in each of the 15 predictor calls and 224 in the
+#   talker step, each reading and writing its activations once more. With the weights as A (section 2) the row scales
+#   live inside the Gemm, and the layers are gone.
+# - **Per-row activation quantization.** One scale per call, not one per row: a step has one row anyway, and a
+#   prefill or a batch shares one scale (ncnn's int8 Gemm takes one scale for its B).
+# - **Glue.** The position inputs of a step (RoPE tables, the attention mask) are cached per (past, length) in
+#   `KvCacheNet` instead of built every call, and outputs are wrapped with `np.frombuffer` instead of copied.
+#
+# First the projections alone (`python -m qtts_lib.bench projections`), the forms side by side in one process,
+# interleaved with the read probe: the weights as A with one tile over the whole K (the product's form), the same
+# with ncnn's own tile choice, and the earlier form (weights as B, row scales after each Gemm).
+
+# %%
+forms_file = paths.DATA / "bench" / "int8" / "dev-2core-epyc-full-base-projections-weights-as-a.json"
+if forms_file.is_file():
+    forms = json.loads(forms_file.read_text())
+    display(pd.DataFrame(forms["forms"]).T.style.set_caption(
+        f"{forms_file.stem}: {forms['machine']['cpu']}, {forms['threads']} threads, the probe read "
+        f"{forms['read_bandwidth_gbs']} GB/s, floor {forms['floor_ms_per_frame']} ms per frame"))
+    t = {k: v["projections_ms_per_frame"] for k, v in forms["forms"].items()}
+    check.at_most("projections: weights as A with one K tile, against the other forms", "ms/frame",
+                  t["weights_as_a"], min(v for k, v in t.items() if k != "weights_as_a"))
+else:
+    print(f"skipped because {forms_file} is not there (python -m qtts_lib.bench projections)")
+
+# %% [markdown]
+# Did it pay end to end? The same export, the int8 files of each form written by its own commit, the loop run by
+# fresh harness calls alternating between the earlier form (03b8583) and this one (c492500), four each, in the same
+# hour, with the int8 codec. Over that hour the read probe inside each call moved between 26 and 39 GB/s, and each
+# row's floor with it: compare milliseconds here, not the ratios.
+
+# %%
+ab_file = paths.DATA / "bench" / "int8" / "dev-2core-epyc-full-base-loop-before-after.json"
+if ab_file.is_file():
+    ab = json.loads(ab_file.read_text())
+    ab_rows = []
+    for side in ("before", "after"):
+        check_schema(ab[side])
+        for r in ab[side]["rows"]:
+            ab_rows.append({"form": f"{side} ({ab[side]['commit']})", **r["ms_per_frame"],
+                            "loop": round(r["ms_per_frame"]["talker"] + r["ms_per_frame"]["predictor"], 1),
+                            "floor": r["floor_ms_per_frame"], "loop / floor": r["floor_ratio"]})
+    ab_table = pd.DataFrame(ab_rows)
+    display(ab_table.style.set_caption(f"{ab_file.stem}: {ab['before']['machine']['cpu']}, int8 loop and int8 codec, "
+                                       "2 threads, fresh processes alternating, ms per frame"))
+    med = ab_table.groupby("form")[["loop", "loop / floor"]].median()
+    display(med.style.set_caption("medians"))
+    check.at_most("int8 loop: weights as A against weights as B + row scales (medians, same hour)", "ms/frame",
+                  float(med.loc[f"after ({ab['after']['commit']})", "loop"]),
+                  float(med.loc[f"before ({ab['before']['commit']})", "loop"]))
+else:
+    print(f"skipped because {ab_file} is not there")
+
+# %% [markdown]
+# End to end, the product as a user runs it (`python -m qtts_lib.bench loop --runtimes ncnn --precision int8
+# --codec-precision fp32,bf16,int8 --threads 2 --repeats 5`), each codec tier with the quality it costs beside it: the
+# loop's (`python -m qtts_lib.bench quality`, 200 frames, the weights-as-A form) and the codec's (section 8's file).
+
+# %%
+e2e_files = sorted((paths.DATA / "bench").glob("dev-2core-epyc-full-base-int8-weights-as-a*.json"),
+                   key=lambda f: (len(f.stem), f.stem))  # the first run, then -run2
+q_file = paths.DATA / "bench" / "quality" / "dev-2core-epyc-full-base-weights-as-a.json"
+cq_file = paths.DATA / "bench" / "codec" / "dev-2core-epyc-full-base-int8-tiers.json"
+if e2e_files and q_file.is_file() and cq_file.is_file():
+    q_now, cq_now = json.loads(q_file.read_text()), json.loads(cq_file.read_text())
+    loop_q = q_now["tiers"]["int8"]
+    codec_q = next(r for r in cq_now["runs"] if r["threads"] == 2)["vs_fp32"]
+    e2e_rows = []
+    for i, f in enumerate(e2e_files, 1):
+        doc = json.loads(f.read_text())
+        check_schema(doc)
+        e2e_rows += [(f"run {i}", r) for r in doc["rows"]]
+    display(pd.DataFrame([{"run": run_name, "codec tier": r["codec_precision"], **r["ms_per_frame"], "RTF": r["rtf"],
+                           "codec (second decode)": r["codec_warm_ms_per_frame"], "floor": r["floor_ms_per_frame"],
+                           "loop / floor": r["floor_ratio"], "cb0 agreement": loop_q["agreement_codebook0"],
+                           "cb1-15 agreement": loop_q["agreement_predictor_mean"],
+                           "codec SNR dB": codec_q.get(r["codec_precision"], {}).get("snr_db"),
+                           "codec LSD dB": codec_q.get(r["codec_precision"], {}).get("log_spectral_distance_db", 0.0)}
+                          for run_name, r in e2e_rows]).set_index(["run", "codec tier"]).style.set_caption(
+        f"{', '.join(f.stem for f in e2e_files)}: {doc['machine']['cpu']}, full-base, int8 loop, one stream, "
+        "2 threads, 5 repeats each, ms per frame; quality: the loop's against fp32 (200 frames), the codec's"))
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    bottom = np.zeros(len(e2e_rows))
+    labels = [f"{run_name}\n{r['codec_precision']} codec" for run_name, r in e2e_rows]
+    for part, color in (("talker", "tab:blue"), ("predictor", "tab:orange"), ("codec", "tab:green")):
+        vals = np.array([r["ms_per_frame"][part] for _, r in e2e_rows])
+        ax.bar(labels, vals, bottom=bottom, label=part, color=color)
+        bottom += vals
+    for i, (_, r) in enumerate(e2e_rows):
+        ax.plot([i - 0.4, i + 0.4], [r["floor_ms_per_frame"]] * 2, color="black", lw=2,
+                label="loop floor" if i == 0 else None)
+    ax.axhline(80, color="crimson", ls="--", lw=1, label="real time (80 ms)")
+    ax.set(ylabel="ms per frame", title="full-base, int8 loop, EPYC VM, 2 threads: where a frame goes")
+    ax.legend(fontsize=8, loc="upper right")
+    plt.show()
+    ratios = [r["floor_ratio"] for _, r in e2e_rows]
+    best_run, best = min(e2e_rows, key=lambda x: x[1]["rtf"])
+    print(f"fastest: int8 loop + {best['codec_precision']} codec ({best_run}), RTF {best['rtf']}; the loop at "
+          f"{min(ratios)}-{max(ratios)}x its floor")
+    check.at_least("int8 loop end to end, at or above its weight-read floor", "ratio", min(ratios), 1.0)
+else:
+    print("skipped because a committed file is missing: data/bench/dev-2core-epyc-full-base-int8-weights-as-a*.json, "
+          f"{q_file} or {cq_file}")
+
+# %% [markdown]
+# Where this leaves one stream on two cores: the loop (talker + predictor) ran 11% faster than the earlier form in the
+# same hour (medians 69.4 against 77.7 ms per frame), and the projections alone ran faster as A than as B. In the two
+# committed end-to-end runs the best pair is the int8 loop with the int8 codec (run 1, RTF 1.26) or the bf16 codec
+# (run 2, RTF 1.18), the loop at 1.19-1.34x its floor. The quietest single call we saw, in the A/B above, came to
+# 81.0 ms per frame (RTF 1.01): the VM at its best, not a median. Real time (RTF <= 1) with the loop within 1.15x of
+# its floor, in one committed file, is **not** reached on this VM. What stands in the way, measured:
+#
+# - **The int8 GEMV kernel.** ncnn's int8 Gemm, with nothing else in the graph, read its weights at 27 GB/s where the
+#   probe read 36.5 in the same process (1.34x; the forms table above). No form or tile size tried changes that much;
+#   a GEMV that streams at the probe's rate is not in the pip wheel.
+# - **Everything else in the loop.** Norms, RoPE, attention over a short cache, the residual adds, and 4-6 ms per
+#   frame of Python and binding glue around 238 extracts.
+# - **The codec.** 17-24 ms per frame in its cheapest tier (bf16 or int8: which is faster changes from run to run).
+#
+# What would close it: an int8 GEMV that streams at memory speed (ncnn built from source with such a kernel), fewer
+# bits per weight with a fast kernel (ncnn's 4/6-bit blocks have none on x86: FACTS.md), or a machine that reads
+# faster. Left as small, measured levers: the predictor's 15 head calls (0.9-1.3 ms per frame inside `extract`) fused
+# into its step graph, and a step graph without the `Permute`s and single-output `Split`s pnnx leaves.
+
+# %% [markdown]
 # ## Summary
 # - The loop's floor is bytes per frame over bandwidth, so it moves only with bytes per weight: fp16 halves it and
 #   int8 quarters it (the predictor's heads too; the talker's codec head stays fp32).
@@ -598,8 +732,12 @@ if xeon_proj.is_file():
 #   VM's noise, so it is an experiment, not a product option (no CLI or server flag).
 # - On two cores the int8 loop's floor alone is 54-84 ms per frame (the two committed machines read 32 and 21 GB/s),
 #   so a faster-than-real-time loop *plus* codec needs fewer than 8 bits per weight (ncnn has no fast x86 kernel for
-#   its 4- and 6-bit blocks: FACTS.md), a faster codec, or more bandwidth. The EPYC machine came within 34% of real
-#   time (RTF 1.34 at 2 threads).
+#   its 4- and 6-bit blocks: FACTS.md), a faster codec, or more bandwidth.
+# - The int8 Gemms take the weights as constant A with ncnn's per-row scales inside, one activation scale per call:
+#   no row-scale layers after them. On the EPYC VM that made the loop 11% faster than the earlier form in the same
+#   hour, and one stream end to end ran at RTF 1.18-1.26 (best pair per run), the loop 1.19-1.34x its floor: not
+#   real time. ncnn's int8 GEMV alone runs at 1.34x the read floor there, so the rest needs a faster kernel
+#   (section 10).
 # - The codec is compute-bound, so its tiers are cheaper arithmetic: bf16 storage on its upsampling parts
 #   (`--codec-precision bf16`, section 7) and int8 convolutions in the residual units of decoder stages 2-4, with
 #   static input scales calibrated once (`--codec-precision int8`, section 8), each measured against fp32 by SNR,
@@ -618,7 +756,8 @@ if xeon_proj.is_file():
 #   int8 Gemm runs on plain AVX2 integer arithmetic.
 # - *fp16 steps equal to fp32* → F16C is missing, or `use_fp16_storage` was not set before `load_param`.
 # - *low agreement on a real checkpoint* → look at the per-layer plot for the first layer that jumps: a layer with
-#   outlier activations suffers from per-row activation quantization; keep that layer fp32.
+#   outlier activations suffers from one activation scale per call (its absmax sets the step for every feature);
+#   keep that layer fp32.
 # - *codec process: "did not start"* → the child (`python -m qtts_lib.runtime.experimental.codec_process`, this
 #   interpreter, this environment) could not import `qtts_lib` or load the codec; the error carries its reason.
 # - *codec process faster (or slower) here than the committed run* → expected: its gain is within a VM's noise;

@@ -329,8 +329,10 @@ for tier in ("fp32", "int8"):
 # %% [markdown]
 # In fp32 every code of the four sequences held over 200 frames. In int8 the batched sequences left the alone ones
 # within the first three frames. The cause, traced on the EPYC VM: int8 quantizes each projection's input at run
-# time (a scale per row, then rounding to integers), so a float32-rounding difference upstream (from attention over
-# the padded positions, or from the M-row kernels) can move a value across a rounding boundary of the quantizer.
+# time (a scale from its absmax, then rounding to integers), so a float32-rounding difference upstream (from
+# attention over the padded positions, or from the M-row kernels) can move a value across a rounding boundary of the
+# quantizer. (That run quantized each row on its own; the int8 Gemms now take one activation scale per call, shared
+# by the rows of a batch, so a batched row's codes also depend on the other rows' largest value.)
 # One Gemm of the talker then differed by 7e-4 relative where its input differed by less than 1e-4, and a whole
 # step by 1e-2. int8 is already an approximation of fp32 that changes codes on random weights (chapter 10); a batch
 # draws another sample of the same approximation. Batched int8 is *not* the same as int8 alone, and only fp32
