@@ -601,20 +601,23 @@ if xeon_proj.is_file():
 #
 # First the projections alone (`python -m qtts_lib.bench projections`), the forms side by side in one process,
 # interleaved with the read probe: the weights as A with one tile over the whole K (the product's form), the same
-# with ncnn's own tile choice, and the earlier form (weights as B, row scales after each Gemm).
+# with ncnn's own tile choice, the earlier form (weights as B, row scales after each Gemm), and in the later file
+# ncnn's other int8 GEMV, `InnerProduct` (inputs reshaped to 1-D, a static input scale: a timing form only, since a
+# step's activations have no range to calibrate on random weights).
 
 # %%
-forms_file = paths.DATA / "bench" / "int8" / "dev-2core-epyc-full-base-projections-weights-as-a.json"
-if forms_file.is_file():
-    forms = json.loads(forms_file.read_text())
+forms_files = [f for f in sorted((paths.DATA / "bench" / "int8").glob("*projections*.json"))
+               if "forms" in json.loads(f.read_text())]
+for f in forms_files:
+    forms = json.loads(f.read_text())
     display(pd.DataFrame(forms["forms"]).T.style.set_caption(
-        f"{forms_file.stem}: {forms['machine']['cpu']}, {forms['threads']} threads, the probe read "
-        f"{forms['read_bandwidth_gbs']} GB/s, floor {forms['floor_ms_per_frame']} ms per frame"))
+        f"{f.stem}: {forms['machine']['cpu']}, {forms['threads']} threads, the probe read "
+        f"{forms['read_bandwidth_gbs']} GB/s in the run, floor {forms['floor_ms_per_frame']} ms per frame"))
     t = {k: v["projections_ms_per_frame"] for k, v in forms["forms"].items()}
-    check.at_most("projections: weights as A with one K tile, against the other forms", "ms/frame",
+    check.at_most(f"{f.stem}: weights as A with one K tile, against the other forms", "ms/frame",
                   t["weights_as_a"], min(v for k, v in t.items() if k != "weights_as_a"))
-else:
-    print(f"skipped because {forms_file} is not there (python -m qtts_lib.bench projections)")
+if not forms_files:
+    print("skipped because data/bench/int8/ has no projections file with forms (python -m qtts_lib.bench projections)")
 
 # %% [markdown]
 # Did it pay end to end? The same export, the int8 files of each form written by its own commit, the loop run by
@@ -697,15 +700,16 @@ else:
 
 # %% [markdown]
 # Where this leaves one stream on two cores: the loop (talker + predictor) ran 11% faster than the earlier form in the
-# same hour (medians 69.4 against 77.7 ms per frame), and the projections alone ran faster as A than as B. In the two
-# committed end-to-end runs the best pair is the int8 loop with the int8 codec (run 1, RTF 1.26) or the bf16 codec
-# (run 2, RTF 1.18), the loop at 1.19-1.34x its floor. The quietest single call we saw, in the A/B above, came to
-# 81.0 ms per frame (RTF 1.01): the VM at its best, not a median. Real time (RTF <= 1) with the loop within 1.15x of
-# its floor, in one committed file, is **not** reached on this VM. What stands in the way, measured:
+# same hour (medians 69.4 against 77.7 ms per frame), and the projections alone took 4-16% less time as A than as B.
+# In the two committed end-to-end runs the best pair is the int8 loop with the int8 codec (run 1, RTF 1.26) or the
+# bf16 codec (run 2, RTF 1.18), the loop at 1.19-1.34x its floor. The quietest single call we saw, in the A/B above,
+# came to 81.0 ms per frame (RTF 1.01): the VM at its best, not a median. Real time (RTF <= 1) with the loop within
+# 1.15x of its floor, in one committed file, is **not** reached on this VM. What stands in the way, measured:
 #
-# - **The int8 GEMV kernel.** ncnn's int8 Gemm, with nothing else in the graph, read its weights at 27 GB/s where the
-#   probe read 36.5 in the same process (1.34x; the forms table above). No form or tile size tried changes that much;
-#   a GEMV that streams at the probe's rate is not in the pip wheel.
+# - **The int8 GEMV kernel.** ncnn's int8 Gemm, with nothing else in the graph, read its weights at 25.6-27.2 GB/s
+#   where the probe read 31.3-36.5 in the same process (1.22-1.34x; the forms tables above). The other Gemm forms
+#   were slower, and ncnn's int8 InnerProduct slower still (2.3x the Gemm's time): a GEMV that streams at the probe's
+#   rate is not in the pip wheel.
 # - **Everything else in the loop.** Norms, RoPE, attention over a short cache, the residual adds, and 4-6 ms per
 #   frame of Python and binding glue around 238 extracts.
 # - **The codec.** 17-24 ms per frame in its cheapest tier (bf16 or int8: which is faster changes from run to run).

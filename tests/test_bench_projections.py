@@ -1,4 +1,6 @@
 """`bench.projections`: the int8 tier's projections alone (issue 24's kernel floor), on tiny-base."""
+from functools import partial
+
 import numpy as np
 
 from qtts_lib import paths
@@ -35,8 +37,9 @@ def test_projections_graph_holds_every_int8_gemm_and_nothing_else(synth, tmp_pat
 
 def test_earlier_forms_compute_the_same_projections(synth, tmp_path):
     """`bench.projections` times the tier beside its earlier forms over the same int8 weights: with ncnn's own K
-    tiles, and the weights as B with a row-scale BinaryOp after each Gemm. At one input row (one activation scale
-    either way) all three compute the same numbers to float rounding; the earlier form has two more layers a Gemm."""
+    tiles, the weights as B with a row-scale BinaryOp after each Gemm, and ncnn's int8 InnerProduct with static input
+    scales. At one input row (one activation scale either way; the InnerProduct's given the Gemms' own) all four
+    compute the same numbers to float rounding; the earlier form has two more layers a Gemm."""
     from qtts_lib.bench.projections import FORMS
 
     ncnn_dir = paths.model_dir("tiny-base") / "ncnn"
@@ -46,14 +49,19 @@ def test_earlier_forms_compute_the_same_projections(synth, tmp_path):
     widths = [int(lyr.outputs[0][2:]) for lyr in parse_param(text).layers if lyr.type == "Input"]
     x = {f"in{k}": np.random.default_rng(3).standard_normal((1, k)).astype(np.float32) for k in widths}
     outs = {}
+    gemms = parse_param(text).counts["Gemm"]
     for form, rewrite in FORMS.items():
+        if form == "innerproduct_static_scale":  # static input scales: the ones the Gemms compute from these inputs
+            rewrite = partial(rewrite, input_scales={int(k[2:]): 127 / np.abs(v).max() for k, v in x.items()})
         t, d = (text, data) if rewrite is None else rewrite(text, data)
         f = tmp_path / f"{form}.bin"
         f.write_bytes(d)
-        outs[form] = run(net_from_text(t, f, 1), x, ["out0"])[0]
+        outs[form] = run(net_from_text(t, f, 1), x, ["out0"])[0].reshape(1, -1)
         counts = parse_param(t).counts
         if form == "weights_as_b_row_scales":
             assert counts["BinaryOp"] == counts["MemoryData"] == counts["Gemm"] and " 5=1" in t
+        elif form == "innerproduct_static_scale":
+            assert "Gemm" not in counts and counts["InnerProduct"] == gemms and " 8=1" in t
         else:
             assert "BinaryOp" not in counts and " 4=1" in t and (" 22=" in t) == (form == "weights_as_a")
     ref = outs["weights_as_a"]

@@ -10,7 +10,8 @@ call. A frame is the talker's call once and the predictor's 15 times (each predi
 int8 heads, put in its graph), timed in the same process as the streaming-read probe (`machine.read_bandwidth_gbs`),
 interleaved, medians. `projections / floor` near 1 says the kernel streams at the probe's rate; the loop's own
 `loop / floor` (`bench loop`) minus it is what everything else costs. The same weights are timed in the tier's
-earlier forms too (`FORMS`, `as_earlier_form`), interleaved with it: what writing the weights as the Gemm's A bought.
+earlier forms too (`FORMS`, `as_earlier_form`), interleaved with it: what writing the weights as the Gemm's A bought;
+and as ncnn's int8 InnerProduct (`as_innerproduct`), its other int8 GEMV, to see whether it streams faster.
 """
 from __future__ import annotations
 
@@ -88,9 +89,42 @@ def as_earlier_form(text: str, data: bytes, tiles: bool = False) -> tuple[str, b
     return new, join_bin(new, out | {k: v for k, v in segs.items() if k not in out})
 
 
+def as_innerproduct(text: str, data: bytes, input_scales: dict[int, float] | None = None) -> tuple[str, bytes]:
+    """The same projections graph as ncnn's int8 InnerProduct over the same int8 weights and row scales: ncnn's
+    other int8 GEMV, each input reshaped to 1-D in the graph (at one 2-D row InnerProduct runs on one thread), with a
+    *static* input scale per input width, `input_scales` (127 / absmax of that input; default 127 / 4, which the
+    kernel's time does not depend on). Not a product form: a step's activations have no fixed range to calibrate
+    without a real checkpoint. Outputs are one 1-D blob, the same numbers in the same order as the Gemms'."""
+    g, segs = Graph(text), split_bin(text, data)
+    out, layers = {}, []
+    for layer in g.layers:
+        if layer.type == "Input":
+            k = int(layer.outputs[0][2:])
+            flat = f"{layer.outputs[0]}_1d"
+            layers += [layer, ParamLayer("Reshape", f"flat{k}", [layer.outputs[0]], [flat], [f"0={k}"])]
+            continue
+        if layer.type == "Split":
+            layer.inputs = [f"{layer.inputs[0]}_1d"]
+        elif layer.type == "Concat":
+            set_params(layer, {"0": "0"})
+        elif layer.type == "Gemm":
+            d = params_dict(layer)
+            n, k = int(d["7"]), int(d["9"])
+            weights, row_scales = segs[layer.name]
+            scale = (input_scales or {}).get(k, 127.0 / 4)
+            layer = ParamLayer("InnerProduct", layer.name, layer.inputs, layer.outputs,
+                               [f"0={n}", "1=0", f"2={n * k}", "8=1"])
+            out[layer.name] = [weights, row_scales, Segment(1, False, np.float32(scale).tobytes())]
+        layers.append(layer)
+    g.layers = layers
+    new = g.text()
+    return new, join_bin(new, out | {k: v for k, v in segs.items() if k not in out})
+
+
 FORMS = {"weights_as_a": None,                       # the tier as written (`rewrites.int8`)
          "weights_as_a_ncnn_tiles": partial(as_earlier_form, tiles=True),
-         "weights_as_b_row_scales": as_earlier_form}  # the tier's first form (before 2026-12-02)
+         "weights_as_b_row_scales": as_earlier_form,  # the tier's first form (before 2026-12-02)
+         "innerproduct_static_scale": as_innerproduct}  # ncnn's other int8 GEMV (timing only)
 
 
 def measure(ncnn_dir: Path, threads: int = 2, repeats: int = 9, groups: int = 16) -> dict:

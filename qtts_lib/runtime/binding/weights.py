@@ -66,11 +66,14 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
             loads += [(int_param(d, "0", 0), False), (1, False)]
         return loads
     if t == "InnerProduct":
-        if int_param(d, "8", 0):
-            raise ValueError(f"{layer.name}: int8 InnerProduct is not supported")
+        int8 = int_param(d, "8", 0)
+        if int8 > 1:
+            raise ValueError(f"{layer.name}: requantizing int8 InnerProduct is not supported")
         loads = [(int_param(d, "2", 0), True)]
         if int_param(d, "1", 0):
             loads.append((int_param(d, "0", 0), False))
+        if int8:  # int8 InnerProduct (`bench.projections`' timing form): per-output weight scales, input scale
+            loads += [(int_param(d, "0", 0), False), (1, False)]
         return loads
     if t == "Gemm":
         quantized = int_param(d, "18", 0)
