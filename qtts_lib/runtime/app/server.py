@@ -166,6 +166,7 @@ class Engine:
                     job.send("error", e)
             for job in [j for j in speaking if j.cancelled.is_set()]:  # the client left
                 speaking.pop(job).cancel()
+                self.active = len(speaking)
                 job.send("done")
             self.active = len(speaking)
             if not speaking:
@@ -185,8 +186,9 @@ class Engine:
             for job, long in list(speaking.items()):
                 for piece in long.take(events):
                     job.send("audio", piece)
-                if long.done:
+                if long.done:  # not counted as speaking before its client can hear it is done (`/health`)
                     del speaking[job]
+                    self.active = len(speaking)
                     job.send("done")
             self.active = len(speaking)
 
