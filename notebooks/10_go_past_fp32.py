@@ -218,7 +218,7 @@ def agreement_plot(res: dict, title: str):
     ax.set_ylabel("teacher-forced top-1 agreement")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not over them
     fig.tight_layout()
 
 
@@ -244,6 +244,25 @@ fig.tight_layout()
 # The committed results:
 
 # %%
+def frame_bars(labels: list[str], rows: list[dict], title: str) -> None:
+    """Where each run's frame goes: talker, predictor and codec stacked (ms per frame), the loop's floor as a bar
+    across each, and real time (80 ms) as a line. `rows` are bench rows (`data/bench/README.md`)."""
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 3.6))
+    bottom = np.zeros(len(rows))
+    for part, color in (("talker", "tab:blue"), ("predictor", "tab:orange"), ("codec", "tab:green")):
+        vals = np.array([r["ms_per_frame"][part] for r in rows])
+        ax.bar(labels, vals, bottom=bottom, label=part, color=color)
+        bottom += vals
+    for i, r in enumerate(rows):
+        ax.plot([i - 0.4, i + 0.4], [r["floor_ms_per_frame"]] * 2, color="black", lw=2,
+                label="loop floor" if i == 0 else None)
+    ax.axhline(80, color="crimson", ls="--", lw=1, label="real time (80 ms)")
+    ax.set_ylabel("ms per frame")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not over them
+    fig.tight_layout()
+
+
 bench = {f.stem: json.loads(f.read_text()) for f in sorted((paths.DATA / "bench").glob("*.json"))}
 tiered = {k: v for k, v in bench.items() if len({r["precision"] for r in v["rows"]}) > 1}
 for name, res in tiered.items():
@@ -253,21 +272,8 @@ for name, res in tiered.items():
                            **{f"{k} ms": v for k, v in r["ms_per_frame"].items()}, "RTF": r["rtf"],
                            "floor ms": r["floor_ms_per_frame"], "loop / floor": r["floor_ratio"],
                            "peak GB": r["peak_rss_gb"]} for r in rows]).style.set_caption(name))
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 3.6))
-    bottom = np.zeros(len(rows))
-    for part, color in (("talker", "tab:blue"), ("predictor", "tab:orange"), ("codec", "tab:green")):
-        vals = np.array([r["ms_per_frame"][part] for r in rows])
-        ax.bar([f"{r['runtime']}\n{r['precision']} {r['threads']}t" for r in rows], vals, bottom=bottom,
-               label=part, color=color)
-        bottom += vals
-    for i, r in enumerate(rows):
-        ax.plot([i - 0.4, i + 0.4], [r["floor_ms_per_frame"]] * 2, color="black", lw=2,
-                label="loop floor" if i == 0 else None)
-    ax.axhline(80, color="crimson", ls="--", lw=1, label="real time")
-    ax.set_ylabel("ms per frame")
-    ax.set_title(f"{name}: {res['checkpoint']}, {res['frames']} frames", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    frame_bars([f"{r['runtime']}\n{r['precision']} {r['threads']}t" for r in rows], rows,
+               f"{name}: {res['checkpoint']}, {res['frames']} frames")
 check.at_least("committed full-size runs with precision tiers", "files", len(tiered), 1)
 
 # %%
@@ -597,7 +603,8 @@ if xeon_proj.is_file():
 # - **Per-row activation quantization.** One scale per call, not one per row: a step has one row anyway, and a
 #   prefill or a batch shares one scale (ncnn's int8 Gemm takes one scale for its B).
 # - **Glue.** The position inputs of a step (RoPE tables, the attention mask) are cached per (past, length) in
-#   `KvCacheNet` instead of built every call, and outputs are wrapped with `np.frombuffer` instead of copied.
+#   `KvCacheNet` instead of built every call, and outputs are read from the Mat's bytes (`np.frombuffer`, then one
+#   copy) instead of through `Mat.numpy()`, whose buffer description numpy parses in Python.
 #
 # First the projections alone (`python -m qtts_lib.bench projections`), the forms side by side in one process,
 # interleaved with the read probe: the weights as A with one tile over the whole K (the product's form), the same
@@ -661,11 +668,13 @@ if e2e_files and q_file.is_file() and cq_file.is_file():
     q_now, cq_now = json.loads(q_file.read_text()), json.loads(cq_file.read_text())
     loop_q = q_now["tiers"]["int8"]
     codec_q = next(r for r in cq_now["runs"] if r["threads"] == 2)["vs_fp32"]
-    e2e_rows = []
+    e2e_rows, cpus = [], set()
     for i, f in enumerate(e2e_files, 1):
         doc = json.loads(f.read_text())
         check_schema(doc)
+        cpus.add(doc["machine"]["cpu"])
         e2e_rows += [(f"run {i}", r) for r in doc["rows"]]
+    cpu = " / ".join(sorted(cpus))
     display(pd.DataFrame([{"run": run_name, "codec tier": r["codec_precision"], **r["ms_per_frame"], "RTF": r["rtf"],
                            "codec (second decode)": r["codec_warm_ms_per_frame"], "floor": r["floor_ms_per_frame"],
                            "loop / floor": r["floor_ratio"], "cb0 agreement": loop_q["agreement_codebook0"],
@@ -673,21 +682,10 @@ if e2e_files and q_file.is_file() and cq_file.is_file():
                            "codec SNR dB": codec_q.get(r["codec_precision"], {}).get("snr_db"),
                            "codec LSD dB": codec_q.get(r["codec_precision"], {}).get("log_spectral_distance_db", 0.0)}
                           for run_name, r in e2e_rows]).set_index(["run", "codec tier"]).style.set_caption(
-        f"{', '.join(f.stem for f in e2e_files)}: {doc['machine']['cpu']}, full-base, int8 loop, one stream, "
+        f"{', '.join(f.stem for f in e2e_files)}: {cpu}, full-base, int8 loop, one stream, "
         "2 threads, 5 repeats each, ms per frame; quality: the loop's against fp32 (200 frames), the codec's"))
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    bottom = np.zeros(len(e2e_rows))
-    labels = [f"{run_name}\n{r['codec_precision']} codec" for run_name, r in e2e_rows]
-    for part, color in (("talker", "tab:blue"), ("predictor", "tab:orange"), ("codec", "tab:green")):
-        vals = np.array([r["ms_per_frame"][part] for _, r in e2e_rows])
-        ax.bar(labels, vals, bottom=bottom, label=part, color=color)
-        bottom += vals
-    for i, (_, r) in enumerate(e2e_rows):
-        ax.plot([i - 0.4, i + 0.4], [r["floor_ms_per_frame"]] * 2, color="black", lw=2,
-                label="loop floor" if i == 0 else None)
-    ax.axhline(80, color="crimson", ls="--", lw=1, label="real time (80 ms)")
-    ax.set(ylabel="ms per frame", title="full-base, int8 loop, EPYC VM, 2 threads: where a frame goes")
-    ax.legend(fontsize=8, loc="upper right")
+    frame_bars([f"{run_name}\n{r['codec_precision']} codec" for run_name, r in e2e_rows], [r for _, r in e2e_rows],
+               f"full-base, int8 loop, {cpu}, 2 threads: where a frame goes")
     plt.show()
     ratios = [r["floor_ratio"] for _, r in e2e_rows]
     best_run, best = min(e2e_rows, key=lambda x: x[1]["rtf"])
@@ -740,7 +738,7 @@ else:
 # - The int8 Gemms take the weights as constant A with ncnn's per-row scales inside, one activation scale per call:
 #   no row-scale layers after them. On the EPYC VM that made the loop 11% faster than the earlier form in the same
 #   hour, and one stream end to end ran at RTF 1.18-1.26 (best pair per run), the loop 1.19-1.34x its floor: not
-#   real time. ncnn's int8 GEMV alone runs at 1.34x the read floor there, so the rest needs a faster kernel
+#   real time. ncnn's int8 GEMV alone runs at 1.22-1.34x the read floor there, so the rest needs a faster kernel
 #   (section 10).
 # - The codec is compute-bound, so its tiers are cheaper arithmetic: bf16 storage on its upsampling parts
 #   (`--codec-precision bf16`, section 7) and int8 convolutions in the residual units of decoder stages 2-4, with

@@ -174,11 +174,12 @@ class Engine:
             try:
                 events = self.scheduler.step()
             except BaseException as e:  # noqa: BLE001 - every request in the batch is told
-                for job, long in speaking.items():
+                failed = list(speaking.items())
+                speaking.clear()
+                self.active = 0  # before the clients hear of it, as below
+                for job, long in failed:
                     long.cancel()
                     job.send("error", e)
-                speaking.clear()
-                self.active = 0
                 continue
             self.largest_batch = max(self.largest_batch, len(events))  # one event per utterance in the batch
             if self.on_step is not None:
@@ -186,11 +187,10 @@ class Engine:
             for job, long in list(speaking.items()):
                 for piece in long.take(events):
                     job.send("audio", piece)
-                if long.done:  # not counted as speaking before its client can hear it is done (`/health`)
+                if long.done:  # not counted as speaking once its client can hear it is done (`/health`)
                     del speaking[job]
                     self.active = len(speaking)
                     job.send("done")
-            self.active = len(speaking)
 
     def submit(self, start: Callable) -> Job:
         job = Job(start, asyncio.get_running_loop())
