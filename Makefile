@@ -4,11 +4,13 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.qtts-installed
-CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]*.py))
-# The chapters that port a checkpoint (split, goldens, export, pitfalls, KV cache, generation, voices; 13 and 14,
-# every kind and the batch) run again on each of VARIANTS after the default pass: a 1.7B talker wider than its code
-# predictor, with instructions, and a VoiceDesign checkpoint.
-PER_CHECKPOINT := 02 03 04 04b 04c 05 06 07 13 14
+# The numbered chapters in reading order, then the appendices and the results page (book/_toc.yml has the parts).
+CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py)) $(sort $(wildcard notebooks/appendix_*.py)) \
+	$(wildcard notebooks/results.py)
+# The chapters that port a checkpoint (split, goldens, export, KV cache, generation, voices, every kind, the batch,
+# and the two pitfall appendices) run again on each of VARIANTS after the default pass: a 1.7B talker wider than its
+# code predictor, with instructions, and a VoiceDesign checkpoint.
+PER_CHECKPOINT := 02 03 04 05 06 07 08 16 appendix_a appendix_b
 VARIANT_CHAPTERS := $(filter $(foreach n,$(PER_CHECKPOINT),notebooks/$(n)_%),$(CHAPTERS))
 VARIANTS := tiny-1.7b-customvoice tiny-voicedesign
 NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q
@@ -53,7 +55,7 @@ notebooks: setup
 
 # PyTorch vs ncnn on BENCH_CKPT (default full-base, built and exported first if missing), interleaved repeats,
 # the machine described; writes data/bench/$(BENCH_NAME).json. See qtts_lib/bench/loop.py. BENCH_PRECISION lists the
-# ncnn tiers to time (chapter 10: fp32,fp16,int8); `make quality` measures what they cost against fp32.
+# ncnn tiers to time (chapter 12: fp32,fp16,int8); `make quality` measures what they cost against fp32.
 BENCH_CKPT ?= full-base
 BENCH_NAME ?= $(shell hostname -s)-$(BENCH_CKPT)
 BENCH_PRECISION ?= fp32

@@ -107,7 +107,7 @@ check.equal("predictor_decoder: output width = code predictor hidden", "width", 
 # | constants folded before trace (`embedding_sum / usage`) | computed per call | fewer ops, none shape-dependent |
 #
 # ¹ expand + reshape, and the .param does not load. ² ids offset by `group·2048` on the host; an uneven `chunk` of the
-# codes still splits wrongly in ncnn (chapter 04b). ³ the leading 1 keeps pnnx from taking the 15 for a batch axis.
+# codes still splits wrongly in ncnn (appendix A). ³ the leading 1 keeps pnnx from taking the 15 for a batch axis.
 
 # %%
 g = torch.Generator().manual_seed(0)

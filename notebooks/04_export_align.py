@@ -25,8 +25,8 @@
 # **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing). The wrappers of chapter 02 are library
 # code (`qtts_lib.modules`), not an artifact.
 # **Leaves behind:** `models/<ckpt>/ncnn/<module>.param/.bin` + `manifest.json`, `mimi_rvq.npz`,
-# `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in chapters 04b (pnnx) and
-# 04c (the ncnn binding).
+# `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in appendix A (pnnx) and
+# appendix B (the ncnn binding).
 
 # %%
 import time
@@ -134,7 +134,7 @@ check.equal("talker_decoder: no Concat left in front of RotaryEmbed", "count",
 # %% [markdown]
 # ## 3. Align each graph in ncnn, at two lengths
 # `runtime.net.Net` loads a graph with fp16/bf16 off and the manifest's batch axes, and turns numpy into `ncnn.Mat`
-# that own their memory (the binding's Mat only borrows a numpy buffer; chapter 04c shows what that does).
+# that own their memory (the binding's Mat only borrows a numpy buffer; appendix B shows what that does).
 # Inputs are fresh seeded synthetic ones, at the two lengths of each module. Each module is compared with the metric
 # and tolerance its spec carries (`spec.check`, the same comparison as chapter 02): relative L2 error for the decoders
 # (their outputs grow through the layers), max |diff| for embeddings and heads, waveform SNR for the codec, cosine for
@@ -229,7 +229,7 @@ plots.layer_errors(probes, threshold=LAYER_TOL, title=title);
 # %% [markdown]
 # ### The same probe between two ncnn runs
 # `probe.probe_ncnn` compares one graph under two configurations blob by blob, the output of *every* computing
-# layer (nothing to pair: the blob names are the same). Chapter 08 uses it for Vulkan against CPU, the precision
+# layer (nothing to pair: the blob names are the same). Chapter 09 uses it for Vulkan against CPU, the precision
 # tiers for fp16 or int8 against fp32. Here one thread against the chapter's thread count, on the talker decoder:
 
 # %%
@@ -256,12 +256,12 @@ check.at_most(f"talker_decoder: 1 vs {THREADS} threads, worst of {len(threads_pr
 # **Artifacts left:** `models/<ckpt>/ncnn/*.param/.bin`, `manifest.json`, `mimi_rvq.npz`, the chapter report.
 #
 # **If your numbers differ**
-# - *`load_param` fails* → a leftover pnnx op (section 2 names it); chapter 04b shows the usual suspects.
+# - *`load_param` fails* → a leftover pnnx op (section 2 names it); appendix A shows the usual suspects.
 # - *Right at one length, wrong shape at the other* → the export saw one shape;
 #   both `input=` and `input2=` must be given.
 # - *Errors around 1e-3* → fp16 weights or arithmetic:
 #   export with `fp16=0` and turn `use_fp16_*` off (runtime.net does).
-# - *Random garbage that changes from run to run* → an `ncnn.Mat` made from a temporary numpy array (see 04c).
+# - *Random garbage that changes from run to run* → an `ncnn.Mat` made from a temporary numpy array (appendix B).
 # - *A module's worst layer is over 1e-5* → the first tap above the limit (`probes[name].first_above(LAYER_TOL)`)
 #   is where the port differs; everything before it is fine.
 # - *`PairingError`* → pnnx fused, split or dropped a layer of that kind, or a wrapper calls one module twice: the

@@ -104,7 +104,7 @@ print(inspect.getsource(KvCache))
 # of the previous call **untouched**, a zero mask `(1, past+1)` (the new position may see everything before it) and
 # the cos/sin rows of its absolute position. The grown caches come out with `type=1` (the `raw=` outputs of
 # `binding.net.run`). A precision tier may give a one-position step another form of the same graph over the same
-# weights (`step_net`: fp16's InnerProduct step graph, chapters 09 and 10); fp32 runs the one exported graph for
+# weights (`step_net`: fp16's InnerProduct step graph, chapters 10 and 12); fp32 runs the one exported graph for
 # prefill and steps. The interface is the same.
 
 # %%

@@ -101,7 +101,7 @@ def test_to_mat_dtypes_and_batch_axis():
 
 
 def test_net_with_an_inplace_first_layer(tmp_path):
-    """Input -> ReLU (in place): crashes with a borrowed Mat (chapter 04b), fine with to_mat."""
+    """Input -> ReLU (in place): crashes with a borrowed Mat (appendix A), fine with to_mat."""
     (tmp_path / "relu.param").write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU relu 1 1 in0 out0\n")
     (tmp_path / "relu.bin").write_bytes(b"")
     net = make_net(tmp_path / "relu.param", tmp_path / "relu.bin", threads=1)

@@ -17,7 +17,7 @@ from pathlib import Path
 from jupyter_client import BlockingKernelClient
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = sorted(ROOT.glob("notebooks/[0-9][0-9]*.py"))
+CHAPTERS = sorted(ROOT.glob("notebooks/[0-9][0-9]_*.py")) + sorted(ROOT.glob("notebooks/appendix_*.py"))
 LOG_ERRORS = re.compile(r"Traceback|Failed to load|Error loading server extension|extension failed|^\[E ", re.M)
 
 

@@ -1,4 +1,4 @@
-"""The pitfall runners of chapters 04b/04c: child processes, their signals and outputs, two real reproductions."""
+"""The pitfall runners of appendices A and B: child processes, their signals and outputs, two real reproductions."""
 import numpy as np
 import pytest
 

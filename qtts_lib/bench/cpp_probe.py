@@ -1,4 +1,4 @@
-"""What ncnn's C++ API buys on Vulkan over the pip binding: the probe of chapter 08 (issue 26, item 3).
+"""What ncnn's C++ API buys on Vulkan over the pip binding: the probe of chapter 09 (issue 26, item 3).
 
     python -m qtts_lib.bench.cpp_probe MODEL_DIR NCNN_SRC OUT.json [--pasts 16,64,128]
 

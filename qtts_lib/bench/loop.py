@@ -1,4 +1,4 @@
-"""The end-to-end benchmark: PyTorch vs the ncnn runtime, side by side, the machine described. Introduced in 09.
+"""The end-to-end benchmark: PyTorch vs the ncnn runtime, side by side, the machine described. Introduced in 10.
 
     python -m qtts_lib.bench loop --checkpoint full-base --threads 1,2 --frames 40 --repeats 3 -o data/bench/NAME.json
     python -m qtts_lib.bench loop --checkpoint full-base --devices vulkan,cpu --runtimes ncnn --threads 1,16 ...
@@ -19,7 +19,7 @@ On the CPU the generation loop is memory-bound: every frame reads the talker's w
 and its ratio to it. Every run measures the bandwidth while it runs (`machine.Probe`: every 8 frames, between frames,
 outside the timed code) and is held against the floor of that bandwidth.
 
-ncnn CPU rows can also differ by the codec's tier (`codec_precision`, chapter 10): a tier end to end beside the
+ncnn CPU rows can also differ by the codec's tier (`codec_precision`, chapter 13): a tier end to end beside the
 loop's floor in one file.
 """
 from __future__ import annotations
@@ -170,7 +170,7 @@ def row(runtime: str, threads: int, runs: list[dict], floor_ms: float | None, pr
 def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: int, runtimes=("pytorch", "ncnn"),
               precisions=("fp32",), devices=("cpu",), progress: bool = True, codecs=("fp32",)) -> dict:
     """Interleaved repeats of every (runtime, device, precision, threads); the result in data/bench's schema.
-    PyTorch runs fp32 on cpu or cuda; the ncnn runtime every tier in `precisions` (chapter 10) on cpu, fp32 on
+    PyTorch runs fp32 on cpu or cuda; the ncnn runtime every tier in `precisions` (chapter 12) on cpu, fp32 on
     vulkan, and on the cpu each of `codecs` (the codec's tiers). A device a runtime cannot use is left out."""
     from tqdm.auto import tqdm
 

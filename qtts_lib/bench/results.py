@@ -1,4 +1,4 @@
-"""Benchmark results on disk: data/bench's schema, one writer. Introduced in 09.
+"""Benchmark results on disk: data/bench's schema, one writer. Introduced in 10.
 
 A result file is `{machine, checkpoint, frames, rows, ...}`; a row is `{runtime, device, precision, threads,
 ms_per_frame: {talker, predictor, codec, total}, prefill_ms, rtf, peak_rss_gb, floor_ms_per_frame, floor_ratio,
@@ -15,7 +15,7 @@ SCHEMA_KEYS = ("runtime", "device", "precision", "threads", "ms_per_frame", "pre
 
 
 def check_schema(result: dict) -> None:
-    """Raise if `result` does not have data/bench's shape (chapter 09 and the tests use this)."""
+    """Raise if `result` does not have data/bench's shape (chapter 10 and the tests use this)."""
     for key in ("machine", "checkpoint", "frames", "rows"):
         if key not in result:
             raise ValueError(f"bench result has no {key!r}")

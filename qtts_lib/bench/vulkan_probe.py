@@ -1,5 +1,5 @@
 """Where a Vulkan extract's time goes through the pip binding: chains of N layers of one type, ncnn's options, and
-the real decoder graphs at several lengths. Introduced in 08 (issue 26).
+the real decoder graphs at several lengths. Introduced in 09 (issue 26).
 
     python -m qtts_lib.bench.vulkan_probe DIR OUT.json [--device vulkan] [--quick]
 

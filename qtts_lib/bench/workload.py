@@ -1,4 +1,4 @@
-"""What every benchmark speaks: one text, one voice clip, one language, greedy. Introduced in 09.
+"""What every benchmark speaks: one text, one voice clip, one language, greedy. Introduced in 10.
 
 The CPU and the GPU harness, the codec, streaming, quality and overlap measurements all take their prompt from
 here, so rows of different files describe the same work: an x-vector clone of data/inputs/voice.wav saying `TEXT`
@@ -23,7 +23,7 @@ def voice_wav() -> Path:
 def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16, precision: str = "fp32") -> int:
     """Weights one frame reads: the talker decoder and codec head once, the code predictor's decoder
     and one of its heads per predicted codebook (15). Embedding lookups read a few rows only. A precision
-    tier (chapter 10) stores the two decoders in fewer bytes per weight, and int8 the predictor's heads too."""
+    tier (chapter 12) stores the two decoders in fewer bytes per weight, and int8 the predictor's heads too."""
     size = lambda name: (ncnn_dir / f"{name}.bin").stat().st_size  # noqa: E731
     shrink = weight_bytes(precision) / 4.0
     heads = shrink if precision == "int8" and "predictor_heads" in HEADS else 1.0

@@ -1,4 +1,4 @@
-"""The pnnx and ncnn pitfalls, reproduced on the installed versions. Introduced in 04b (pnnx) and 04c (ncnn).
+"""The pnnx and ncnn pitfalls, reproduced on the installed versions. Appendix A (pnnx) and appendix B (ncnn).
 
 - `reproduce_pnnx(work)` / `reproduce_ncnn(work)` run every reproduction of a chapter and return one
   `Finding` per pitfall: the measured symptom, whether it reproduced, the fix, and in `.data` what the
@@ -63,7 +63,7 @@ class Isolated:
 
 def run_isolated(func: Callable, *args, timeout: float = 120) -> Isolated:
     """Run `func(*args)` in a child Python that imports it (`func` is module-level; args go as strings).
-    Introduced in 04b."""
+    Appendix A."""
     if func.__qualname__ != func.__name__:
         raise ValueError(f"{func.__qualname__} is not a module-level function")
     code = f"import sys\nfrom {func.__module__} import {func.__name__} as f\nf(*sys.argv[1:])"
@@ -271,7 +271,7 @@ def torch_out(module: nn.Module, inputs: dict) -> np.ndarray:
 # ---------------------------------------------------------------- findings
 @dataclass
 class Finding:
-    """One pitfall as measured in this run; `data` holds what the chapter shows and checks. Introduced in 04b."""
+    """One pitfall as measured in this run; `data` holds what the chapter shows and checks. Appendix A."""
     key: str
     pitfall: str
     tool: str
@@ -286,7 +286,7 @@ def versions() -> dict[str, str]:
 
 
 def table(findings: list[Finding]):
-    """The findings as a DataFrame: pitfall, symptom, fix, reproduces on <version>? Introduced in 04b."""
+    """The findings as a DataFrame: pitfall, symptom, fix, reproduces on <version>? Appendix A."""
     import pandas as pd
 
     col = f"reproduces on {', '.join(sorted({f.tool for f in findings}))}?"
@@ -295,7 +295,7 @@ def table(findings: list[Finding]):
     return pd.DataFrame(rows, index=range(1, len(rows) + 1))
 
 
-# ---------------------------------------------------------------- 04b: GQA
+# ---------------------------------------------------------------- appendix A: GQA
 def hf_repeat_kv(h: torch.Tensor, n: int = 2) -> torch.Tensor:
     """transformers' repeat_kv: (b, kv, s, d) -> (b, kv*n, s, d) by expand + reshape."""
     b, kv, s, d = h.shape
@@ -363,7 +363,7 @@ def reproduce_gqa(work: Path, threads: int = 2) -> Finding:
                    "repeat_interleave(n, dim=-3), or enable_gqa=True", data)
 
 
-# ---------------------------------------------------------------- 04b: a sum over pnnx's batch axis
+# ---------------------------------------------------------------- appendix A: a sum over pnnx's batch axis
 G, V, D = 4, 16, 8  # groups, rows per table, width
 
 
@@ -447,7 +447,7 @@ def reproduce_batch_sum(work: Path, threads: int = 2) -> list[Finding]:
     return [stack, trap]
 
 
-# ---------------------------------------------------------------- 04b: the dropped crop
+# ---------------------------------------------------------------- appendix A: the dropped crop
 TRIM_SLICE = "y[..., :-2]"
 TRIMS = {
     TRIM_SLICE: lambda y: y[..., :-2],
@@ -490,7 +490,7 @@ def reproduce_crop(work: Path, threads: int = 2) -> Finding:
                    "F.pad(x, (0, -r)) (a Crop); x[..., :x.shape[-1] - r] also works", data)
 
 
-# ---------------------------------------------------------------- 04b: unbind / chunk / tensor_split
+# ---------------------------------------------------------------- appendix A: unbind / chunk / tensor_split
 def _weigh3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Three pieces into one number each, weighted so that a wrong piece width shows."""
     return a.sum(-1) + 10 * b.sum(-1) + 100 * c.sum(-1)
@@ -555,7 +555,7 @@ def reproduce_splits(work: Path, threads: int = 2) -> list[Finding]:
     return [even, uneven]
 
 
-# ---------------------------------------------------------------- 04b: one input shape
+# ---------------------------------------------------------------- appendix A: one input shape
 class HeadMix(nn.Module):
     """32 channels into 4 heads of 8 and back (view / transpose / reshape, as attention does)."""
 
@@ -588,7 +588,7 @@ def reproduce_one_shape(work: Path, threads: int = 2) -> Finding:
                    "always input= and input2=", data)
 
 
-# ---------------------------------------------------------------- 04b, 04c: fp16
+# ---------------------------------------------------------------- appendices A and B: fp16
 class Block(nn.Module):
     """A small decoder-like block: an MLP with a residual, then a convolution."""
 
@@ -625,14 +625,14 @@ def reproduce_fp16_weights(work: Path, threads: int = 2) -> Finding:
 
 
 def reproduce_pnnx(work: str | Path, threads: int = 2) -> list[Finding]:
-    """Every pnnx pitfall of chapter 04b, converted into `work`. Introduced in 04b."""
+    """Every pnnx pitfall of appendix A, converted into `work`. Appendix A."""
     work = Path(work)
     return [reproduce_gqa(work, threads), *reproduce_batch_sum(work, threads), reproduce_crop(work, threads),
             *reproduce_splits(work, threads), reproduce_one_shape(work, threads),
             reproduce_fp16_weights(work, threads)]
 
 
-# ---------------------------------------------------------------- 04c: the ncnn binding
+# ---------------------------------------------------------------- appendix B: the ncnn binding
 RELU_PARAM = "7767517\n2 2\nInput in0 0 1 in0\nReLU relu0 1 1 in0 out0\n"
 ACT_PARAM = "7767517\n3 3\nInput in0 0 1 in0\nReLU r0 1 1 in0 a\nSigmoid s0 1 1 a out0\n"
 FP_OFF = dict(use_fp16_packed=False, use_fp16_storage=False, use_fp16_arithmetic=False, use_bf16_storage=False)
@@ -713,6 +713,6 @@ def reproduce_fp16_runtime(work: Path, threads: int = 2) -> Finding:
 
 
 def reproduce_ncnn(work: str | Path, threads: int = 2) -> list[Finding]:
-    """Every ncnn-binding pitfall of chapter 04c, with its graphs in `work`. Introduced in 04c."""
+    """Every ncnn-binding pitfall of appendix B, with its graphs in `work`. Appendix B."""
     work = Path(work)
     return [*reproduce_borrowing(work), reproduce_extract(work), reproduce_fp16_runtime(work, threads)]

@@ -1,5 +1,5 @@
-"""Chapter 08's lab: the Vulkan gate, ncnn's conventions tested on small graphs, fp16 forced on, extracts counted.
-Introduced in 08.
+"""Chapter 09's lab: the Vulkan gate, ncnn's conventions tested on small graphs, fp16 forced on, extracts counted.
+Introduced in 09.
 
 Nothing here is part of the runtime: these are the probes the chapter runs to show what the GPU does and costs.
 """
@@ -19,12 +19,12 @@ REQUIRE = "QTTS_REQUIRE_VULKAN"  # set by .ci/run: a missing Vulkan device is th
 
 
 class VulkanRequired(RuntimeError):
-    """QTTS_REQUIRE_VULKAN is set and ncnn sees no Vulkan device: chapter 08 and the GPU tests must not pass as
+    """QTTS_REQUIRE_VULKAN is set and ncnn sees no Vulkan device: chapter 09 and the GPU tests must not pass as
     skips there."""
 
 
 def vulkan_or_skip(gpu_count: int | None = None, required: str | None = None) -> tuple[bool, str]:
-    """(True, device names) when ncnn sees a Vulkan device; (False, why) when not. Introduced in 08.
+    """(True, device names) when ncnn sees a Vulkan device; (False, why) when not. Introduced in 09.
 
     Where the environment variable QTTS_REQUIRE_VULKAN is set (`.ci/run` sets it, after installing lavapipe) a
     missing device raises `VulkanRequired` instead: a skip there would mean the set-up broke."""
@@ -43,7 +43,7 @@ def vulkan_or_skip(gpu_count: int | None = None, required: str | None = None) ->
 def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int = 16, rewritten: bool = False) -> int:
     """Blocking extracts (each one GPU submission + download in the pip binding) per generated frame. Embedding
     lookups are numpy on every device (`pipeline.embeddings`), so they make none."""
-    if rewritten:  # the GPU forms (chapter 08): one talker call (hidden and caches in one blob), the codec head,
+    if rewritten:  # the GPU forms (chapter 09): one talker call (hidden and caches in one blob), the codec head,
         return 1 + 1 + groups  # the predictor's first position and one call per codebook 1..15
     kv = lambda layers: 1 + 2 * layers  # noqa: E731  (output, then K and V of every layer)
     talker = kv(talker_layers) + 1  # + codec head
@@ -54,7 +54,7 @@ def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int
 # ---------------------------------------------------------------- small graphs and probes
 def small_graph(text: str, device: str, threads: int = 2, weights: bytes = b"", fp16: bool = False):
     """An ncnn.Net from .param text without its magic line (and .bin bytes), with every fp16 option on or off
-    (the runtime keeps them off: `runtime.binding.net`); the chapter's own probe. Introduced in 08."""
+    (the runtime keeps them off: `runtime.binding.net`); the chapter's own probe. Introduced in 09."""
     fp16_options = {k: fp16 for k in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic")}
     with tempfile.TemporaryDirectory() as tmp:  # load_model_mem keeps pointers into a buffer Python frees
         (Path(tmp) / "g.bin").write_bytes(weights)
@@ -72,7 +72,7 @@ SDPA = "5 5\nInput q 0 1 q\nInput k 0 1 k\nInput v 0 1 v\nInput m 0 1 m\nSDPA sd
 
 def convention_rows(devices: list[str], threads: int = 2) -> list[dict]:
     """Rope with half- and full-width tables, SDPA with 2-D and 3-D masks, on each device, against numpy
-    (max |diff|). The seed found full width and 3-D masks wrong on Vulkan; chapter 08 shows this version."""
+    (max |diff|). The seed found full width and 3-D masks wrong on Vulkan; chapter 09 shows this version."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 5, 8)).astype(np.float32)  # (heads, seq, head_dim): ncnn's c, h, w
     ang = np.arange(5, dtype=np.float32)[:, None] / 10000 ** (np.arange(0, 8, 2, dtype=np.float32) / 8)
@@ -116,7 +116,7 @@ class Counted:
 @contextlib.contextmanager
 def patched_ncnn(fp16: bool = False, counter: list | None = None):
     """Nets created inside: fp16 forced on at load time (the runtime turns it off), extracts counted.
-    Introduced in 08."""
+    Introduced in 09."""
     real = ncnn.Net
 
     class Patched(real):

@@ -5,8 +5,8 @@
     qtts say --checkpoint tiny-customvoice --speaker serena ...        (built-in voice)
     qtts say --checkpoint tiny-1.7b-customvoice --speaker serena --instruct "Speak cheerfully." ...
     qtts say --checkpoint tiny-voicedesign --instruct "A calm, low female voice" ...   (a voice described)
-    qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 12, four segments at
-                                             a time, chapter 14, --max-batch N; - reads stdin)
+    qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 15, four segments at
+                                             a time, chapter 16, --max-batch N; - reads stdin)
     qtts say ... --temperature 0.7 --top-k 30 --seed 3                 (sampling; --greedy for the argmax)
 
 `--checkpoint` is a checkpoint directory (with its `ncnn/` exports), or a name looked up
@@ -226,7 +226,7 @@ def write_pieces(output: Path, pieces: Iterable[np.ndarray]) -> int:
 
 def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segments: int, t0: float) -> int:
     """A text of several segments (`longform.synthesize_long`): a progress bar over segments; with
-    --stream or -o -, each segment is written as soon as it is spoken. Introduced in 12."""
+    --stream or -o -, each segment is written as soon as it is spoken. Introduced in 15."""
     from tqdm import tqdm
 
     writer = PieceWriter(args.output) if args.stream or str(args.output) == "-" else None

@@ -1,4 +1,4 @@
-"""`qtts serve`'s metrics, in Prometheus's text format at /metrics (prometheus_client). Introduced in 11.
+"""`qtts serve`'s metrics, in Prometheus's text format at /metrics (prometheus_client). Introduced in 14.
 
 What an operator watches: requests by path and status, audio streams that failed or whose client left, the queue
 and the batch now (read at scrape time from the engine), the batch size of every step, and per spoken request the

@@ -1,6 +1,6 @@
 """`qtts serve`'s API as data: pydantic models of the speech request and of every JSON answer, the OpenAPI document
 built from them (served at /openapi.json), and pydantic's validation errors turned into OpenAI-style 400s.
-Introduced in 11.
+Introduced in 14.
 
 The models check what a request means on its own (types, lengths, the format, the sampling ranges of
 `pipeline.sampling.Sampling`); what depends on the loaded checkpoint (does this voice, language or model exist, can

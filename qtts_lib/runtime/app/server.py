@@ -1,4 +1,4 @@
-"""`qtts serve`: a local speech server speaking OpenAI's speech API, streamed. Introduced in 11.
+"""`qtts serve`: a local speech server speaking OpenAI's speech API, streamed. Introduced in 14.
 
     qtts serve --checkpoint tiny-base --voices voices/ --port 8000
     curl -sN localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
@@ -16,12 +16,12 @@ checkpoints) or the name of `<name>.wav` in the voices folder (Base checkpoints:
 `<name>.txt` beside it holding the clip's transcript, ICL). Audio is 24 kHz mono, encoded piece by piece as frames
 are generated and sent as it is encoded (chunked transfer, `audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind
 a header of unknown length, mp3, Ogg Opus, ADTS AAC and FLAC through FFmpeg. A long `input` is spoken segment by
-segment with short pauses (`pipeline.longform.stream_long`, chapter 12), each segment capped by its own length and
+segment with short pauses (`pipeline.longform.stream_long`, chapter 15), each segment capped by its own length and
 by `--max-frames`.
 
 One thread runs every piece of ncnn work (`Engine`): OpenMP keeps a worker pool per thread that ran ncnn, so ncnn
-called from whichever thread the event loop lends would starve on a machine with few cores (chapter 11). Up to
-`--max-batch` requests are decoded together in one batch (`pipeline.synthesizer.Scheduler`, chapter 14): each
+called from whichever thread the event loop lends would starve on a machine with few cores (chapter 14). Up to
+`--max-batch` requests are decoded together in one batch (`pipeline.synthesizer.Scheduler`, chapter 16): each
 frame's graph calls serve all of them, a request joins between two frames and leaves the frame it ends, and each
 response still streams as its own frames come. More wait in a FIFO of `--queue` places; past that the answer is
 503 at once. `/health` shows the batch in flight. Every bad request gets a 4xx with an OpenAI-style JSON error body

@@ -1,4 +1,4 @@
-"""Voice clips people bring: checked, and trimmed when too long. Introduced in 12.
+"""Voice clips people bring: checked, and trimmed when too long. Introduced in 15.
 
 A clip the model cannot use (NaN/Inf, too short, silent) is an `AudioError` with one line that says why and what
 works; one it can use but should not (clipped) gives a warning; one longer than MAX_VOICE_SECONDS is cut at a quiet
@@ -28,7 +28,7 @@ def dbfs(x: float) -> float:
 def check_voice_clip(wav: np.ndarray, sr: int = SAMPLE_RATE) -> list[str]:
     """Raise `AudioError` for a clip the model cannot use (NaN/Inf, shorter than MIN_VOICE_SECONDS,
     silent); return warnings for one it can but should not (clipped). Length above the maximum is
-    `trim_voice_clip`'s business. Introduced in 12."""
+    `trim_voice_clip`'s business. Introduced in 15."""
     wav = np.asarray(wav).reshape(-1)
     bad = ~np.isfinite(wav)
     if bad.any():
@@ -53,7 +53,7 @@ def check_voice_clip(wav: np.ndarray, sr: int = SAMPLE_RATE) -> list[str]:
 
 def quiet_point(wav: np.ndarray, limit: int, sr: int = SAMPLE_RATE) -> int:
     """The sample index to cut a clip at: the middle of the quietest TRIM_WINDOW_SECONDS window that
-    fits in the last TRIM_SEARCH_SECONDS before `limit` samples. Introduced in 12."""
+    fits in the last TRIM_SEARCH_SECONDS before `limit` samples. Introduced in 15."""
     win = int(TRIM_WINDOW_SECONDS * sr)
     start = max(0, limit - int(TRIM_SEARCH_SECONDS * sr))
     energy = np.square(np.asarray(wav[start:limit], np.float64))
@@ -66,7 +66,7 @@ def quiet_point(wav: np.ndarray, limit: int, sr: int = SAMPLE_RATE) -> int:
 def trim_voice_clip(wav: np.ndarray, max_seconds: float = MAX_VOICE_SECONDS,
                     sr: int = SAMPLE_RATE) -> tuple[np.ndarray, str | None]:
     """A clip longer than `max_seconds`, cut at its quiet point before the limit, with a note
-    saying so (None when it was short enough). Introduced in 12."""
+    saying so (None when it was short enough). Introduced in 15."""
     limit = int(max_seconds * sr)
     if len(wav) <= limit:
         return wav, None
@@ -80,7 +80,7 @@ def prepare_voice_clip(wav: np.ndarray, transcript: str | None = None,
                        keep_long: bool = False) -> tuple[np.ndarray, list[str]]:
     """`check_voice_clip`, then `trim_voice_clip` unless `keep_long`: the clip to use and the
     messages to show ("warning: ..." or "note: ..."). A long clip with a transcript (ICL) is
-    refused rather than trimmed: the transcript would then say more than the clip. Introduced in 12."""
+    refused rather than trimmed: the transcript would then say more than the clip. Introduced in 15."""
     messages = [f"warning: {w}" for w in check_voice_clip(wav)]
     seconds = len(wav) / SAMPLE_RATE
     if seconds <= MAX_VOICE_SECONDS:

@@ -1,4 +1,4 @@
-"""The `.bin` weight file of an ncnn graph, layer by layer. Introduced in 09.
+"""The `.bin` weight file of an ncnn graph, layer by layer. Introduced in 10.
 
 ncnn reads a `.bin` front to back: each layer, in `.param` order, makes the loads its type defines (a
 convolution its weights, then its bias if it has one; an int8 Gemm its int8 weights, then raw fp32 scales...).
@@ -62,7 +62,7 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
         loads = [(int_param(d, "6", 0), True)]
         if int_param(d, "5", 0):
             loads.append((int_param(d, "0", 0), False))
-        if int8:  # an int8 Convolution (the codec's int8 tier, chapter 10): per-output weight scales, input scale
+        if int8:  # an int8 Convolution (the codec's int8 tier, chapter 13): per-output weight scales, input scale
             loads += [(int_param(d, "0", 0), False), (1, False)]
         return loads
     if t == "InnerProduct":
@@ -88,7 +88,7 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
         bt = int_param(d, "10", -1)
         if int_param(d, "6", 0) and bt != -1:
             loads.append(({0: 1, 1: M, 2: M, 3: M * N, 4: N}[bt], True))  # Gemm's C is tagged
-        if quantized:  # int8 Gemm (chapter 10): after the (int8-tagged) weights, raw fp32 scales
+        if quantized:  # int8 Gemm (chapter 12): after the (int8-tagged) weights, raw fp32 scales
             if int_param(d, "4", 0):
                 loads.append((M, False))   # one per row of A
             if int_param(d, "5", 0):

@@ -1,10 +1,10 @@
-"""The codec's CPU form on disk: written once next to the exports, rewritten when they change. Introduced in 09.
+"""The codec's CPU form on disk: written once next to the exports, rewritten when they change. Introduced in 11.
 
 `fast_graph` applies `rewrites.codec_cpu.codec_fast_parts` to the exported codec decoder, measures each part's
 left context (`parts.reach`), sizes each part's chunk and time tiles from it, and writes the parts under
 `ncnn/fast/` with a description (`codec_decoder.json`) that `codec.decoder.Codec` loads.
 
-The tuning constants below were measured on the full-size random checkpoint at one thread (chapter 09 shows how);
+The tuning constants below were measured on the full-size random checkpoint at one thread (chapter 10 shows how);
 they only choose between equal computations, so a wrong guess costs speed, never correctness.
 """
 from __future__ import annotations

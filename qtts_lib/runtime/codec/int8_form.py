@@ -1,4 +1,4 @@
-"""The codec's int8 tier on disk: the CPU form with int8 residual convolutions, calibrated once. Introduced in 10.
+"""The codec's int8 tier on disk: the CPU form with int8 residual convolutions, calibrated once. Introduced in 13.
 
 `int8_graph` takes the CPU form (`codec.cpu_form.fast_graph`), decodes `CALIBRATION_FRAMES` frames of random codes
 through it in fp32, chunk by chunk as the runtime does, and records the largest |input| of every convolution that
@@ -11,7 +11,7 @@ against fp32's 27.0; the same with bf16 storage, 20.4 at 30.8 dB; stages 1-4, 15
 The input scales are static (ncnn's int8 Convolution has no per-call absmax), so they are only as good as the
 calibration's codes: random codes through the checkpoint's own codebooks, transformer and upsampler. With a real
 checkpoint, check the tier on real speech before relying on it (`python -m qtts_lib.bench codec --tiers` against
-fp32 on your codes; chapter 10).
+fp32 on your codes; chapter 12).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Speak a text of any length: one generation per segment, one voice, joined by short pauses. Introduced in 12.
+"""Speak a text of any length: one generation per segment, one voice, joined by short pauses. Introduced in 15.
 
 One generation over a whole article drifts: the talker's context grows by 12.5 frames a second,
 and users of every Qwen3-TTS port report runaway or degraded speech after a few minutes. So
@@ -17,7 +17,7 @@ an ICL clip's codes are computed once, by the caller), and joins the pieces:
   phoneme, so nothing spoken is lost. Fades do not change lengths: the joined wav has exactly
   `sum(segment samples) + (segments - 1) * pause samples`.
 
-The segments are independent generations, so they can run side by side (chapter 14): `LongText` submits up to
+The segments are independent generations, so they can run side by side (chapter 16): `LongText` submits up to
 `ahead` of them to a `Scheduler` at once and gives their audio back in order. `synthesize_long` runs
 `DEFAULT_MAX_BATCH` segments at a time; `stream_long` one (the next starts when one ends: a stream's first audio
 comes soonest that way), or `max_batch` when asked.

@@ -312,7 +312,7 @@ def sample(logits: np.ndarray, generated: Sequence[int] | np.ndarray, step: int,
 class Sampler:
     """One sequence's sampling in the generation loop: the talker's and the sub-talker's `SamplerConfig` and the
     sequence's own random stream (seeded by `sampling.seed`). The loop asks it for every code it feeds on; a harness
-    that needs other codes (chapter 10's teacher forcing) passes a subclass. Introduced in 06."""
+    that needs other codes (chapter 12's teacher forcing) passes a subclass. Introduced in 06."""
 
     def __init__(self, sampling: Sampling, talker_cfg: dict, eos_token_id: int | None = None):
         self.talker = SamplerConfig.talker(sampling, talker_cfg, eos_token_id)

@@ -43,7 +43,7 @@ from .voices import VoiceEncoder
 GRAPHS = ["talker_text_embed", "talker_codec_embed", "talker_decoder", "talker_codec_head",
           "predictor_decoder", "predictor_embeds", "predictor_heads", "codec_decoder"]
 CACHED_GRAPHS = ["talker_decoder", "predictor_decoder"]
-DEFAULT_MAX_BATCH = 4   # chapter 14: four rows cost about what one costs in a memory-bound step
+DEFAULT_MAX_BATCH = 4   # chapter 16: four rows cost about what one costs in a memory-bound step
 
 
 @dataclass
@@ -106,12 +106,12 @@ class Synthesizer:
                  log: Callable[[str], None] | None = None, decoders=None, codec_precision: str = "fp32",
                  gpu_batches: bool = False):
         """`threads`: CPU threads for ncnn; `device`: cpu, vulkan or vulkan:N; `precision`: fp32 (the default, the
-        parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 10);
-        `codec_precision`: fp32 (the default), bf16 or int8, the codec's upsampling stages (CPU only; chapter 10).
+        parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 12);
+        `codec_precision`: fp32 (the default), bf16 or int8, the codec's upsampling stages (CPU only; chapter 13).
         `log` hears about one-time work (writing a tier's files, calibrating the codec's int8 tier). `decoders`: where
         frames become audio, if not this process's codec (`experimental.codec_process`). `gpu_batches`, on a GPU:
         load the graphs that take several sequences per call (the CPU's, folded: about 240 round trips per step,
-        shared by the batch) instead of the GPU forms that take one (18 per frame; chapter 08). On the CPU the loop
+        shared by the batch) instead of the GPU forms that take one (18 per frame; chapter 09). On the CPU the loop
         always batches."""
         if not (Path(model_dir) / "config.json").is_file():
             raise MissingArtifact(f"{model_dir} has no config.json: not a checkpoint directory; pass one, or run "
@@ -202,7 +202,7 @@ class Synthesizer:
                         on_frame: Callable[[int, int], None] | None = None,
                         on_warning: Callable[[int, str], None] | None = None) -> list[Result]:
         """Every utterance, `max_batch` at a time in one batch (a new one joins as soon as one ends); results in
-        the order given, each as `synthesize` would give it (chapter 14 says how equal). Every utterance is checked
+        the order given, each as `synthesize` would give it (chapter 16 says how equal). Every utterance is checked
         before the first frame. `on_frame(i, n)` after frame n of utterance i; `on_warning(i, message)`."""
         todo = list(utterances)
         scheduler = Scheduler(self, max_batch)
@@ -244,7 +244,7 @@ class Synthesizer:
         """`synthesize`, streamed: float32 pieces of `chunk_frames` frames (80 ms each) as they are generated;
         concatenated they are `synthesize`'s wav (`codec.stream.StreamDecoder` says how exactly). Bad input is
         refused here, before any piece; the generation runs in the caller's thread, a frame per `next`.
-        Introduced in 11."""
+        Introduced in 14."""
         if not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool) or chunk_frames < 1:
             raise InputError(f"chunk_frames must be a whole number, at least 1, not {chunk_frames!r}")
         job = self._job(text, language, voice, sampling, max_frames, non_streaming, on_warning)

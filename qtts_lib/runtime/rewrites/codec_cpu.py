@@ -1,10 +1,10 @@
 """The codec decoder's CPU form: rewrites of its exported graph, pure functions of the .param text (and the .bin
-bytes). Introduced in 09.
+bytes). Introduced in 10.
 
 The runtime applies them when it loads the codec on the CPU (`codec.cpu_form` writes the result once, in parts,
 next to the exports); the exported files stay what pnnx wrote, so chapter 04 aligns those and chapters 06-07 prove
 the rewritten form gives the same waveforms. Each rewrite keeps the computation and only changes which ncnn kernels
-run it; each is checked equal to the exported graph (tests/test_codec_cpu.py, chapter 09).
+run it; each is checked equal to the exported graph (tests/test_codec_cpu.py, chapter 11).
 
 - `conv1d_as_conv2d`: Convolution1D / ConvolutionDepthWise1D -> the 2-D layer with kernel_h = 1 between two
   Reshapes (same weight bytes), a preceding zero left-Padding folded into the layer's own pad_left. ncnn's 2-D x86

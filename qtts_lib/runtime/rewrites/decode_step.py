@@ -1,11 +1,11 @@
-"""Decode-step graphs: a cached decoder's `.param` rewritten for one-position steps. Introduced in 09.
+"""Decode-step graphs: a cached decoder's `.param` rewritten for one-position steps. Introduced in 10.
 
 - `decode_step` (`gemm_decode_as_innerproduct`): for a graph that only ever sees one position, every constant-B Gemm
   becomes Reshape(1-D) -> InnerProduct -> Reshape(1 x N) over the same `.bin`: InnerProduct's 1-D path uses all
   threads at one row, where a 2-D InnerProduct runs one row on one thread. Prefill keeps the original. fp32 no
   longer needs it (a one-row Gemm measured as fast: 56.4 vs 53.2 ms per full-base talker step at 2 threads, see
   `pipeline.precision`); fp16 does, because x86 Gemm ignores fp16 storage.
-- `fp16_step` (chapter 10's fp16 tier): the same step graph with every layer but the InnerProducts masked out of
+- `fp16_step` (chapter 12's fp16 tier): the same step graph with every layer but the InnerProducts masked out of
   ncnn's fp16 storage (`31=2`), so that only the weights are rounded.
 """
 from __future__ import annotations

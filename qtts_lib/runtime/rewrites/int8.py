@@ -1,4 +1,4 @@
-"""The int8 form of a decoder graph, written from numpy: pure text and bytes in, text and bytes out. Introduced in 10.
+"""The int8 form of a decoder graph, written from numpy: pure text and bytes in, text and bytes out. Introduced in 12.
 
 Every projection (constant-B Gemm) becomes ncnn's int8 Gemm (`18=2`) with the weights as its constant *A*: ncnn
 keeps one int8 scale per row of a constant A, so each output feature has its own weight scale inside the Gemm (no
@@ -10,7 +10,7 @@ streams its rows' weights in one pass. Gemms that share an input (q/k/v; gate/up
 
 An earlier form kept the weights as B (ncnn's int8 B has one scale per tensor) with rows normalised to |max| = 1 and
 a BinaryOp of row scales after every Gemm: 40 more layers per predictor call, the activations quantized per row.
-Chapter 10 measures both.
+Chapter 12 measures both.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip.
 # Timings on `tiny-*` mean little (a few ms per frame; overhead dominates); run with a full-size checkpoint for
-# real ones. **Leaves behind:** `data/outputs/<ckpt>/11_stream.wav`, `data/reports/<ckpt>/11_stream_and_serve.json`.
+# real ones. **Leaves behind:** `data/outputs/<ckpt>/14_stream.wav`, `data/reports/<ckpt>/14_stream_and_serve.json`.
 
 # %%
 import inspect
@@ -56,7 +56,7 @@ from qtts_lib.runtime.pipeline import longform, precision
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("11_stream_and_serve", ckpt)
+report = check.begin("14_stream_and_serve", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # chapters 04-05's graphs, reused when current
 synth = Synthesizer(model_dir, threads=THREADS)
@@ -159,7 +159,7 @@ check.snr(f"stream (chunks of 36) = Codec.decode, all {T} frames", streamed, chu
 # ## 4. Decode every frame once
 # Re-decoding is simple and exact, but expensive: inside a reference chunk a piece's left context is everything
 # from the chunk's context start, up to 325 frames, so a stream of 4-frame pieces decodes dozens of times more
-# frames than it plays. The codec's CPU form (chapter 09) is cut in parts, and every part can continue where it
+# frames than it plays. The codec's CPU form (chapter 11) is cut in parts, and every part can continue where it
 # stopped: part 0 (codebooks, pre_conv) reruns only its 3 frames of left context; the transformer runs the new
 # positions with a KV cache (chapter 05's `add_kv_cache` on its graph, the mask keeping the sliding window); each
 # convolution stage keeps the few input samples of left context it measured (`PartChain`). `Codec.incremental()`
@@ -251,7 +251,7 @@ for chunk in (4, 12):
     check.tokens_equal(f"stream's codes = synthesize's, chunks of {chunk}", streaming.result.codes, whole.codes)
     check.snr(f"stream = synthesize, {voice.mode}, chunks of {chunk} frames ({len(pieces)} pieces)",
               np.concatenate(pieces), whole.wav, 60.0)
-save_wav(paths.outputs_dir(ckpt) / "11_stream.wav", np.concatenate(pieces))
+save_wav(paths.outputs_dir(ckpt) / "14_stream.wav", np.concatenate(pieces))
 
 # %% [markdown]
 # Bad input is refused when `stream` is called, before any frame is generated: a caller learns of it before it
@@ -459,10 +459,10 @@ else:
 #
 # `qtts serve` (the `serve` extra: Starlette + uvicorn, pydantic, prometheus-client, PyAV) speaks OpenAI's speech
 # API, streamed: wav, pcm, and mp3, Ogg Opus, ADTS AAC and FLAC encoded piece by piece as the pieces come
-# (`audio.encode`). One engine thread runs every ncnn call, for a batch of requests (chapter 14); `--queue` more may
+# (`audio.encode`). One engine thread runs every ncnn call, for a batch of requests (chapter 16); `--queue` more may
 # wait, and past that the answer is 503. The request is a pydantic model (`app.schema`), described at
 # `/openapi.json`; every bad request gets a 4xx with an OpenAI-style JSON error. A long input is spoken segment by
-# segment with short pauses (`longform.stream_long`, chapter 12). The server samples by default too; a request may
+# segment with short pauses (`longform.stream_long`, chapter 15). The server samples by default too; a request may
 # set `temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed` or `greedy`. `/` is a page to try the voices,
 # `/metrics` Prometheus's metrics, and `--api-key` asks clients for a bearer token. `tests/test_server.py` runs a
 # real server and a 200-request soak from 4 clients in every format against it; `tests/test_server_sdk.py` speaks to
@@ -482,7 +482,7 @@ else:
 # the checkpoint's default sampling.
 
 # %%
-voices_dir = paths.outputs_dir(ckpt) / "11_voices"
+voices_dir = paths.outputs_dir(ckpt) / "14_voices"
 voices_dir.mkdir(parents=True, exist_ok=True)
 save_wav(voices_dir / "alice.wav", voice_wav)
 name = synth.speakers[0] if synth.kind == "custom_voice" else "alice"
@@ -533,7 +533,7 @@ engine.stop()
 # - Running ncnn in a second thread needs `release_threads()` in the first, or the two OpenMP pools park each
 #   other's workers. `qtts serve` runs ncnn on one engine thread, samples by default and takes sampling fields.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/11_stream.wav`, `data/outputs/<ckpt>/11_voices/alice.wav`, the chapter
+# **Artifacts left:** `data/outputs/<ckpt>/14_stream.wav`, `data/outputs/<ckpt>/14_voices/alice.wav`, the chapter
 # report.
 #
 # **If your numbers differ**

@@ -29,8 +29,8 @@
 # wide, code predictor 128, as 1.7B's 2048 and 1024) and `tiny-customvoice` are synthesized and exported here if
 # missing or stale (chapters 00, 04, 05); their greedy goldens are chapter 03's, made here by the same functions if
 # missing. The chapter uses these whatever `QTTS_CHECKPOINT` says; its report goes to that checkpoint's folder.
-# **Leaves behind:** `data/outputs/<ckpt>/13_user_checkpoint/` (a converted copy), `13_say_instruct.wav`,
-# `data/reports/<ckpt>/13_port_every_checkpoint.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/08_user_checkpoint/` (a converted copy), `08_say_instruct.wav`,
+# `data/reports/<ckpt>/08_port_every_checkpoint.json`.
 
 # %%
 import importlib
@@ -63,7 +63,7 @@ from qtts_lib.runtime.pipeline.prompt import END_TOKENS, INSTRUCT, ROLE_TOKENS
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
-report = check.begin("13_port_every_checkpoint", ckpt)
+report = check.begin("08_port_every_checkpoint", ckpt)
 qwen_tts = reference.import_qwen_tts()
 qm = importlib.import_module("qwen_tts.core.models.modeling_qwen3_tts")  # the reference's model code
 VARIANTS = ("tiny-1.7b-base", "tiny-1.7b-customvoice", "tiny-voicedesign", "tiny-customvoice")
@@ -303,7 +303,7 @@ def compare(name: str, case: str, voice, gold: dict) -> None:
     result = synths[name].synthesize(inputs.TARGET_TEXT, inputs.LANGUAGE, voice, GREEDY, max_frames=FRAMES,
                                      on_warning=lambda w: print(f"warning: {w}"))
     results[(name, case)] = result
-    extra = len(result.wav) - len(gold["wav"])  # ICL: one sample more (the reference's float-ratio cut, chapter 11)
+    extra = len(result.wav) - len(gold["wav"])  # ICL: one sample more (the reference's float-ratio cut, chapter 14)
     row = check.tokens_equal(f"{name} {case}: codes = reference", result.codes, gold["codes"])
     check.equal(f"{name} {case}: EOS step = reference", "eos_step", result.eos_step, int(gold["eos_step"]))
     snr = check.snr(f"{name} {case}: waveform vs reference", result.wav[max(extra, 0):], gold["wav"], 60.0)
@@ -351,7 +351,7 @@ parity.style.format({"wav SNR dB": "{:.1f}"}).map(lambda v: "background: #cfc" i
 # needs torch (the `port` extra), so it runs in an ordinary process:
 
 # %%
-user_dir = paths.outputs_dir(ckpt) / "13_user_checkpoint"
+user_dir = paths.outputs_dir(ckpt) / "08_user_checkpoint"
 
 shutil.rmtree(user_dir, ignore_errors=True)
 user_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -371,7 +371,7 @@ check.equal(f"qtts export: the chapters' {len(graphs)} graph files, bit for bit"
 # must be section 5's `speaker_instruct` run. An instruction on a Base checkpoint is refused in one line:
 
 # %%
-out = paths.outputs_dir(ckpt) / "13_say_instruct.wav"
+out = paths.outputs_dir(ckpt) / "08_say_instruct.wav"
 say = ["say", "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE, "--greedy", "--max-frames", str(FRAMES),
        "--threads", str(THREADS), "-o", str(out)]
 run = qtts_without_torch(*say, "--checkpoint", str(user_dir), "--speaker", speaker, "--instruct", reference.STYLE)
@@ -385,7 +385,7 @@ print(refused.stderr.strip())
 check.equal("qtts say --instruct on a Base checkpoint", "exit status", refused.returncode, 2)
 
 # %% [markdown]
-# `qtts serve` (`runtime/app/server.py`, chapter 11) takes OpenAI's `instructions` field: a style for a built-in
+# `qtts serve` (`runtime/app/server.py`, chapter 14) takes OpenAI's `instructions` field: a style for a built-in
 # speaker on 1.7B CustomVoice, the voice itself on VoiceDesign (whose one voice is `design`). Where the checkpoint
 # cannot follow one (Base, 0.6B CustomVoice) the request is **refused** with a 400 naming `instructions`, before any
 # audio: a server cannot show a warning to a client, so it does not drop silently what `synthesize` drops with a
@@ -450,8 +450,8 @@ if not committed:
 # - `qtts export DIR` converts a checkpoint directory to the same graphs the chapters make; `qtts say --instruct`
 #   speaks with torch blocked.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/13_user_checkpoint/` (a converted copy, hard links to the tiny checkpoint's
-# files plus its own `ncnn/`), `13_say_instruct.wav`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/08_user_checkpoint/` (a converted copy, hard links to the tiny checkpoint's
+# files plus its own `ncnn/`), `08_say_instruct.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *The trace or pnnx fails with a 192-vs-128 shape error on 1.7B* → the wrapper lost `small_to_mtp_projection`

@@ -27,7 +27,7 @@
 # mesa-vulkan-drivers libvulkan1`; without one this chapter records a skip, and fails where `QTTS_REQUIRE_VULKAN` is
 # set); chapter 03's
 # goldens; the graphs of chapters 04–05 (exported here if missing). `QTTS_DEVICE=vulkan:N` picks a device.
-# **Leaves behind:** `data/outputs/<ckpt>/08_vulkan.wav`, `data/reports/<ckpt>/08_run_on_vulkan.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/09_vulkan.wav`, `data/reports/<ckpt>/09_run_on_vulkan.json`.
 
 # %%
 import inspect
@@ -57,7 +57,7 @@ ckpt = settings.checkpoint()
 THREADS = settings.threads()
 DEVICE = settings.device() if settings.device().startswith("vulkan") else "vulkan"
 torch.set_num_threads(THREADS)
-report = check.begin("08_run_on_vulkan", ckpt)
+report = check.begin("09_run_on_vulkan", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 out_dir = paths.ncnn_dir(ckpt)
 
@@ -75,7 +75,7 @@ print(f"ncnn {ncnn.__version__}: {ncnn.get_gpu_count()} Vulkan device(s): {why}"
 if gpu:
     check.equal(f"{DEVICE} is a device ncnn sees", "devices", len(gpu_names()) > 0, True)
 else:
-    check.current().record("chapter 08 on Vulkan", "skipped", why, "needs a Vulkan device", True, "--")
+    check.current().record("chapter 09 on Vulkan", "skipped", why, "needs a Vulkan device", True, "--")
 
 # %% [markdown]
 # ## 2. Run every graph on Vulkan at two lengths
@@ -196,7 +196,7 @@ if gpu:
         check.snr(f"{mode}: Vulkan wav vs PyTorch CPU golden", wav, golden["wav"], 60.0)
         cpu_wav = cpu_codec.decode_with_voice(result.codes, voice.codes)
         check.snr(f"{mode}: Vulkan wav vs ncnn CPU wav", wav, cpu_wav, 60.0)
-    save_wav(paths.outputs_dir(ckpt) / "08_vulkan.wav", wav)
+    save_wav(paths.outputs_dir(ckpt) / "09_vulkan.wav", wav)
 
 # %% [markdown]
 # ## 5. Check ncnn's conventions on this device
@@ -337,7 +337,7 @@ if gpu:
 # step 213 (of which one head's chain runs per call); codec head 2. The codec's exported graph has Deconvolution1D,
 # ConvolutionDepthWise1D, Embed and MatMul, which have no Vulkan kernel and would run on the CPU inside a Vulkan decode:
 # its GPU form (`codec.gpu_form`, what `Synthesizer` decodes with on a GPU) rewrites the first two into layers that
-# have one (polyphase stride-1 convolutions, 2-D convolutions with h = 1, chapter 09's rewrites without its CPU-only
+# have one (polyphase stride-1 convolutions, 2-D convolutions with h = 1, chapter 10's rewrites without its CPU-only
 # cuts) and runs the codebook sums (a gather and the pre_conv, a few MFLOP a frame) on the CPU before the Vulkan graph.
 
 # %%
@@ -455,7 +455,7 @@ if gpu and forms_file.is_file():
 #   `earlier_call`). Before this chapter's GPU forms the loop took 181 (200 with the codec). The codec's GPU form
 #   (section 7) costs 1.2 ms per frame where the exported graph with its CPU-fallback layers cost 16.6. On the host's 16
 #   CPU cores ncnn takes 295 and PyTorch 217: on a 16-core Xeon PyTorch's CPU kernels win, where on the 2-core EPYC VM
-#   ncnn is 2.8× faster (chapter 09).
+#   ncnn is 2.8× faster (chapter 10).
 # - The cost on a GPU through the binding is the weights read at ncnn's Vulkan Gemm's one-row speed, not the number
 #   of layers: a GEMV on a 1-D blob reads them ~6× faster, so every one-position call is an InnerProduct graph.
 #   Layer count still matters a little (an extract's host-side recording is a few µs per layer): the full form has a
@@ -525,7 +525,7 @@ if gpu and cpp_file.is_file():
 #   is per-call host work and the talker's cache through host memory: C++ (`VkMat` caches, one command for several
 #   calls) would take about 40% off the loop's time (the probe of section 8).
 #
-# **Artifacts left:** `data/outputs/<ckpt>/08_vulkan.wav`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/09_vulkan.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *One "skipped" row* → ncnn saw no Vulkan device: install `mesa-vulkan-drivers libvulkan1` (lavapipe) or a GPU

@@ -26,8 +26,8 @@
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip.
 # Timings on `tiny-*` mean little (microseconds of work per call; overhead dominates) — the full-size numbers
-# are the committed ones. **Leaves behind:** `data/outputs/<ckpt>/09_bench.json`,
-# `data/reports/<ckpt>/09_measure_performance.json`.
+# are the committed ones. **Leaves behind:** `data/outputs/<ckpt>/10_bench.json`,
+# `data/reports/<ckpt>/10_measure_performance.json`.
 
 # %%
 import json
@@ -46,7 +46,7 @@ from qtts_lib.bench.workload import weight_bytes_per_frame
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("09_measure_performance", ckpt)
+report = check.begin("10_measure_performance", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)
 export.ensure(tts, ckpt)
@@ -116,7 +116,7 @@ pd.DataFrame({"read bandwidth GB/s": machine["read_bandwidth_gbs"], "floor ms/fr
 # %%
 result = benchmark(model_dir, FRAMES, thread_counts, REPEATS, progress=False)
 check_schema(result)
-out = paths.outputs_dir(ckpt) / "09_bench.json"
+out = paths.outputs_dir(ckpt) / "10_bench.json"
 out.parent.mkdir(parents=True, exist_ok=True)
 out.write_text(json.dumps(result, indent=1))
 check.equal("harness result has the data/bench schema", "rows", len(result["rows"]), 2 * len(thread_counts))
@@ -193,7 +193,7 @@ for name, res in committed.items():
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
     for runtime, marker in (("pytorch", "o"), ("ncnn", "s")):
         rows = sorted((r for r in res["rows"] if r["runtime"] == runtime and r["device"] == "cpu"
-                       and r["precision"] == "fp32"), key=lambda r: r["threads"])  # other tiers: chapter 10
+                       and r["precision"] == "fp32"), key=lambda r: r["threads"])  # other tiers: chapter 12
         if not rows:
             continue
         t = [r["threads"] for r in rows]
@@ -231,7 +231,7 @@ for name, res in committed.items():
 #   back, so the runtime runs each over chunks of a few frames with that much left context, and hands each chunk on
 #   to the next stage at once (`codec.parts.run_parts`). A decode of any length then never holds a whole stage in
 #   memory.
-#   (Chapter 11 uses the same parts to stream without decoding anything twice.)
+#   (Chapter 14 uses the same parts to stream without decoding anything twice.)
 #
 # How far back is "a few samples"? Rather than adding up kernel sizes by hand, `codec.parts.reach` *measures* it when
 # the cache is written: change one input sample, and see which output samples change at all (bitwise). Convolutions are
@@ -352,7 +352,7 @@ def older_run(run: dict) -> dict:
 
 rows = [codec_row("this one (live)", ckpt, live_codec)]
 for f in sorted((paths.DATA / "bench" / "codec").glob("*.json")):
-    if f.stem.endswith("-tiers"):  # the codec's precision tiers against each other: chapter 10
+    if f.stem.endswith("-tiers"):  # the codec's precision tiers against each other: chapter 12
         continue
     res = json.loads(f.read_text())
     cpu = res["machine"]["cpu"] if isinstance(res["machine"], dict) else res["machine"]
@@ -368,7 +368,7 @@ pd.DataFrame(rows)
 # each other (56.4 and 53.2 ms per talker step, 10.3 ms per code-predictor step both ways), while the step graph is a
 # second net holding a second copy of every weight: loading the talker both ways took 3.88 GB of RSS against 1.89 GB
 # for the one graph. So fp32 runs the exported graph for prefill and steps, each weight held once. The **fp16** tier
-# (chapter 10) still steps through the InnerProduct form, with fp16 weight storage on it: ncnn's x86 Gemm has no fp16
+# (chapter 12) still steps through the InnerProduct form, with fp16 weight storage on it: ncnn's x86 Gemm has no fp16
 # storage (with it switched on, its outputs were bitwise the fp32 ones). `precision.decoder(..., fast_steps=True)`
 # still builds the step graph for comparison; `fast_steps=False` is what fp32 runs. What each tier loads:
 
@@ -426,7 +426,7 @@ pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (me
 #   a second one (what a server pays); `python -m qtts_lib.bench codec` compares the two codecs with everything else
 #   held still.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/09_bench.json`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/10_bench.json`, the chapter report.
 #
 # **If your numbers differ**
 # - *ncnn much slower at 2 threads than at 1* → another process is using the CPU: ncnn's OpenMP threads spin while

@@ -28,8 +28,8 @@
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing). **Leaves behind:**
 # `models/<ckpt>/ncnn/int8/` (the int8 tier, written once), `models/<ckpt>/ncnn/fast_int8/` (the codec's int8 tier),
-# `data/outputs/<ckpt>/10_quality.json`,
-# `data/outputs/<ckpt>/10_one_gemm/`, `data/reports/<ckpt>/10_go_past_fp32.json`.
+# `data/outputs/<ckpt>/12_quality.json`,
+# `data/outputs/<ckpt>/12_one_gemm/`, `data/reports/<ckpt>/12_quantize_the_loop.json`.
 
 # %%
 import json
@@ -56,7 +56,7 @@ from qtts_lib.runtime.rewrites.int8 import int8_graph, quantize_rows
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("10_go_past_fp32", ckpt)
+report = check.begin("12_quantize_the_loop", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)
 export.ensure(tts, ckpt)
@@ -66,7 +66,7 @@ full = not ckpt.startswith("tiny")
 
 # %% [markdown]
 # ## 1. Bytes per frame, per tier
-# Chapter 09 counted the weights one frame reads: the talker decoder once, the code predictor's decoder 15 times,
+# Chapter 10 counted the weights one frame reads: the talker decoder once, the code predictor's decoder 15 times,
 # plus the two heads. A tier stores the two decoders' projections in fewer bytes, and int8 the code predictor's 15
 # heads too (one is read per codebook: 126 MB of fp32 a frame at full size, as much as two of the predictor's five
 # layers). The talker's codec head stays fp32 in every tier: it picks codebook 0 and the end of speech once a frame
@@ -134,7 +134,7 @@ n, k = (int(params_dict(gemm)[key]) for key in ("8", "9"))
 w = split_bin(text, (ncnn_dir / "talker_decoder.bin").read_bytes())[gemm.name][0].array().reshape(n, k)
 one = f"7767517\n2 2\nInput in 0 1 in\nGemm g 1 1 in out {' '.join(gemm.params)}\n"
 q_text, q_bin, _ = int8_graph(one, FP32_TAG + w.tobytes())
-work = paths.outputs_dir(ckpt) / "10_one_gemm"
+work = paths.outputs_dir(ckpt) / "12_one_gemm"
 work.mkdir(parents=True, exist_ok=True)
 (work / "g.param").write_text(q_text)
 (work / "g.bin").write_bytes(q_bin)
@@ -195,7 +195,7 @@ pd.DataFrame(steps_ms).round(2).rename_axis("step ms (median)")
 
 # %%
 live = quality.measure(model_dir, tiers, frames=200 if full else 40, threads=THREADS, progress=False)
-(paths.outputs_dir(ckpt) / "10_quality.json").write_text(json.dumps(live, indent=1))
+(paths.outputs_dir(ckpt) / "12_quality.json").write_text(json.dumps(live, indent=1))
 check.equal("teacher forcing reproduces fp32's own greedy codes (lowest agreement)", "agreement",
             min(live["tiers"]["fp32"]["agreement"]), 1.0)
 check.at_least("fp16: teacher-forced agreement, mean over codebooks", "agreement",
@@ -239,7 +239,7 @@ fig.tight_layout()
 
 # %% [markdown]
 # ## 5. Full size, on this machine
-# `make bench BENCH_PRECISION=fp32,fp16,int8` times PyTorch and every ncnn tier on `full-base` (chapter 09's harness,
+# `make bench BENCH_PRECISION=fp32,fp16,int8` times PyTorch and every ncnn tier on `full-base` (chapter 10's harness,
 # a `precision` per row) and `make quality` (`python -m qtts_lib.bench quality`) measures agreement over 200 frames.
 # The committed results:
 
@@ -319,7 +319,7 @@ check.at_least("committed overlap measurements", "files", len(overlap_runs), 1)
 # less, not more.
 #
 # The EPYC numbers asked for a pipeline, so we built one, as an experiment: `runtime.experimental.codec_process`.
-# `CodecProcess` starts a child Python that loads the codec and runs chapter 11's incremental `StreamDecoder` on the
+# `CodecProcess` starts a child Python that loads the codec and runs chapter 14's incremental `StreamDecoder` on the
 # frames this process sends as the loop makes them (threads would not overlap: the binding holds the GIL inside
 # `extract`); a synthesizer given it as its `decoders` pushes its frames there instead of into its own codec. For
 # `synthesize` the child decodes adaptively: whenever it is free, every frame that has arrived (at least 2) in one
@@ -354,7 +354,7 @@ check.snr("codec process: the same audio as in process", b.wav, a.wav, 100.0)
 # %% [markdown]
 # ## 7. The codec in bf16
 # Every tier above changes the decoders' weights; the codec stayed fp32, and at int8 it is a third of the frame
-# (chapter 09: 4.96 GFLOP per frame at full size). It is compute-bound, about 90% of the machine's sgemm peak, so
+# (chapter 10: 4.96 GFLOP per frame at full size). It is compute-bound, about 90% of the machine's sgemm peak, so
 # fewer bytes would not help it; cheaper arithmetic can. ncnn's *bf16 storage* keeps weights and the activations
 # between layers as bfloat16 (fp32's exponent, 8 bits of mantissa), and on a CPU with AVX512-BF16 (Zen 4 has it)
 # its convolutions multiply bf16 pairs with fp32 accumulation, twice the products per instruction.
@@ -750,8 +750,8 @@ else:
 #
 # **Artifacts left:** `models/<ckpt>/ncnn/int8/` (the int8 tier's `.param`/`.bin` of both decoders and `stamp.json`,
 # rewritten only when the exports change), `models/<ckpt>/ncnn/fast_int8/` (the codec's int8 parts and their
-# calibration), `data/outputs/<ckpt>/10_quality.json` (this run's quality measurement),
-# `data/outputs/<ckpt>/10_one_gemm/` (the one-projection int8 graph of section 2), the chapter report.
+# calibration), `data/outputs/<ckpt>/12_quality.json` (this run's quality measurement),
+# `data/outputs/<ckpt>/12_one_gemm/` (the one-projection int8 graph of section 2), the chapter report.
 #
 # **If your numbers differ**
 # - *int8 no faster than fp16* → check that your CPU has VNNI (`grep avx512_vnni /proc/cpuinfo`); without it ncnn's

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 04b · Reproduce the pnnx conversion pitfalls
+# # Appendix A · Reproduce the pnnx conversion pitfalls
 # > Every rewrite in chapter 02 is there because a conversion broke. Here each break happens again, on the pinned
 # > pnnx, next to the fix working.
 #
@@ -26,7 +26,7 @@
 #
 # **You need:** nothing from earlier chapters: no checkpoint, only torch, pnnx and ncnn.
 #
-# **Leaves behind:** `data/reports/<ckpt>/04b_pnnx_pitfalls.json`. The conversions go to a temporary folder that
+# **Leaves behind:** `data/reports/<ckpt>/appendix_a_pnnx_pitfalls.json`. The conversions go to a temporary folder that
 # is deleted at the end.
 
 # %%
@@ -45,7 +45,7 @@ from qtts_lib.export import pitfalls
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
-report = check.begin("04b_pnnx_pitfalls", ckpt)
+report = check.begin("appendix_a_pnnx_pitfalls", ckpt)
 WORK = Path(tempfile.mkdtemp(prefix="qtts_04b_"))
 LENGTHS = pitfalls.LENGTHS  # (7, 11): every conversion sees both, except where one shape is the point
 t_start = time.perf_counter()
@@ -244,7 +244,7 @@ for t, (ours, ref) in one["outputs"].items():
 # %% [markdown]
 # ## 7. Measure pnnx's fp16 default
 # pnnx writes **fp16 weights** unless told `fp16=0`, the CLI and the Python helper alike. `pitfalls.Block` (an MLP
-# with a residual, then a convolution) converted both ways, run with ncnn's own fp16/bf16 paths off (chapter 04c
+# with a residual, then a convolution) converted both ways, run with ncnn's own fp16/bf16 paths off (appendix B
 # is about those), against torch at both lengths:
 
 # %%
@@ -273,9 +273,9 @@ print(f"chapter ran in {time.perf_counter() - t_start:.0f} s; work dir removed")
 #   `reshape(n, -1)` in front of the ones-matmul and an uneven `chunk`/`tensor_split` give wrong numbers. Only a
 #   second length, or a comparison with torch, shows them.
 # - Fixed on pnnx 20261020: `unbind`/`chunk`/`tensor_split` with even pieces become a Slice with parameters.
-# - pnnx writes fp16 weights unless told `fp16=0`; the runtime side of fp16 is chapter 04c.
+# - pnnx writes fp16 weights unless told `fp16=0`; the runtime side of fp16 is appendix B.
 #
-# **Artifacts left:** `data/reports/<ckpt>/04b_pnnx_pitfalls.json` only.
+# **Artifacts left:** `data/reports/<ckpt>/appendix_a_pnnx_pitfalls.json` only.
 #
 # **If your numbers differ**
 # - *The SIGFPE check fails: the child exits normally* → an ncnn build that guards the empty Reduction → compare
@@ -285,7 +285,7 @@ print(f"chapter ran in {time.perf_counter() - t_start:.0f} s; work dir removed")
 #   `.param` lines printed in §2, §4, §5 against the ones described there.
 # - *A row of §1's table says "no" where this text says the pitfall reproduces* → your pnnx fixed it → that
 #   section's checks name the part that changed; the rewrite in chapter 02 is then merely harmless.
-# - *The fp16=0 check fails near 1e-3* → ncnn took an fp16 path on your CPU → chapter 04c, §5.
+# - *The fp16=0 check fails near 1e-3* → ncnn took an fp16 path on your CPU → appendix B, §5.
 
 # %%
 check.table()

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 04c · Reproduce the ncnn Python-binding pitfalls
+# # Appendix B · Reproduce the ncnn Python-binding pitfalls
 # > The graph can be right and the numbers still wrong: how numpy arrays go in, how blobs come out, and which
 # > precision ncnn picks by itself decide that too.
 #
@@ -25,7 +25,7 @@
 #
 # **You need:** nothing from earlier chapters: no checkpoint, only torch, pnnx and ncnn.
 #
-# **Leaves behind:** `data/reports/<ckpt>/04c_ncnn_binding_pitfalls.json`. The small graphs go to a temporary
+# **Leaves behind:** `data/reports/<ckpt>/appendix_b_ncnn_binding_pitfalls.json`. The small graphs go to a temporary
 # folder that is deleted at the end.
 
 # %%
@@ -45,7 +45,7 @@ from qtts_lib.runtime.binding import net
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
-report = check.begin("04c_ncnn_binding_pitfalls", ckpt)
+report = check.begin("appendix_b_ncnn_binding_pitfalls", ckpt)
 WORK = Path(tempfile.mkdtemp(prefix="qtts_04c_"))
 t_start = time.perf_counter()
 print(" | ".join(pitfalls.versions().values()), f"| {THREADS} threads | work dir {WORK}")
@@ -203,7 +203,7 @@ print(f"chapter ran in {time.perf_counter() - t_start:.0f} s; work dir removed")
 # - `Option` turns the fp16 paths on by default; on this x86 CPU that changes nothing, elsewhere it does.
 #   `runtime.net.make_net` turns fp16 and bf16 off before `load_param`.
 #
-# **Artifacts left:** `data/reports/<ckpt>/04c_ncnn_binding_pitfalls.json` only.
+# **Artifacts left:** `data/reports/<ckpt>/appendix_b_ncnn_binding_pitfalls.json` only.
 #
 # **If your numbers differ**
 # - *The SIGSEGV check fails: the borrowed run exits normally* → an ncnn build that guards the missing refcount →

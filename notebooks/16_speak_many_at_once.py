@@ -26,7 +26,7 @@
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing). The full-size tables are read
 # from `data/bench/batch/` (committed; `python -m qtts_lib.bench batch` remakes them).
-# **Leaves behind:** `data/outputs/<ckpt>/14_many_*.wav`, `data/reports/<ckpt>/14_speak_many_at_once.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/16_many_*.wav`, `data/reports/<ckpt>/16_speak_many_at_once.json`.
 
 # %%
 import inspect
@@ -55,7 +55,7 @@ from qtts_lib.runtime.rewrites.batch import fold_batch
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("14_speak_many_at_once", ckpt)
+report = check.begin("16_speak_many_at_once", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # chapters 04-05's graphs, reused when current
 synth = Synthesizer(model_dir, threads=THREADS)
@@ -66,7 +66,7 @@ print(f"{ckpt}: talker {talker['hidden_size']} wide, {talker['num_hidden_layers'
 
 # %% [markdown]
 # ## 1. Four rows for the price of one
-# Every frame the talker reads all its weights once and the code predictor reads its weights 15 times (chapter 09):
+# Every frame the talker reads all its weights once and the code predictor reads its weights 15 times (chapter 10):
 # the loop is bound by memory, not by arithmetic. A projection over M rows reads the same weights as over one row;
 # only the arithmetic grows, and at M = 4 there is still far more arithmetic to spare than bandwidth. So B
 # utterances decoded together cost about what one costs, *if* every graph call can take one row per utterance.
@@ -130,7 +130,7 @@ check.equal("fold: per attention layer 7 Reshapes, 3 Permutes and a Split more, 
 # %% [markdown]
 # At one sequence every reshape is the identity, so the folded graph must compute exactly what the exported one
 # does. The runtime now loads only the folded form (`precision.decoder(..., heads=...)`), so this is what keeps
-# every golden of chapters 06–13 valid:
+# every golden of chapters 06–08 valid:
 
 # %%
 plain = KvCacheNet(make_net(ncnn_dir / "talker_decoder_kv.param", ncnn_dir / "talker_decoder.bin", THREADS),
@@ -334,7 +334,7 @@ for tier in ("fp32", "int8"):
 # quantizer. (That run quantized each row on its own; the int8 Gemms now take one activation scale per call, shared
 # by the rows of a batch, so a batched row's codes also depend on the other rows' largest value.)
 # One Gemm of the talker then differed by 7e-4 relative where its input differed by less than 1e-4, and a whole
-# step by 1e-2. int8 is already an approximation of fp32 that changes codes on random weights (chapter 10); a batch
+# step by 1e-2. int8 is already an approximation of fp32 that changes codes on random weights (chapter 12); a batch
 # draws another sample of the same approximation. Batched int8 is *not* the same as int8 alone, and only fp32
 # batches keep the parity checks.
 
@@ -373,7 +373,7 @@ check.equal("a new utterance started while others ran", "joined mid-batch",
 many = synth.synthesize_many([Utterance(t, "english", voices[0], Sampling(seed=i), max_frames=40)
                               for i, t in enumerate(texts)], max_batch=4)
 for i, result in enumerate(many):
-    save_wav(paths.outputs_dir(ckpt) / f"14_many_{i}.wav", result.wav)
+    save_wav(paths.outputs_dir(ckpt) / f"16_many_{i}.wav", result.wav)
 display(Audio(np.concatenate([r.wav for r in many]), rate=SAMPLE_RATE))
 
 # %% [markdown]
@@ -419,10 +419,10 @@ else:
 # %% [markdown]
 # The loop's cost per aggregate frame falls almost as 1/B at first (the weights are read once for B rows) and more
 # slowly later, as the arithmetic, attention over B caches and per-call overhead catch up. The codec does not batch:
-# it is compute-bound (chapter 09: about 90% of the machine's sgemm peak), so decoding B utterances costs B times
+# it is compute-bound (chapter 10: about 90% of the machine's sgemm peak), so decoding B utterances costs B times
 # one. On the EPYC VM's committed file that is the bound: at int8 B = 4 the loop costs about 26 ms per aggregate
 # frame and the codec about 32, more than half of the time; the codec's own cost, not the loop's, is what stands
-# between this table and an aggregate RTF of 0.7 at B = 4. Chapter 10's bf16 tier for the codec (section 7 there:
+# between this table and an aggregate RTF of 0.7 at B = 4. Chapter 12's bf16 tier for the codec (section 7 there:
 # 0.55x fp32's time at 34 dB) is the lever; the same harness with `--codec-precision fp32,bf16`, each row beside
 # its twin:
 
@@ -438,7 +438,7 @@ else:
 
 # %% [markdown]
 # ### On a GPU
-# The GPU forms of chapter 08 (every layer's cache packed into one blob, the code predictor fused with its heads)
+# The GPU forms of chapter 09 (every layer's cache packed into one blob, the code predictor fused with its heads)
 # take one sequence per call. For a batch the runtime loads the CPU's folded graphs on the GPU instead
 # (`Synthesizer(device="vulkan", gpu_batches=True)`; `--max-batch` above 1 on a GPU): about 240 blocking round
 # trips per step instead of 18 per frame, but every one of them now serves B sequences. Their caches come back from
@@ -498,7 +498,7 @@ else:
 #   in int8 the run-time quantizer turns rounding differences into different codes.
 # - Continuous batching (`Scheduler`): prefill alone, join between frames, leave the frame it ends.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/14_many_*.wav`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/16_many_*.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *A batch's codes differ from the alone run at once* → the mask: a sequence sees another's padding, or rope rows
