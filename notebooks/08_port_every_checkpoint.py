@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 13 · Port every checkpoint: 1.7B, instructions, VoiceDesign
+# # 08 · Port every checkpoint: 1.7B, instructions, VoiceDesign
 # > The method does not change. Three things do: a projection, the width of the predictor's tables, the prompt's
 # > first rows.
 #

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Run the port on Vulkan
+# # 09 · Run the port on Vulkan
 # > Same graphs, same tokens, another device: prove it, then find out what a GPU buys.
 #
 # **You will:** run every exported graph and the KV-cache steps on a Vulkan device against the CPU, generate on

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 09 · Measure performance honestly
+# # 10 · Measure performance honestly
 # > Side by side in one run, medians of interleaved repeats, and against what the memory bus allows.
 #
 # **You will:** describe the machine (CPU, cores, memory, read bandwidth measured now); count the bytes of weights

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 10 · Go past fp32: precision tiers and what they cost
+# # 12 · Go past fp32: precision tiers and what they cost
 # > The generation loop is memory-bound, so the only way below its fp32 floor is fewer bytes per weight.
 #
 # **You will:** count the bytes a frame reads in each precision tier and turn them into floors; see how each tier is

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 11 · Stream speech and serve it over HTTP
+# # 14 · Stream speech and serve it over HTTP
 # > First audio after a few frames, and exactly the waveform of the whole-utterance decode.
 #
 # **You will:** measure how much left context the causal codec decoder needs, build a streaming decoder on it,

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 12 · Speak long texts, and check the voice clips people bring
+# # 15 · Speak long texts, and check the voice clips people bring
 # > One generation per segment, one voice for all of them, a frame cap that scales with each segment's text.
 #
 # **You will:** cut text into sentences in the checkpoint's ten languages and pack them into segments bounded in

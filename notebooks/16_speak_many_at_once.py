@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 14 · Speak many at once: batched generation
+# # 16 · Speak many at once: batched generation
 # > A memory-bound step reads every weight once, whatever it computes with them. Give it four rows instead of one.
 #
 # **You will:** fold several sequences into one decoder call with a `.param` rewrite; decode the SDPA layer's
