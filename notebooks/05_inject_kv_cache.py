@@ -16,17 +16,17 @@
 # > pnnx writes no cache interface; we add one by editing the .param text.
 #
 # **You will:** rewrite the exported talker and code-predictor decoders so every SDPA layer takes and returns its
-# keys and values, run them with the runtime's `KvCacheNet` (prefill once, then one position per step, the cache
-# held in a `KvCache` that belongs to the sequence), and check every step against the torch wrapper recomputing the
-# whole prefix.
+# keys and values; write a one-sequence cache and run them with it (prefill once, then one position per step, the
+# cache Mats held by the sequence and fed back untouched); check every step against the torch wrapper recomputing
+# the whole prefix.
 #
 # **You will learn:** the ncnn KV-cache recipe (SDPA `7=1`, 6 inputs / 3 outputs, one cache `Input` line); what a
 # step needs (the caches untouched, a zero mask `(1, past+1)`, rope rows at the absolute position); why the net is
 # stateless and the cache is the sequence's; why caches must never leave ncnn.
 #
 # **You need:** `models/<ckpt>/ncnn/{talker,predictor}_decoder.param/.bin` (chapter 04; exported here if missing or
-# stale); chapter 03's main golden (`xvec_greedy.npz`, `speaker_greedy.npz` or `design_greedy.npz`, by the
-# checkpoint's kind) for a real prompt to prefill (a synthetic one otherwise, said so).
+# stale); chapter 03's main greedy golden (`xvec_greedy.npz`) for a real prompt to prefill (a synthetic one
+# otherwise, said so).
 # **Leaves behind:** `models/<ckpt>/ncnn/{talker,predictor}_decoder_kv.param` (+ manifest),
 # `data/reports/<ckpt>/05_inject_kv_cache.json`.
 
@@ -41,8 +41,7 @@ from qtts_lib import artifacts, check, checkpoint, export, golden, modules, path
 from qtts_lib.export import kvcache
 from qtts_lib.modules import common
 from qtts_lib.runtime.binding import rope
-from qtts_lib.runtime.binding.cached import KvCache, KvCacheNet
-from qtts_lib.runtime.binding.net import from_mat, make_net, to_mat
+from qtts_lib.runtime.binding.net import from_mat, make_net, run, to_mat
 from qtts_lib.runtime.pipeline import precision
 
 ckpt = settings.checkpoint()
@@ -52,7 +51,7 @@ report = check.begin("05_inject_kv_cache", ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)["talker_config"]
 DECODERS = {"talker_decoder": cfg, "predictor_decoder": cfg["code_predictor_config"]}
-# both graphs take talker-width input: the code predictor's projection (1.7B) is folded into its graph (chapter 02)
+# both graphs take talker-wide rows (where the predictor is narrower, its graph projects them: chapter 08)
 WIDTH = cfg["hidden_size"]
 out_dir = paths.ncnn_dir(ckpt)
 export.export_all(tts, ckpt, names=list(DECODERS))  # reuses chapter 04's exports when they are current
@@ -90,25 +89,37 @@ for name, c in DECODERS.items():
 
 # %% [markdown]
 # ## 2. Run it: prefill, then one position per step
-# The cache belongs to the sequence, not to the net. A `KvCache` (`runtime.binding.cached`) holds one sequence's
-# cache Mats, the blobs to feed next time, and how many positions they hold (`past`); it starts empty. The
-# `KvCacheNet` holds only the graphs, so one net serves any number of sequences: chapter 06's generation loop keeps
-# one cache per utterance.
+# The cache belongs to the sequence, not to the net. For one sequence it is a small object: for every cached layer,
+# the K and V Mats to feed next time, and how many positions they hold (`past`). It starts empty. `forward` runs
+# `L` new positions after the cache's: a prefill feeds the empty Mats and a causal mask `(L, L)`; every step feeds
+# the Mats of the previous call **untouched**, a zero mask `(1, past+1)` (the new position may see everything
+# before it) and the cos/sin rows of its absolute position. The grown caches come out as Mats extracted with
+# `type=1` (the `raw=` outputs of chapter 04's `binding.net.run`) and become the next call's inputs.
 
 # %%
-print(inspect.getsource(KvCache))
+class OneCache:
+    """One sequence's cache: the K and V Mats of every cached layer, to feed next time, and the positions held."""
 
-# %% [markdown]
-# `KvCacheNet.forward(embeds, cache)` runs the new positions after the cache's and grows the cache; `prefill` is a
-# forward from a new, empty cache. Prefill feeds empty caches and a causal mask `(L, L)`; every step feeds the caches
-# of the previous call **untouched**, a zero mask `(1, past+1)` (the new position may see everything before it) and
-# the cos/sin rows of its absolute position. The grown caches come out with `type=1` (the `raw=` outputs of
-# `binding.net.run`). A precision tier may give a one-position step another form of the same graph over the same
-# weights (`step_net`: fp16's InnerProduct step graph, chapters 10 and 12); fp32 runs the one exported graph for
-# prefill and steps. The interface is the same.
+    def __init__(self, layers: int):
+        self.mats = {f"cache_{kv}_in_{i}": ncnn.Mat() for i in range(layers) for kv in "kv"}
+        self.past = 0
 
-# %%
-print(inspect.getsource(KvCacheNet.forward))
+
+def forward(net: ncnn.Net, x: np.ndarray, cache: OneCache, c: dict) -> np.ndarray:
+    """x (1, L, hidden): L new positions after the cache's -> hidden (1, L, hidden); the cache grows by L."""
+    length = x.shape[1]
+    cos, sin = rope.tables(c["head_dim"], c["rope_theta"], cache.past, length)  # rows at the absolute positions
+    mask = rope.causal_mask(length, cache.past)  # (L, past+L): causal for a prefill, zeros for one step
+    outputs = [f"cache_{kv}_out_{i}" for i in range(c["num_hidden_layers"]) for kv in "kv"]
+    out, *mats = run(net, {"in0": x, "in1": mask, "in2": cos, "in3": sin} | cache.mats, ["out0", *outputs],
+                     axes={"in0": 0, "out0": 0}, raw=outputs)
+    cache.mats = {name.replace("_out_", "_in_"): m for name, m in zip(outputs, mats)}  # fed back as they are
+    cache.past += length
+    return out
+
+
+def cached_net(name: str) -> ncnn.Net:
+    return make_net(out_dir / f"{name}_kv.param", out_dir / f"{name}.bin", THREADS)
 
 # %% [markdown]
 # Because the net keeps nothing between calls, two sequences can take turns on one net. Each gives exactly what it
@@ -116,23 +127,37 @@ print(inspect.getsource(KvCacheNet.forward))
 
 # %%
 c = DECODERS["predictor_decoder"]
-net = precision.decoder(out_dir, "predictor_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
+net = cached_net("predictor_decoder")
 xs = np.random.default_rng(3).standard_normal((2, 1, 6, WIDTH), dtype=np.float32)  # 2 x (1, 6, talker hidden)
 
 
 def alone(x: np.ndarray) -> np.ndarray:
-    hidden, kv_cache = net.prefill(x[:, :2])
-    return np.concatenate([hidden] + [net.forward(x[:, t : t + 1], kv_cache) for t in range(2, 6)], axis=1)
+    kv_cache = OneCache(c["num_hidden_layers"])
+    return np.concatenate([forward(net, x[:, :2], kv_cache, c)]
+                          + [forward(net, x[:, t : t + 1], kv_cache, c) for t in range(2, 6)], axis=1)
 
 
-turns = [list(net.prefill(x[:, :2])) for x in xs]  # [hidden, kv_cache] per sequence
+caches = [OneCache(c["num_hidden_layers"]) for _ in xs]
+turns = [forward(net, x[:, :2], kv_cache, c) for x, kv_cache in zip(xs, caches)]  # both prefilled
 for t in range(2, 6):
-    for x, turn in zip(xs, turns):
-        turn[0] = np.concatenate([turn[0], net.forward(x[:, t : t + 1], turn[1])], axis=1)
-for i, (x, (hidden, kv_cache)) in enumerate(zip(xs, turns)):
+    for i, (x, kv_cache) in enumerate(zip(xs, caches)):
+        turns[i] = np.concatenate([turns[i], forward(net, x[:, t : t + 1], kv_cache, c)], axis=1)
+for i, (x, hidden, kv_cache) in enumerate(zip(xs, turns, caches)):
     check.equal(f"sequence {i}, taking turns with another on one net = alone", "bitwise equal",
                 bool(np.array_equal(hidden, alone(x))), True)
     check.equal(f"sequence {i}: positions in its cache", "past", kv_cache.past, 6)
+
+# %% [markdown]
+# The runtime's `KvCacheNet` (`runtime.binding.cached`) is this cache for many sequences at once, padded to one
+# length (chapter 16). For one sequence it computes what `forward` computes, bit for bit:
+
+# %%
+runtime_net = precision.decoder(out_dir, "predictor_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
+hidden, runtime_cache = runtime_net.prefill(xs[0][:, :2])
+runtime_hidden = np.concatenate([hidden] + [runtime_net.forward(xs[0][:, t : t + 1], runtime_cache)
+                                            for t in range(2, 6)], axis=1)
+check.equal("runtime KvCacheNet, one sequence = OneCache + forward", "bitwise equal",
+            bool(np.array_equal(runtime_hidden, alone(xs[0]))), True)
 
 # %% [markdown]
 # ## 3. Check every step against torch
@@ -141,10 +166,10 @@ for i, (x, (hidden, kv_cache)) in enumerate(zip(xs, turns)):
 # after the first step. The talker prefills the real prompt embeddings of chapter 03's golden run (when present),
 # the code predictor its real 2-position prefill length; then 24 steps of unit-Gaussian inputs.
 #
-# The decoders are the runtime's own: `pipeline.precision.decoder` builds one as a precision tier runs it (fp32
-# here: the exported `_kv.param` for the prefill and for the steps, one graph, each weight held once).
-# `probe.probe_decode` (chapter 04's probe, for a cached graph) drives it exactly as the runtime does (`forward` on
-# a cache of its own, one call per step) and, inside each call's own Extractor, also extracts every Gemm's output
+# The decoders are the runtime's own, the `KvCacheNet` of section 2 (fp32: the exported `_kv.param` for the
+# prefill and for the steps, one graph, each weight held once). `probe.probe_decode` (chapter 04's probe, for a
+# cached graph) drives it exactly as the runtime does (one call per step on a cache of its own) and, inside each
+# call's own Extractor, also extracts every Gemm's output
 # blob: before `out0`, so no layer runs twice and the caches go back into ncnn untouched. It pairs those blobs with
 # the wrapper's hooked `Linear` outputs at the new positions, so every call yields the output error *and* the error
 # at every layer.
@@ -204,21 +229,22 @@ plots.layer_errors({f"call {i}": probed["talker_decoder"][i] for i in calls}, th
 
 # %%
 c = DECODERS["talker_decoder"]
-net = precision.decoder(out_dir, "talker_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
+net = cached_net("talker_decoder")
 x = np.random.default_rng(1).standard_normal((1, 16, WIDTH), dtype=np.float32)
-_, kv_cache = net.prefill(x[:, :4])
+kv_cache = OneCache(c["num_hidden_layers"])
+forward(net, x[:, :4], kv_cache, c)
 for t in range(4, 16):
-    k = kv_cache.blobs["cache_k_in_0"]  # what the next call feeds layer 0
+    k = kv_cache.mats["cache_k_in_0"]  # what the next call feeds layer 0
     if t in (4, 5, 8, 12, 15):
         print(f"past {kv_cache.past:2d}: cache k of layer 0  w={k.w} h={k.h} c={k.c}  "
               f"cstep={k.cstep} (room for {k.cstep // k.w} rows)")
-    net.forward(x[:, t : t + 1], kv_cache)
+    forward(net, x[:, t : t + 1], kv_cache, c)
 
 # %% [markdown]
 # Two tempting shortcuts destroy that state. The tuple form `ret, m = ex.extract(name)` returns a **clone** (plain
 # layout, no spare capacity); a numpy round trip does the same and worse. Fed back, both give wrong attention
 # without any error (NaN or plain wrong numbers, depending on the step). We run the same 4 steps three ways, on the
-# bare binding (`make_net`, no `KvCacheNet`), so each way of extracting is written out:
+# bare binding (an Extractor of their own instead of `run`), so each way of extracting is written out:
 
 # %%
 def run_steps(mode: str, steps: int = 4) -> list[np.ndarray]:
@@ -275,8 +301,8 @@ for mode, outs in ways.items():
 # ## Summary
 # - The cache interface is a text rewrite: SDPA 4-in/1-out → 6-in/3-out with `7=1`, one `Input` line for all cache
 #   blobs, counts recomputed; the weights are shared with the uncached graph.
-# - The cache is the sequence's (`KvCache`), the `KvCacheNet` only its graphs: `prefill` starts a cache,
-#   `forward(embeds, cache)` grows it.
+# - The cache is the sequence's (`OneCache`: its Mats and `past`), the net only the graph: a prefill starts a
+#   cache, each `forward` grows it. The runtime's `KvCacheNet` is the same for many sequences (chapter 16).
 # - Prefill with empty caches and a causal mask; each step with the previous caches untouched, a zero mask
 #   `(1, past+1)` and rope rows at the absolute position. Every step matches torch to ~1e-7 relative, at the
 #   output and at every layer the probe pairs.
@@ -289,7 +315,7 @@ for mode, outs in ways.items():
 # **If your numbers differ**
 # - *Prefill right, steps wrong* → caches extracted with the tuple form or converted to numpy (section 4).
 # - *A sequence differs when another takes turns on the same net* → state kept in the net instead of the sequence's
-#   `KvCache` (section 2).
+#   own cache (section 2).
 # - *Steps right for a while, then wrong* → rope rows not at the absolute position (`past`),
 #   or the mask width is not `past+1`.
 # - *`load_param` fails on the _kv file* → the header counts; `export.parse_param` on it shows which line is off.
