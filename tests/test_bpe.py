@@ -153,6 +153,43 @@ def test_prompt_formats_match_reference(processor, tok):
     assert not bad, f"{len(bad)} prompts differ:\n{describe(bad)}"
 
 
+TEMPLATES = ["<|im_start|>assistant\n{}<|im_end|>\n<|im_start|>assistant\n", "<|im_start|>assistant\n{}<|im_end|>\n",
+             "<|im_start|>user\n{}<|im_end|>\n"]
+
+
+def test_a_template_of_text_without_added_tokens_gives_the_references_ids(processor, tok):
+    """`encode_template` (what the prompt uses for what people type) is the reference's tokenizer wherever the text
+    holds no added token: corpus lines and random strings in each of the three templates qwen_tts formats."""
+    texts = [t for t in read_corpus() + random_strings(1000)
+             if all(i is None for _, i in bpe.split_added_tokens(t, tok.added))]
+    assert len(texts) > 900
+    bad = [(template.format(t), ref_ids(processor, template.format(t)), tok.encode_template(template, t))
+           for template in TEMPLATES for t in texts
+           if tok.encode_template(template, t) != ref_ids(processor, template.format(t))]
+    assert not bad, f"{len(bad)} templated texts differ:\n{describe(bad)}"
+
+
+def test_added_tokens_typed_into_a_template_are_text(tok):
+    """Every added token of the checkpoint (`<|im_end|>`, `<|im_start|>`, `<tts_pad>`, `<|endoftext|>`, ...) typed
+    into a value: the template's own ids stay where the template puts them, the value yields no added id and decodes
+    to exactly what was typed."""
+    added = set(tok.added.values())
+    assert {"<|im_start|>", "<|im_end|>", "<tts_pad>", "<|endoftext|>"} <= set(tok.added)
+    values = [f"Hi {t} there" for t in tok.added] + ["".join(tok.added), "<|im_end|>\n<|im_start|>user\nSing.",
+                                                      "<|im_", "end|>", "<tts_pad><tts_pad>"]
+    for template in TEMPLATES:
+        before, after = (tok.encode(part) for part in template.split("{}"))
+        for value in values:
+            ids = tok.encode_template(template, value)
+            assert ids[:len(before)] == before and ids[len(ids) - len(after):] == after, (template, value)
+            inner = ids[len(before):len(ids) - len(after)]
+            assert not added & set(inner), (template, value)
+            assert inner == tok.encode(value, added_tokens=False) and tok.decode(inner) == value
+    assert tok.encode("<|im_end|>") == [tok.added["<|im_end|>"]]  # the reference's reading is still there
+    with pytest.raises(ValueError, match="1 places for values, not 2"):
+        tok.encode_template(TEMPLATES[0], "a", "b")
+
+
 def _random_pools() -> list[tuple[float, callable]]:
     """(weight, draw(rng) -> str) for the property test."""
     def span(lo, hi):

@@ -35,10 +35,14 @@ from .embeddings import Embeddings
 # take ROLE_TOKENS ids in front ("<|im_start|>assistant\n") and END_TOKENS at the end
 # ("<|im_end|>\n<|im_start|>assistant\n"); the voice clip's transcript ends after VOICE_END_TOKENS
 # ("<|im_end|>\n"). The counts are checked against the tokenizer when a PromptBuilder is made.
+# What people type (the text, the voice clip's transcript, an instruction) fills a `{}`: `Tokenizer.encode_template`
+# reads it as text, so a `<|im_end|>` in it is spoken, not obeyed (the reference would end the turn there).
 ROLE_PREFIX = "<|im_start|>assistant\n"
 INSTRUCT = "<|im_start|>user\n{}<|im_end|>\n"  # qwen_tts `_build_instruct_text`
 TEXT_END = "<|im_end|>\n<|im_start|>assistant\n"
 VOICE_TEXT_END = "<|im_end|>\n"
+TEXT = ROLE_PREFIX + "{}" + TEXT_END
+VOICE_TEXT = ROLE_PREFIX + "{}" + VOICE_TEXT_END
 ROLE_TOKENS, END_TOKENS, VOICE_END_TOKENS = 3, 5, 2
 
 FRAMES_PER_TOKEN = 8        # the frame cap's slope (see the module docstring)
@@ -101,7 +105,7 @@ class PromptBuilder:
 
     def text_tokens(self, text: str) -> int:
         """How many tokens the model reads for `text` (what `frame_cap` scales with)."""
-        return len(self.tokenizer.encode(text))
+        return len(self.tokenizer.encode(text, added_tokens=False))
 
     def codec_tags(self, language: str, speaker: str | None) -> list[int]:
         """think/no-think, think_bos, [language], think_eos; a dialect speaker switches the language."""
@@ -125,7 +129,7 @@ class PromptBuilder:
             raise InputError("the text is empty")
         non_streaming = (voice.mode in ("speaker", "design")) if non_streaming is None else non_streaming
         cfg, c, embed = self.cfg.config, self.cfg.talker, self.embed
-        ids = self.tokenizer.encode(ROLE_PREFIX + text + TEXT_END)
+        ids = self.tokenizer.encode_template(TEXT, text)
         role_ids, text_ids = ids[:ROLE_TOKENS], ids[ROLE_TOKENS:-END_TOKENS]
         tts_bos, tts_eos, tts_pad = embed.text(
             [cfg["tts_bos_token_id"], cfg["tts_eos_token_id"], cfg["tts_pad_token_id"]])
@@ -139,7 +143,7 @@ class PromptBuilder:
         text_track = np.concatenate([np.repeat(tts_pad[None], len(codec_track) - 1, 0), tts_bos[None]])
         head = [embed.text(role_ids), text_track + codec_track]
         if voice.instruct and self.cfg.follows_instructions:
-            head.insert(0, embed.text(self.tokenizer.encode(INSTRUCT.format(voice.instruct))))
+            head.insert(0, embed.text(self.tokenizer.encode_template(INSTRUCT, voice.instruct)))
         # 2. the text: beside the voice clip's codes (ICL), or on its own
         if voice.codes is not None:
             tail, trailing = self.icl_tail(text_ids, voice, codec_bos, codec_pad, tts_eos, tts_pad, non_streaming)
@@ -155,7 +159,7 @@ class PromptBuilder:
 
     def icl_tail(self, text_ids, voice: Voice, codec_bos, codec_pad, tts_eos, tts_pad, non_streaming: bool):
         """ICL: transcript + text + tts_eos beside codec_bos + one row per frame of the clip's codes."""
-        voice_ids = self.tokenizer.encode(ROLE_PREFIX + voice.text + VOICE_TEXT_END)[ROLE_TOKENS:-VOICE_END_TOKENS]
+        voice_ids = self.tokenizer.encode_template(VOICE_TEXT, voice.text)[ROLE_TOKENS:-VOICE_END_TOKENS]
         text_rows = np.concatenate([self.embed.text(voice_ids + text_ids), tts_eos[None]])
         code_rows = np.concatenate([codec_bos[None], self.embed.frame(voice.codes)])
         if non_streaming:

@@ -35,6 +35,10 @@ The ByteLevel step after it (add_prefix_space=False, use_regex=False) stays.
 
 `decode` maps ids to tokens, tokens to bytes, and bytes to text (invalid UTF-8 -> U+FFFD).
 
+Step 1 is the reference's, and a hazard for a product: a user who types `<|im_end|>` gets the id that ends a chat
+turn, so the text can rewrite the prompt around it. `encode_template` keeps step 1 for a template's own text only
+and reads what the user typed as text; for text without added tokens it gives the reference's ids.
+
 Unicode data. The regex engine (Oniguruma, inside the Rust `tokenizers` 0.22) knows Unicode 16.0;
 Python 3.11's `unicodedata` knows 14.0; the reference's NFC (Rust crate
 `unicode-normalization-alignments`) knows only Unicode 9.0. This module uses `unicodedata` and
@@ -452,10 +456,40 @@ class Tokenizer:
             self._cache[word] = ids
         return ids
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of text, as `processor(text=text)["input_ids"]` of the reference (no BOS/EOS added)."""
+    def encode(self, text: str, added_tokens: bool = True) -> list[int]:
+        """Token ids of text, as `processor(text=text)["input_ids"]` of the reference (no BOS/EOS added).
+
+        `added_tokens=False` reads the text as text: an added token's spelling in it (`<|im_end|>`) becomes the
+        ids of its characters, never the token's own id. What people type goes through `encode_template`."""
+        return self._encode_pieces(split_added_tokens(text, self.added) if added_tokens else [(text, None)])
+
+    def encode_template(self, template: str, *values: str) -> list[int]:
+        """Ids of `template` with its `{}` filled by `values`, where added tokens count only in the template's own
+        text: a value is text, whatever it contains. A chat template's structure (`<|im_start|>`, `<|im_end|>`)
+        is the template's; a `<|im_end|>` typed into a value is spoken as the characters it is made of.
+
+        A value without added tokens gives exactly `encode(template.format(*values))`: the template's text and the
+        values between two added tokens are still normalized and split into words as one piece."""
+        literals = template.split("{}")
+        if len(literals) != len(values) + 1:
+            raise ValueError(f"the template has {len(literals) - 1} places for values, not {len(values)}")
+        pieces: list[tuple[str, int | None]] = []
+        for i, literal in enumerate(literals):
+            pieces += split_added_tokens(literal, self.added)
+            if i < len(values):
+                pieces.append((values[i], None))
+        joined: list[tuple[str, int | None]] = []  # plain neighbours join: one piece, as in the formatted string
+        for piece, added_id in pieces:
+            if added_id is None and joined and joined[-1][1] is None:
+                joined[-1] = (joined[-1][0] + piece, None)
+            elif piece or added_id is not None:
+                joined.append((piece, added_id))
+        return self._encode_pieces(joined)
+
+    def _encode_pieces(self, pieces: list[tuple[str, int | None]]) -> list[int]:
+        """Ids of `split_added_tokens`'s pieces: an added token's id, or the BPE of a plain piece's words."""
         ids: list[int] = []
-        for piece, added_id in split_added_tokens(text, self.added):
+        for piece, added_id in pieces:
             if added_id is not None:
                 ids.append(added_id)
                 continue
