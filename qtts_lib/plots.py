@@ -155,3 +155,136 @@ def step_errors(series: dict, threshold: float | None = None, title: str = "",
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+PROMPT_COLORS = {"instruction": "#8e44ad", "role": "#7f8c8d", "tts_pad": "#dcdde1", "tts_bos": "#f1c40f",
+                 "voice transcript": "#82e0aa", "text": "#27ae60", "tts_eos": "#145a32", "codec tag": "#2e86de",
+                 "speaker": "#e74c3c", "codec_pad": "#aed6f1", "codec_bos": "#e67e22", "voice codes": "#a04000"}
+
+
+def prompt_tracks(prompts: dict[str, tuple], title: str = ""):
+    """Talker prompts drawn as rows x tracks, one panel each. Introduced in 06.
+
+    `prompts`: {name: (text track, codec track[, trailing text])}, each a list of one label per position (None:
+    nothing on that track there); the two tracks are summed position by position. The trailing text, fed one row
+    per frame after the prompt, is drawn after a gap on the text track. Labels of `PROMPT_COLORS` keep their
+    colours across chapters; others get the next of matplotlib's."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    seen = [label for p in prompts.values() for track in p for label in track if label is not None]
+    labels = list(PROMPT_COLORS) + sorted(set(seen) - set(PROMPT_COLORS))
+    colors = [PROMPT_COLORS.get(label, f"C{i % 10}") for i, label in enumerate(labels)]
+    fig, axes = plt.subplots(len(prompts), 1, figsize=(12, 1.15 * len(prompts) + 1.0), squeeze=False)
+    for ax, (name, (upper, lower, *rest)) in zip(axes[:, 0], prompts.items()):
+        trailing = rest[0] if rest else []
+        start = len(upper) + 1  # one empty column between the prompt and its trailing text
+        grid = np.full((2, start + len(trailing) if trailing else len(upper)), np.nan)
+        for row, track, offset in ((0, upper, 0), (1, lower, 0), (0, trailing, start)):
+            for x, label in enumerate(track):
+                if label is not None:
+                    grid[row, offset + x] = labels.index(label)
+        ax.imshow(grid, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(labels) - 0.5, aspect="auto",
+                  interpolation="nearest")
+        ax.set_yticks([0, 1], ["text", "codec"])
+        ax.set_xticks(np.arange(grid.shape[1] + 1) - 0.5, minor=True)
+        ax.grid(which="minor", axis="x", color="white", linewidth=0.5)
+        ax.tick_params(which="minor", length=0)
+        note = f", then {len(trailing)} trailing text rows, one per frame" if trailing else ""
+        ax.set_title(f"{name}: {len(upper)} prompt rows{note}", loc="left", fontsize=9)
+    axes[-1, 0].set_xlabel("position")
+    fig.legend(handles=[Patch(color=c, label=label) for label, c in zip(labels, colors) if label in seen],
+               ncol=6, loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+
+def architecture(cfg: dict, title: str = ""):
+    """Qwen3-TTS as boxes and arrows, with the dimensions of `cfg` (a checkpoint's config.json). Introduced in 01.
+
+    Left to right: the inputs, what turns them into prompt rows, the talker and the code predictor (which run once
+    per frame and feed the frame back), the codec decoder. For a Base checkpoint the two cloning encoders are drawn
+    under the text path; for the other kinds the voice box says what replaces them."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    from .runtime.audio.wav import FRAME_RATE, SAMPLES_PER_FRAME
+
+    talker = cfg["talker_config"]
+    pred = talker["code_predictor_config"]
+    groups, hidden = talker["num_code_groups"], talker["hidden_size"]
+    cloning = cfg.get("tts_model_type", "base") == "base"
+    colors = {"in": "#f4f6f7", "embed": "#d6eaf8", "loop": "#fdebd0", "codec": "#d5f5e3", "clone": "#f5eef8"}
+    purple, red = "#7d3c98", "#c0392b"
+    fig, ax = plt.subplots(figsize=(13, 6.4))
+    ax.set_xlim(0, 16.6)
+    ax.set_ylim(0.2, 8.4)
+    ax.axis("off")
+
+    def box(x, y, w, h, text, kind):
+        ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.08", fc=colors[kind],
+                                    ec="0.35", lw=0.9))
+        ax.text(x, y, text, ha="center", va="center", fontsize=8.5)
+
+    def arrow(a, b, text="", color="0.25", rad=0.0, dx=0.0, dy=0.1):
+        ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="-|>", color=color, lw=1.1, shrinkA=2, shrinkB=2,
+                                                        connectionstyle=f"arc3,rad={rad}"))
+        if text:
+            ax.text((a[0] + b[0]) / 2 + dx, (a[1] + b[1]) / 2 + dy, text, fontsize=7.5, ha="center", va="bottom",
+                    color=color)
+
+    # the inputs, and what turns them into prompt rows
+    box(1.3, 7.0, 2.0, 0.9, "text\n(BPE token ids)", "in")
+    box(4.6, 7.0, 3.0, 1.1, f"text embedding\n{talker['text_vocab_size']} ids → {talker['text_hidden_size']}\n"
+        f"projection (MLP) → {hidden}", "embed")
+    box(4.6, 5.4, 3.0, 0.9, f"codec embedding\n{talker['vocab_size']} ids → {hidden}\n(codes, control tags)", "embed")
+    arrow((2.3, 7.0), (3.1, 7.0))
+    if cloning:
+        box(1.3, 2.8, 2.0, 1.1, f"voice clip\n{SAMPLE_RATE // 1000} kHz\n(+ its transcript)", "in")
+        box(4.6, 3.7, 3.0, 1.1, f"Mimi encoder\nclip → {groups} codes a frame\n(ICL mode)", "clone")
+        box(4.6, 1.9, 3.0, 1.1, "speaker encoder (ECAPA-TDNN)\nmel spectrogram →\n"
+            f"x-vector ({cfg['speaker_encoder_config']['enc_dim']})", "clone")
+        arrow((2.3, 3.0), (3.1, 3.6))
+        arrow((2.3, 2.6), (3.1, 2.0))
+        arrow((4.6, 4.25), (4.6, 4.95), "voice codes", color=purple, dx=0.75, dy=-0.1)
+        arrow((6.1, 1.9), (7.1, 3.3), "x-vector", color=purple, dx=0.05, dy=-0.45)
+        ax.text(4.6, 0.95, "cloning (Base checkpoints)", ha="center", fontsize=7.5, style="italic", color="0.4")
+    else:
+        box(1.3, 3.2, 2.0, 1.1, "voice: a speaker\nor a description\n(chapter 08)", "in")
+        arrow((2.3, 3.2), (7.1, 3.8))
+
+    # the prompt
+    rows = "text track\n+ codec track" + ("\n(one codec row:\nthe x-vector)" if cloning else "")
+    box(8.2, 5.0, 2.2, 3.6, f"prompt\none row of {hidden}\nper position:\n{rows}", "embed")
+    arrow((6.1, 7.0), (7.1, 6.4))
+    arrow((6.1, 5.4), (7.1, 5.4))
+
+    # the loop: talker, codebook 0, the code predictor, one frame
+    box(11.6, 7.4, 3.0, 0.9, f"talker: {talker['num_hidden_layers']}-layer decoder\nhidden {hidden}, "
+        "one position a frame", "loop")
+    box(11.6, 6.05, 3.0, 0.8, f"codec head → {talker['vocab_size']} logits\n→ codebook 0 (or EOS: stop)", "loop")
+    box(11.6, 4.3, 3.0, 1.7, f"code predictor: {pred['num_hidden_layers']}-layer decoder\n"
+        "input: talker hidden state\n+ embedding of codebook 0;\n"
+        f"{groups - 1} calls a frame (prefill of 2,\nthen {groups - 2} steps), one head each\n"
+        f"→ codebooks 1..{groups - 1}", "loop")
+    box(11.6, 2.5, 3.0, 0.8, f"one frame: {groups} codes", "loop")
+    arrow((9.3, 6.5), (10.1, 7.3), "prefill", dy=0.05, dx=-0.2)
+    arrow((11.6, 6.95), (11.6, 6.45))
+    arrow((11.6, 5.65), (11.6, 5.15))
+    arrow((11.6, 3.45), (11.6, 2.9))
+    arrow((10.1, 2.5), (10.1, 7.1), color=red, rad=-0.35)
+    ax.text(9.45, 2.1, f"next talker input:\nsum of the frame's\n{groups} code embeddings\n+ next text row",
+            fontsize=7.5, color=red, ha="center", va="top")
+
+    # the codec decoder
+    box(15.0, 4.3, 2.6, 1.5, f"codec decoder\ncodes → waveform\n{SAMPLES_PER_FRAME} samples a frame", "codec")
+    box(15.0, 2.0, 2.6, 0.9, f"{SAMPLE_RATE // 1000} kHz waveform\n{FRAME_RATE:g} frames a second", "codec")
+    arrow((13.1, 2.5), (13.7, 3.7), "frames", dx=0.35, dy=-0.2)
+    arrow((15.0, 3.55), (15.0, 2.45))
+    ax.set_title(title or "Qwen3-TTS (12 Hz): the data flow, with this checkpoint's dimensions", fontsize=10)
+    fig.tight_layout()
+    return fig
