@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     proj = measurement("projections", "the int8 loop's projections alone against its floor (issue 24)")
     proj.add_argument("--threads", type=int, default=2)
     proj.add_argument("--repeats", type=int, default=9)
+    parity = measurement("parity", "greedy parity of the runtime against qwen-tts, every prompt kind", frames=48)
+    parity.add_argument("--threads", type=int, default=2)
+    parity.add_argument("--cases", help="comma-separated golden case names (default: every case of the kind)")
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
     zeros.add_argument("dir")
     profile = sub.add_parser("profile", help="where a Vulkan frame's time goes")
@@ -119,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         from .stream import stream_benchmark
 
         result = stream_benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats)
+    elif a.what == "parity":
+        from .parity import measure as parity_measure
+
+        result = parity_measure(model_dir, a.frames, a.threads, a.cases.split(",") if a.cases else None)
     elif a.what == "quality":
         from .quality import measure
 
