@@ -91,7 +91,7 @@ def _ms(fn, repeats: int = 20) -> float:
 
 def profile_vulkan(model_dir: str | Path, device: str = "vulkan", threads: int = 2) -> dict:
     """Where a GPU frame's time goes on `device`: ms per call of each graph of the GPU loop, and their layer counts
-    (`vulkan_probe.gpu_forms`)."""
-    from .vulkan_probe import gpu_forms
+    (`lab.vulkan_probe.gpu_forms`)."""
+    from ..lab.vulkan_probe import gpu_forms
 
     return gpu_forms(model_dir, device, threads)

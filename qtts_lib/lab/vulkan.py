@@ -13,7 +13,7 @@ from pathlib import Path
 import ncnn
 import numpy as np
 
-from ..runtime.binding.net import gpu_names, net_from_text, run
+from ..runtime.binding.net import gpu_names, net_from_text, run, vulkan_devices
 
 REQUIRE = "QTTS_REQUIRE_VULKAN"  # set by .ci/run: a missing Vulkan device is then a failure, not a skip
 
@@ -24,17 +24,22 @@ class VulkanRequired(RuntimeError):
 
 
 def vulkan_or_skip(gpu_count: int | None = None, required: str | None = None) -> tuple[bool, str]:
-    """(True, device names) when ncnn sees a Vulkan device; (False, why) when not. Introduced in 09.
+    """(True, device names) when ncnn sees a Vulkan device; (False, why) when not, in words (what ncnn's loader said
+    is captured, not printed: `runtime.binding.net.vulkan_devices`). Introduced in 09.
 
     Where the environment variable QTTS_REQUIRE_VULKAN is set (`.ci/run` sets it, after installing lavapipe) a
     missing device raises `VulkanRequired` instead: a skip there would mean the set-up broke."""
+    cause = ""
     if gpu_count is None:
-        gpu_count = ncnn.get_gpu_count()
+        names, cause = vulkan_devices()
+        gpu_count = len(names)
     required = os.environ.get(REQUIRE, "") if required is None else required
     if gpu_count > 0:
         return True, ", ".join(gpu_names()) or f"{gpu_count} Vulkan device(s)"
-    reason = ("ncnn sees no Vulkan device (get_gpu_count() == 0): install a Vulkan driver, e.g. Mesa's "
-              "lavapipe (apt-get install mesa-vulkan-drivers libvulkan1), or run on a GPU")
+    reason = ("no Vulkan device on this machine: ncnn sees none (get_gpu_count() == 0)"
+              + (f": {cause}" if cause else "")
+              + ". Install a Vulkan driver, e.g. Mesa's lavapipe (apt-get install mesa-vulkan-drivers libvulkan1), "
+              "or run on a GPU")
     if required and required.lower() not in ("0", "false", "no"):
         raise VulkanRequired(f"{REQUIRE}={required}: {reason}. .ci/run installs lavapipe when it runs as root.")
     return False, reason

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -25,9 +28,47 @@ from ..errors import DeviceError, MissingArtifact
 NO_BATCH = 233  # pnnx's marker for "this blob has no batch axis"
 
 
+def vulkan_devices() -> tuple[list[str], str]:
+    """The Vulkan devices ncnn sees, by index, and why there are none (an empty string when there are). Introduced
+    in 09.
+
+    ncnn looks for a Vulkan driver the first time it is asked (`get_gpu_count`), and where there is none its C code
+    writes "dlopen failed libvulkan.so.1" and the like to the process's stderr (file descriptor 2, out of Python's
+    reach). That first look runs here with descriptor 2 sent to a file; what ncnn wrote becomes the reason. ncnn keeps
+    the answer, and so does this function."""
+    global _VULKAN
+    if _VULKAN is None:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with tempfile.TemporaryFile() as err:
+            os.dup2(err.fileno(), 2)
+            try:
+                names = [ncnn.get_gpu_info(i).device_name() for i in range(ncnn.get_gpu_count())]
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            err.seek(0)
+            said = err.read().decode(errors="replace")
+        _VULKAN = names, "" if names else _no_device(said)
+    return _VULKAN
+
+
+_VULKAN: tuple[list[str], str] | None = None
+
+
+def _no_device(said: str) -> str:
+    """What ncnn's failed look for a Vulkan driver wrote, in words."""
+    if "dlopen failed" in said:
+        return "the Vulkan loader (libvulkan.so.1) is not installed"
+    if "vkCreateInstance failed" in said:
+        return "the Vulkan loader found no driver (vkCreateInstance failed)"
+    lines = dict.fromkeys(s.strip() for s in said.splitlines() if s.strip())
+    return "; ".join(lines) or "no Vulkan driver offers a device"
+
+
 def gpu_names() -> list[str]:
-    """The Vulkan devices ncnn sees, by index (empty without a Vulkan driver)."""
-    return [ncnn.get_gpu_info(i).device_name() for i in range(ncnn.get_gpu_count())]
+    """The Vulkan devices ncnn sees, by index (empty without a Vulkan driver; `vulkan_devices` says why)."""
+    return vulkan_devices()[0]
 
 
 def parse_device(device: str) -> int | None:

@@ -1,6 +1,6 @@
-"""What ncnn's C++ API buys on Vulkan over the pip binding: the probe of chapter 09 (issue 26, item 3).
+"""What ncnn's C++ API buys on Vulkan over the pip binding: the probe of chapter 09.
 
-    python -m qtts_lib.bench.cpp_probe MODEL_DIR NCNN_SRC OUT.json [--pasts 16,64,128]
+    python -m qtts_lib.lab.cpp_probe MODEL_DIR NCNN_SRC OUT.json [--pasts 16,64,128]
 
 Builds `cpp/vulkan_probe.cpp` against ncnn's source (NCNN_SRC: an ncnn tree with glslang/ in it; CMake and a C++
 compiler needed), then times the GPU loop's one-position graphs (the talker's GEMV step and the code predictor's
@@ -135,7 +135,7 @@ def probe(model_dir: str | Path, binary: Path, pasts=(16, 64, 128), repeats: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qtts_lib.bench.cpp_probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m qtts_lib.lab.cpp_probe", description=__doc__.splitlines()[0])
     p.add_argument("model_dir")
     p.add_argument("ncnn_src")
     p.add_argument("output", type=Path)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build-dir", default="/tmp/qtts_vulkan_probe")
     p.add_argument("--repeats", type=int, default=20)
     a = p.parse_args(argv)
-    from .machine import describe
+    from ..bench.machine import describe
 
     t0 = time.perf_counter()
     binary = build(a.ncnn_src, a.build_dir)

@@ -1,6 +1,6 @@
-// What ncnn's C++ API buys on Vulkan over the pip binding (chapter 08, issue 26, item 3).
+// What ncnn's C++ API buys on Vulkan over the pip binding (chapter 09).
 //
-// Reads a spec written by qtts_lib/bench/cpp_probe.py: one graph (.param/.bin), its inputs (float32 raw files with
+// Reads a spec written by qtts_lib/lab/cpp_probe.py: one graph (.param/.bin), its inputs (float32 raw files with
 // numpy shapes), which inputs are KV caches and which output each grows into, and the outputs a caller downloads.
 // Times one call of the graph, median of `repeats` after a warm-up, three ways:
 //   host      every input a host Mat, every output and cache downloaded (what the binding does, without Python)

@@ -1,7 +1,7 @@
 """Where a Vulkan extract's time goes through the pip binding: chains of N layers of one type, ncnn's options, and
-the real decoder graphs at several lengths. Introduced in 09 (issue 26).
+the real decoder graphs at several lengths. Introduced in 09.
 
-    python -m qtts_lib.bench.vulkan_probe DIR OUT.json [--device vulkan] [--quick]
+    python -m qtts_lib.lab.vulkan_probe DIR OUT.json [--device vulkan] [--quick]
 
 Every number is the median of `repeats` timed extracts after one warm-up, in ms per extract (`wall`), with the
 calling thread's CPU time beside it (`cpu`: the host-side recording, uploads, casts and downloads; a wall time well
@@ -194,7 +194,7 @@ def _count(path: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m qtts_lib.bench.vulkan_probe")
+    ap = argparse.ArgumentParser(prog="python -m qtts_lib.lab.vulkan_probe")
     ap.add_argument("model_dir")
     ap.add_argument("output", type=Path)
     ap.add_argument("--device", default="vulkan")
@@ -351,9 +351,9 @@ def frame_times(model_dir: str | Path, device: str = "vulkan", thread_counts=(16
                 log=print) -> dict:
     """The loop as the benchmark harness runs it (`Synthesizer.synthesize`, the harness's prompt, greedy), twice in
     one process per thread count: ms per frame of each frame (first run, then a warm second run)."""
+    from ..bench.workload import LANGUAGE, TEXT, voice_wav
     from ..runtime import Sampling, Synthesizer
     from ..runtime.audio.wav import load_wav
-    from .workload import LANGUAGE, TEXT, voice_wav
 
     out = {}
     for threads in thread_counts:
