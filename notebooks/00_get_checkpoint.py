@@ -16,10 +16,12 @@
 # > Before porting anything, make the original model run on this machine and keep what it says.
 #
 # **You will:** pick a checkpoint, load it with `qwen-tts`'s own loader with the network off, clone the
-# voice clip once (x-vector mode), listen to it and keep the result as a baseline.
+# voice clip once in x-vector mode (the voice enters only as one speaker vector, below), listen to it and keep the
+# result as a baseline.
 #
 # **You will learn:** what a Qwen3-TTS checkpoint directory holds; why this tutorial runs on random-init
-# checkpoints of the real architecture; how to import the 12 Hz path of `qwen-tts` without its 25 Hz extras.
+# checkpoints of the real architecture; how to import the 12 Hz path of `qwen-tts` (the model whose codec makes
+# 12.5 frames a second) without its 25 Hz extras; the words the rest of the tutorial uses for the model's parts.
 #
 # **You need:** nothing but the installed packages: the checkpoint is synthesized if it is not on disk.
 #
@@ -43,6 +45,29 @@ ckpt = settings.checkpoint()  # QTTS_CHECKPOINT, default tiny-base
 torch.set_num_threads(settings.threads())
 report = check.begin("00_get_checkpoint", ckpt)
 print(f"checkpoint: {ckpt}   threads: {settings.threads()}   torch {torch.__version__}")
+
+# %% [markdown]
+# **The words of this tutorial.** Qwen3-TTS makes speech as a sequence of *frames*, 12.5 a second; a frame is 16
+# integer *codes*, one from each of 16 *codebooks* of 2048 entries. Chapter 01 draws how the parts connect.
+# - **RVQ** (residual vector quantization): how the codec turns a frame's vector into codes: each codebook in a
+#   chain takes the entry nearest to what the codebooks before it left over (the residual). This codec splits
+#   it: codebook 0 (the *semantic* one) alone, codebooks 1..15 as one residual chain; the frame is their sum.
+# - **Talker**: a Qwen3 decoder-only transformer (28 layers in the released model). It reads the *prompt* (the
+#   text and the voice, as rows of embeddings) and predicts codebook 0 of each frame with its `codec_head`.
+# - **Code predictor**: a small decoder (5 layers) that predicts codebooks 1..15 of the same frame one after
+#   another from the talker's hidden state. `qwen-tts` calls it the *sub-talker*, and its input projection
+#   `small_to_mtp_projection`: **MTP** is multi-token prediction, several tokens per talker step.
+# - **Codec** (`qwen-tts`: the *speech tokenizer*, `qwen3_tts_tokenizer_12hz`): its **decoder** turns a frame's
+#   16 codes into 1920 samples of a 24 kHz waveform; its **encoder** is **Mimi**, the neural speech codec of
+#   Kyutai's Moshi (`transformers.MimiModel`), which turns a voice clip into codes.
+# - **Speaker encoder**: an **ECAPA-TDNN** (Emphasized Channel Attention, Propagation and Aggregation in a
+#   Time-Delay Neural Network, a speaker-verification network). It reads a mel spectrogram of the clip (128 bands
+#   of a perceptual frequency scale) and returns one vector, the **x-vector**: the speaker's embedding.
+# - **x-vector mode** clones a voice from the x-vector alone; **ICL** (in-context learning) mode also puts the
+#   clip's Mimi codes and its transcript into the prompt, and the talker continues in that voice.
+#
+# The default checkpoint kind, **Base**, clones a voice clip in either mode; the other kinds (built-in
+# speakers, voices described in words) are chapter 08.
 
 # %% [markdown]
 # ## 1. Choose a checkpoint
@@ -75,7 +100,7 @@ check.equal("unknown checkpoint refused with the valid names", "names tiny-base"
 # `qwen-tts` from the real config (shrunk for `tiny-*`) under a fixed seed, writes every file the loader
 # reads, and records a manifest; a stale directory (made by an older spec) is rebuilt.
 # Two fixes make random weights exercise every path: random RVQ codebooks (init leaves them at zero, so the
-# decoder would ignore codes and the encoder emit zeros), and a wider init of the tiny codec decoder
+# codec decoder would ignore codes and the Mimi encoder emit zeros), and a wider init of the tiny codec decoder
 # (at the default 0.02 it outputs near-silence).
 
 # %%
@@ -163,8 +188,8 @@ display(Audio(voice_wav, rate=SAMPLE_RATE))
 
 # %% [markdown]
 # ## 6. Run the original once
-# Clone the voice clip in x-vector mode (speaker embedding only), greedy on CPU fp32. (A CustomVoice
-# checkpoint has no speaker encoder; it speaks with its first built-in speaker instead.)
+# Clone the voice clip in x-vector mode (the speaker encoder's x-vector only), greedy (always the most likely
+# code) on CPU fp32. (`reference.default_voice` picks the voice argument of the checkpoint's kind; chapter 08.)
 # `max_new_tokens=N` yields N-1 frames: the last sampled codebook-0 token never gets its other 15 codes.
 
 # %%

@@ -16,8 +16,8 @@
 # > Control flow stays in the host language; only tensor math goes into a graph.
 #
 # **You will:** meet the ten torch wrappers in `qtts_lib.modules` — eight graphs for generation and two encoders
-# for cloning (a CustomVoice or VoiceDesign checkpoint has no speaker encoder: nine) — see the rewrites each needs,
-# and check every wrapper against the original model's blocks at two sequence lengths.
+# for cloning — see the rewrites each needs, and check every wrapper against the original model's blocks at two
+# sequence lengths.
 #
 # **You will learn:** why `jit.trace` cannot carry the sampler, the per-step table choice or the prompt builder; which
 # innocent-looking PyTorch idioms pnnx/ncnn cannot carry and what replaces them; why two lengths.
@@ -72,16 +72,15 @@ display(HTML("<table><tr><th>module</th><th>what</th><th>inputs (first length)</
              + "".join(rows) + "</table>"))
 
 # %% [markdown]
-# The code predictor reads the talker's hidden state. On 0.6B both have one width and the code predictor's
-# `small_to_mtp_projection` is an `Identity`; on 1.7B the talker is wider and that projection is a `Linear` down to
-# the code predictor's width. The `predictor_decoder` wrapper applies it first, so the exported graph takes
-# talker-width input on every checkpoint and the runtime needs no change for 1.7B:
+# The code predictor reads the talker's hidden state, so the `predictor_decoder` graph takes rows of the talker's
+# width and returns rows of the code predictor's own (it starts with the code predictor's input projection,
+# `small_to_mtp_projection`, here an `Identity`):
 
 # %%
 talker_width = tts.model.talker.config.hidden_size
 predictor_width = tts.model.talker.code_predictor.config.hidden_size
 print(f"talker hidden {talker_width}, code predictor hidden {predictor_width}, small_to_mtp_projection: "
-      f"{tts.model.talker.code_predictor.small_to_mtp_projection}")
+      f"{type(tts.model.talker.code_predictor.small_to_mtp_projection).__name__}")
 spec = modules.get("predictor_decoder")
 ins = spec.inputs(tts, spec.lengths[0], seed=0)
 with torch.inference_mode():
@@ -91,23 +90,34 @@ check.equal("predictor_decoder: output width = code predictor hidden", "width", 
 
 # %% [markdown]
 # ## 2. The rewrites, each shown equal in torch
-# Each wrapper reuses the original weights and re-expresses the computation. Chapter 04 shows what goes wrong in
-# pnnx/ncnn *without* each rewrite; here we only prove that each rewrite computes the same thing.
+# Each wrapper reuses the original weights and re-expresses the computation. The last column names the pitfall each
+# rewrite avoids, reproduced on the pinned pnnx in [appendix A][A] (its section number); here we only prove
+# that each rewrite computes the same thing.
 #
-# | rewrite | replaces | because |
-# |---|---|---|
-# | `k.repeat_interleave(n, dim=-3)` (GQA) | HF `repeat_kv` | one ncnn SDPA; `repeat_kv` leaves `pnnx.Expression`¹ |
-# | rope `cos`/`sin` (head_dim/2) inputs | `rotary_emb` | RotaryEmbed's form; an in-graph `arange` freezes the length |
-# | 2-D additive mask `(len, len)` input | HF's 4-D mask factory (vmap) | the documented SDPA form; HF's won't trace |
-# | int32 ids straight into the embedding | int64 ids | ncnn `Embed` reads the blob as int32; no Reshape on the way |
-# | one fused `15·2048` predictor/codec table² | 15 tables | one Embed, no per-group graph, no split of the codes |
-# | `ones(1, 15) @ x.reshape(1, 15, -1)`³ | `stack(...).sum(0)` | pnnx: stack+sum → Reduction with empty axes (SIGFPE) |
-# | `F.pad(x, (0, -r))` | `x[..., :-r]` | with a dynamic length pnnx silently drops the slice |
-# | fixed left padding in causal convs | `ceil` arithmetic on `x.shape[-1]` | the trace bakes in the traced length |
-# | constants folded before trace (`embedding_sum / usage`) | computed per call | fewer ops, none shape-dependent |
+# | rewrite | replaces | because | pitfall |
+# |---|---|---|---|
+# | `k.repeat_interleave(n, dim=-3)` (GQA) | HF `repeat_kv` | `repeat_kv` leaves `pnnx.Expression`¹ | [A §2][A] |
+# | rope `cos`/`sin` (head_dim/2) inputs | `rotary_emb` | an in-graph `arange` freezes the length | chapter 04 |
+# | 2-D additive mask `(len, len)` input | HF's 4-D mask (vmap) | the SDPA form; HF's won't trace | |
+# | int32 ids straight into the embedding | int64 ids | ncnn `Embed` reads int32; no Reshape | |
+# | one fused `15·2048` table² | 15 tables | one Embed, no per-group graph | [A §3, §5][A] |
+# | `ones(1, 15) @ x.reshape(1, 15, -1)`³ | `stack(...).sum(0)` | Reduction with empty axes: SIGFPE | [A §3][A] |
+# | `F.pad(x, (0, -r))` | `x[..., :-r]` | pnnx silently drops the slice | [A §4][A] |
+# | fixed left padding in causal convs | `ceil` on `x.shape[-1]` | the trace bakes in the length | [A §6][A] |
+# | constants folded before trace | computed per call | fewer ops, none shape-dependent | |
 #
-# ¹ expand + reshape, and the .param does not load. ² ids offset by `group·2048` on the host; an uneven `chunk` of the
-# codes still splits wrongly in ncnn (appendix A). ³ the leading 1 keeps pnnx from taking the 15 for a batch axis.
+# ¹ expand + reshape, and the .param does not load; `repeat_interleave` folds into one ncnn SDPA. ² ids offset by
+# `group·2048` on the host; an uneven `chunk` of the codes would still split wrongly in ncnn. ³ the leading 1 keeps
+# pnnx from taking the 15 for a batch axis. The rope tables are chapter 04's one `.param` rewrite; the folded
+# constant is the codec's `embedding_sum / usage`.
+#
+# Two more pitfalls are not rewrites of a wrapper: pnnx writes fp16 weights unless told `fp16=0` ([appendix A][A]
+# §7; chapter 04 exports with it), and the ncnn Python binding can feed a correct graph freed memory or pick a
+# lower precision by itself (borrowed `ncnn.Mat` buffers, the two forms of `extract`, the fp16 defaults of `Option`:
+# [appendix B][B]).
+#
+# [A]: appendix_a_pnnx_pitfalls.ipynb
+# [B]: appendix_b_ncnn_binding_pitfalls.ipynb
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -184,11 +194,11 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 
 # %% [markdown]
 # ## Summary
-# - Ten modules: text/codec embeddings, talker decoder, codec head, predictor decoder (with 1.7B's projection from
-#   the talker's width folded in), fused predictor embeddings, 15 predictor heads, codec decoder; speaker encoder
-#   (Base only) and Mimi encoder for cloning.
+# - Ten modules: text/codec embeddings, talker decoder, codec head, predictor decoder (taking the talker's width),
+#   fused predictor embeddings, 15 predictor heads, codec decoder; speaker encoder and Mimi encoder for cloning.
 # - Mask, rope tables and ids are inputs; GQA by `repeat_interleave(dim=-3)`; fused tables with offsets; sums by
-#   matmul; crops by negative pad; static padding; constants folded. Each rewrite equals the original idiom in torch.
+#   matmul; crops by negative pad; static padding; constants folded. Each rewrite equals the original idiom in torch;
+#   appendix A shows each original idiom failing in pnnx/ncnn.
 # - Every wrapper matches the original blocks at two lengths (table above); chapter 04 exports them.
 #
 # **Artifacts left:** `data/reports/<ckpt>/02_split_modules.json`.
@@ -198,7 +208,8 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 #   look for Python ints from shapes.
 # - *Decoders off by ~1e-1* → mask or rope table layout (full vs half width, or a transposed table).
 # - *Codec SNR low* → the sliding-window mask is off by one, or a codebook was folded without its projection.
-# - *predictor_decoder off on a 1.7B checkpoint only* → `small_to_mtp_projection` not applied (the widths above).
+# - *predictor_decoder off where the two widths printed in section 1 differ* → `small_to_mtp_projection` not
+#   applied (chapter 08).
 
 # %%
 check.table()

@@ -16,10 +16,10 @@
 # > The port is judged against files, not against memory:
 # > greedy fp32 CPU outputs of the original, saved with a manifest.
 #
-# **You will:** run the original greedily (talker and sub-talker `do_sample=False`) on CPU fp32 at a fixed thread
-# count, save the codes `(T, 16)`, the EOS step, the waveform and the prompt embeddings; make an early-stop case and
-# the other voices of the checkpoint's kind (ICL on Base, an instruction on CustomVoice, no description on
-# VoiceDesign); then see why "token for token" only means something inside one numeric domain.
+# **You will:** run the original greedily (talker and code predictor `do_sample=False`) on CPU fp32 at a fixed
+# thread count, save the codes `(T, 16)`, the EOS step, the waveform and the prompt embeddings of an x-vector clone;
+# make an early-stop case and an ICL clone; then see why "token for token" only means something inside one numeric
+# domain.
 #
 # **You will learn:** what a golden file must carry to be trusted later (manifest: producer, inputs, sha256,
 # versions, threads, checkpoint fingerprint); how small the argmax margins are and what that means for parity.
@@ -48,26 +48,21 @@ golden_dir = paths.golden_dir(ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)
 EOS = cfg["talker_config"]["codec_eos_token_id"]
-kind = cfg["tts_model_type"]  # base | custom_voice | voice_design
-cases = golden.cases(tts)     # every greedy golden of this kind: name -> the reference's voice arguments
-mode = golden.mode_of(tts)    # the main golden's stem: xvec, speaker or design
+kind = cfg["tts_model_type"]
+cases = golden.cases(tts)     # every greedy golden of the checkpoint: name -> the reference's voice arguments
+mode = golden.mode_of(tts)    # the main golden's stem (xvec on Base; each other kind's own name: chapter 08)
 voice = cases[f"{mode}_greedy"]
-described = {"base": "x-vector clone of data/inputs/voice.wav",
-             "custom_voice": f"built-in speaker {voice.get('speaker')}",
-             "voice_design": f"described voice {voice.get('instruct')!r}"}[kind]
-print(f"{ckpt} ({kind}): main golden {mode}_greedy, {described}; {THREADS} threads")
-print("goldens of this kind:", {name: sorted(args) for name, args in cases.items()})
+print(f"{ckpt} ({kind}), {THREADS} threads; goldens:", {name: sorted(args) for name, args in cases.items()})
 
 # %% [markdown]
 # ## 1. Generate the main golden: greedy, fp32, CPU, fixed threads
 # A forward hook on `codec_head` records the talker's logits at every step: they tell us later how close each
 # argmax decision was. `reference.capture_generation` wraps three methods of the loaded model for one call to capture
-# the prompt embeddings going into the talker, the x-vector, and the codes going into the codec. Which voice it
-# speaks comes from `golden.cases`, by the checkpoint's `tts_model_type`. All of it lives in `qtts_lib.golden`,
-# because tests/test_golden.py makes the same files when this chapter has not run yet:
+# the prompt embeddings going into the talker, the x-vector, and the codes going into the codec. The voice is the
+# x-vector of `data/inputs/voice.wav` (`golden.cases` lists the voice arguments of each golden). All of it lives in
+# `qtts_lib.golden`, because tests/test_golden.py makes the same files when this chapter has not run yet:
 
 # %%
-print(inspect.getsource(golden.cases))
 print(inspect.getsource(golden.run_with_logits))
 
 
@@ -120,16 +115,10 @@ save(f"{mode}_greedy", main, EOS)
 save(f"{mode}_eos", early, early_eos)
 
 # %% [markdown]
-# Then the other goldens of this kind, which chapter 07 matches:
-# - **Base**: an **ICL** golden (the voice transcript plus the voice codes from the Mimi encoder go into the
-#   prompt). Its decoded audio includes the voice clip's part, which the original cuts off by frame ratio.
-# - **CustomVoice**: the same speaker with an **instruction** (`reference.STYLE`), where the checkpoint follows one
-#   (the reference drops it on 0.6B, so there is no such golden there).
-# - **VoiceDesign**: **no description** at all (the model's own voice).
-#
-# An instruction is a user turn of its own, `<|im_start|>user\n{instruct}<|im_end|>\n`, tokenized alone and put in
-# front of the prompt as text rows only; so a prompt with one is longer than the same prompt without by exactly
-# that turn's tokens. Each extra golden is checked for what makes it different:
+# Then the **ICL** golden, which chapter 07 matches: the voice clip's transcript goes into the text track and its
+# codes from the Mimi encoder into the codec track, so the prompt carries the clip itself, frame by frame. Its
+# decoded audio includes the voice clip's part, which the original cuts off by frame ratio. The same cell makes the
+# extra goldens of the other checkpoint kinds and checks each for what makes it different (chapter 08):
 
 # %%
 instruct_rows = lambda text: len(tts.processor.tokenizer(f"<|im_start|>user\n{text}<|im_end|>\n")["input_ids"])
@@ -148,6 +137,7 @@ for name, args in extra.items():
 if "icl_greedy" in made:
     check.at_least("icl_greedy: voice codes of the clip in the prompt", "frames",
                    int(made["icl_greedy"]["voice_codes"].shape[0]), 1)
+# the other kinds (chapter 08): an instruction is one user turn of text rows in front of the prompt
 for with_it, without in (("speaker_instruct_greedy", "speaker_greedy"), ("design_greedy", "design_plain_greedy")):
     if with_it in made and without in made:
         text = cases[with_it]["instruct"]
@@ -230,9 +220,9 @@ ax.legend(fontsize=8)
 ax.set_title("how close each greedy decision was");
 
 # %% [markdown]
-# With a few dozen decisions a near tie may or may not occur in this run; over a long generation it will. The
-# original write-up saw a GPU-made reference and CPU execution part at frame 26 of one sentence, while every
-# same-domain pair (CPU torch vs CPU ncnn) matched in all cases. Hence the rule for the rest of the tutorial:
+# With a few dozen decisions a near tie may or may not occur in this run; over a long generation it will, and a
+# reference made in another domain (on a GPU, say) then parts from a CPU port at that frame, with no bug on either
+# side. Hence the rule for the rest of the tutorial:
 # **the oracle is generated in the domain the port is compared in** — CPU, fp32, this thread count — and the
 # port's own numerics (ncnn's kernels) are judged by relative error first and by token equality only end to end.
 
@@ -240,22 +230,20 @@ ax.set_title("how close each greedy decision was");
 # ## Summary
 # - Golden files: codes `(T, 16)`, EOS step, waveform, prompt embeddings, x-vector and talker logits, greedy on
 #   CPU fp32 at a fixed thread count, each `.npz` with a manifest entry that consumers verify.
-# - An early-stop golden (an EOS id the greedy path emits at step ≥ 2) exercises the stop branch; per kind
-#   (`golden.cases`) an ICL golden carries the voice codes (Base), an instruction golden the style turn
-#   (CustomVoice above 0.6B), a no-description golden the model's own voice (VoiceDesign).
+# - An early-stop golden (an EOS id the greedy path emits at step ≥ 2) exercises the stop branch; the ICL golden
+#   carries the voice clip's codes and transcript in its prompt.
 # - Same domain ⇒ bitwise repeatable; another thread count or attention kernel moves the low bits, and a near-tie
 #   argmax can flip. Compare only within one numeric domain.
 #
-# **Artifacts left:** `data/golden/<ckpt>/`: Base `{xvec_greedy,xvec_eos,icl_greedy}.npz`, CustomVoice
-# `{speaker_greedy,speaker_eos}.npz` (+ `speaker_instruct_greedy.npz` above 0.6B), VoiceDesign
-# `{design_greedy,design_eos,design_plain_greedy}.npz`; `manifest.json`.
+# **Artifacts left:** `data/golden/<ckpt>/{xvec_greedy,xvec_eos,icl_greedy}.npz` (the other kinds' names:
+# chapter 08) and `manifest.json`.
 #
 # **If your numbers differ**
 # - *Rerun not bitwise equal* → another process changed the thread pool, or `QTTS_THREADS` differs between runs.
 # - *A later chapter says a golden is stale* → the checkpoint was rebuilt; re-run this chapter.
 # - *Tokens differ across domains here* → a near tie; the histogram shows which margin was under the change.
-# - *An instruction golden's prompt is not longer by the instruction's tokens* → the reference's prompt layout
-#   changed (qwen-tts version); the runtime's `pipeline.prompt` follows the layout described above.
+# - *A prompt-rows check fails on another checkpoint kind* → the reference's prompt layout changed (qwen-tts
+#   version); chapter 08 describes the layout the runtime's `pipeline.prompt` follows.
 
 # %%
 check.table()

@@ -15,12 +15,14 @@
 # # 04 · Export every module with pnnx and align it in ncnn
 # > Export, then immediately compare, at two lengths: a frozen shape only shows when the length changes.
 #
-# **You will:** convert the ten wrappers of chapter 02 with pnnx (fp16 off, two input shapes), inspect each
-# `.param` for leftover pnnx ops and for the layers you expect, run each graph in ncnn through `qtts_lib.runtime.net`,
-# and compare with the torch wrapper at two lengths.
+# **You will:** convert one wrapper by hand (trace, the pnnx command, the `.param` it writes, the graph loaded with
+# bare `ncnn` and compared with torch); then convert all ten wrappers of chapter 02 the same way (fp16 off, two
+# input shapes), inspect each `.param` for leftover pnnx ops and for the layers you expect, run each graph in ncnn
+# through `qtts_lib.runtime.net`, and compare with the torch wrapper at two lengths.
 #
-# **You will learn:** how pnnx is driven and what it leaves behind; how to read a `.param`; why rope is written the
-# way it is and what the one `.param` rewrite does; which metric fits which module.
+# **You will learn:** how pnnx is driven and what it leaves behind; how to read a `.param`; the four calls of the
+# ncnn Python API; why rope is written the way it is and what the one `.param` rewrite does; which metric fits which
+# module.
 #
 # **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing). The wrappers of chapter 02 are library
 # code (`qtts_lib.modules`), not an artifact.
@@ -29,9 +31,14 @@
 # appendix B (the ncnn binding).
 
 # %%
+import shutil
+import subprocess
+import tempfile
 import time
 from importlib import metadata
+from pathlib import Path
 
+import ncnn
 import numpy as np
 import pandas as pd
 import torch
@@ -51,8 +58,87 @@ out_dir = paths.ncnn_dir(ckpt)
 print(" ".join(f"{d} {metadata.version(d)}" for d in ("pnnx", "ncnn", "torch")), f"| {THREADS} threads | {ckpt}")
 
 # %% [markdown]
-# ## 1. Export with pnnx
-# `export.export_module` does what a careful person does by hand:
+# ## 1. Convert one wrapper by hand
+# pnnx converts a TorchScript file, given example inputs, into an ncnn graph. One wrapper by hand first: the text
+# embedding (`talker_text_embed`: int32 token ids → the text table → a two-layer MLP to the talker's width).
+# Trace it at its first length and save real inputs at both lengths, each as `.npy`: two shapes tell pnnx which
+# dimensions vary, and `fp16=0` keeps the weights in fp32 (pnnx's default is fp16). All of it goes to a scratch
+# folder that this section deletes; `models/` is written only by section 2.
+
+# %%
+spec = modules.get("talker_text_embed")
+wrapper = spec.build(tts)
+ins_a, ins_b = (spec.inputs(tts, n, seed=i) for i, n in enumerate(spec.lengths))  # {"ids": (n,) int32}
+hand = Path(tempfile.mkdtemp(prefix="qtts_04_by_hand_"))
+with torch.no_grad():
+    torch.jit.trace(wrapper, tuple(ins_a.values())).save(str(hand / "talker_text_embed.pt"))
+np.save(hand / "a0.npy", ins_a["ids"].numpy())
+np.save(hand / "b0.npy", ins_b["ids"].numpy())
+cmd = [export.pnnx_binary(), "talker_text_embed.pt", "input=a0.npy", "input2=b0.npy", "fp16=0"]
+print(f"$ cd {hand}\n$ pnnx {' '.join(cmd[1:])}")
+proc = subprocess.run(cmd, cwd=hand, capture_output=True, text=True)
+print(f"exit {proc.returncode}; pnnx wrote:", ", ".join(sorted(f.name for f in hand.iterdir() if f.suffix != ".npy")))
+check.equal("by hand: pnnx exit status", "returncode", proc.returncode, 0)
+
+# %% [markdown]
+# pnnx leaves several files: its own intermediate form (`.pnnx.param/.bin`, an `.onnx`), two generated test scripts,
+# and the ncnn graph, **`.ncnn.param`** (the layers, as text) and **`.ncnn.bin`** (the weights). The `.param`:
+
+# %%
+param_text = (hand / "talker_text_embed.ncnn.param").read_text()
+print(param_text)
+
+# %% [markdown]
+# Line 1 is ncnn's magic number, line 2 `layer_count blob_count`; then one layer per line:
+# `type name n_inputs n_outputs input_blobs... output_blobs... key=value...`, the keys numbered per layer type
+# (ncnn's operator reference). Here: an `Input` blob `in0`; an `Embed` with `0=` the width and `1=` the number of
+# rows (the vocabulary), reading the ids as int32; two `Gemm` (`fc1`, `fc2` of the MLP, `8=` outputs `9=` inputs)
+# with `Swish` (SiLU) between; a few `Reshape`/`ExpandDims`/`Squeeze` around them, from the shapes the trace saw;
+# the output blob `out0`. Checked against this checkpoint's config:
+
+# %%
+hand_info = export.parse_param(param_text)
+embed_layer = next(layer for layer in hand_info.layers if layer.type == "Embed")
+embed = dict(q.split("=", 1) for q in embed_layer.params)  # {"0": width, "1": rows, ...}
+print(" ".join(embed_layer.params))
+check.equal("by hand: Embed 1= (rows) = text vocabulary", "rows", int(embed["1"]),
+            cfg["talker_config"]["text_vocab_size"])
+check.equal("by hand: Embed 0= (width) = text hidden size", "width", int(embed["0"]),
+            cfg["talker_config"]["text_hidden_size"])
+check.equal("by hand: Gemm layers (fc1, fc2)", "count", hand_info.counts["Gemm"], 2)
+check.equal("by hand: leftover pnnx ops", "count", len(hand_info.leftovers), 0)
+
+# %% [markdown]
+# Now run it with the bare ncnn Python API: a `Net` whose fp16 paths are off (ncnn turns them on by default where
+# the CPU has them; appendix B), `load_param` and `load_model` (each returns 0 on success), then per input an
+# `Extractor`: `input` the ids as an `ncnn.Mat`, `extract` the output blob. The Mat is cloned while the numpy array
+# is alive, because `ncnn.Mat(array)` only borrows its memory (appendix B). Against the torch wrapper, at both
+# lengths:
+
+# %%
+net = ncnn.Net()
+net.opt.num_threads = THREADS
+net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+rets = (net.load_param(str(hand / "talker_text_embed.ncnn.param")),
+        net.load_model(str(hand / "talker_text_embed.ncnn.bin")))
+check.equal("by hand: load_param, load_model", "returns", str(rets), "(0, 0)")
+print("blobs:", net.input_names(), "->", net.output_names())
+for ins in (ins_a, ins_b):
+    ids = ins["ids"].numpy()  # (n,) int32, alive while the Mat is cloned
+    ex = net.create_extractor()
+    ex.input("in0", ncnn.Mat(ids).clone())
+    ret, out = ex.extract("out0")
+    ours = np.array(out.numpy())  # (n, hidden)
+    with torch.inference_mode():
+        ref = wrapper(*ins.values()).numpy()
+    print(f"n={len(ids)}: extract {ret}, ncnn {ours.shape} vs torch {ref.shape}")
+    spec.check(f"by hand: bare ncnn vs torch @ {len(ids)}", ours, ref)
+del net
+shutil.rmtree(hand)
+
+# %% [markdown]
+# ## 2. Export every wrapper with pnnx
+# `export.export_module` does what section 1 did by hand:
 # 1. `torch.jit.trace` the wrapper at the first length and save the TorchScript `.pt`;
 # 2. save real inputs for **both** lengths as `.npy` and run the pnnx binary with `input=... input2=... fp16=0`
 #    (two shapes mark the varying dims dynamic; real inputs keep int32 ids valid ids; fp16 weights are pnnx's
@@ -82,11 +168,12 @@ rows = "".join(
 display(HTML("<table><tr><th>module</th><th>export s</th><th>.bin MiB</th><th>intermediates MiB (deleted)</th>"
              "<th>pnnx input shapes</th><th>batch axis per input (233 = none)</th><th>layers</th></tr>"
              + rows + "</table>"))
+check.equal("talker_text_embed: export_all's .param = the one made by hand", "same text",
+            (out_dir / "talker_text_embed.param").read_text() == param_text, True)
 
 # %% [markdown]
-# ## 2. Read the `.param`
-# A `.param` is text: a magic number, `layer_count blob_count`, then one layer per line
-# (`type name n_in n_out inputs... outputs... key=value...`). Two things must hold for every module:
+# ## 3. Read the `.param`
+# Read as in section 1. Two things must hold for every module:
 # no pnnx-internal op survived (ncnn cannot load `pnnx.Expression`, `Tensor.expand`, ...), and the layers we
 # designed for are there: in the decoders **one SDPA per layer** (the GQA `repeat_interleave` folded into it) and
 # **one RotaryEmbed per q and per k**.
@@ -100,10 +187,8 @@ for name in entries:
 print("".join((out_dir / "talker_decoder.param").read_text().splitlines(keepends=True)[:30]))
 
 # %% [markdown]
-# Each decoder layer has seven projections (q, k, v, o, gate, up, down), each a `Gemm`. The code predictor's graph
-# has one more where the checkpoint has a `small_to_mtp_projection` (1.7B: the talker is wider than the code
-# predictor; chapter 02), the first Gemm of the graph, from the talker's width `9=K` to the predictor's `8=N`, with
-# its bias as a constant C (`6=1`):
+# Each decoder layer has seven projections (q, k, v, o, gate, up, down), each a `Gemm` from `9=` inputs to `8=`
+# outputs. The first Gemm of the code predictor's graph:
 
 # %%
 predictor_cfg = cfg["talker_config"]["code_predictor_config"]
@@ -114,7 +199,7 @@ for name, layers, extra in (("talker_decoder", cfg["talker_config"]["num_hidden_
                 export.read_param(out_dir / f"{name}.param").counts["Gemm"], 7 * layers + extra)
 first_gemm = next(line for line in (out_dir / "predictor_decoder.param").read_text().splitlines()
                   if line.startswith("Gemm"))
-print(" ".join(first_gemm.split()), "<- the projection" if projected else "<- q_proj of layer 0 (no projection)")
+print(" ".join(first_gemm.split()), "<- small_to_mtp_projection (chapter 08)" if projected else "<- q_proj of layer 0")
 
 # %% [markdown]
 # ### The one rewrite after pnnx: half-width rope tables
@@ -132,7 +217,7 @@ check.equal("talker_decoder: no Concat left in front of RotaryEmbed", "count",
             export.read_param(out_dir / "talker_decoder.param").counts["Concat"], 0)
 
 # %% [markdown]
-# ## 3. Align each graph in ncnn, at two lengths
+# ## 4. Align each graph in ncnn, at two lengths
 # `runtime.net.Net` loads a graph with fp16/bf16 off and the manifest's batch axes, and turns numpy into `ncnn.Mat`
 # that own their memory (the binding's Mat only borrows a numpy buffer; appendix B shows what that does).
 # Inputs are fresh seeded synthetic ones, at the two lengths of each module. Each module is compared with the metric
@@ -178,12 +263,12 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
              ylabel="relative L2 error, ncnn vs torch", title=f"ncnn fp32 vs torch wrappers ({ckpt})");
 
 # %% [markdown]
-# ## 4. Find where the error grows: probe every layer
+# ## 5. Find where the error grows: probe every layer
 # One number per graph says *whether* ncnn agrees with torch, not *where* they part. `qtts_lib.probe.probe` runs the
 # torch wrapper with a forward hook on every `Linear`, `Conv1d`, `ConvTranspose1d`, `LayerNorm` and `Embedding`,
 # runs the ncnn graph extracting the matching intermediate blobs from one Extractor, and pairs them. pnnx keeps no
 # module paths in a `.param` (layers are named by op, `gemm_3`; blobs are numbers; look at the listing in section
-# 2), so the pairing is **by op kind, then order, then shape**: the i-th `Linear` call is the i-th `Gemm` of the
+# 3), so the pairing is **by op kind, then order, then shape**: the i-th `Linear` call is the i-th `Gemm` of the
 # `.param`. A count or a shape that disagrees raises `PairingError` instead of pairing the wrong layers, and an
 # activation that pnnx fused into a convolution (`conv1drelu_*`, the codec's final `conv1dclip_0`) is applied to
 # torch's side first. The rule, and what it gives per graph, from the module's docstring:
@@ -193,7 +278,7 @@ print(probe.__doc__.split("How torch and ncnn pair.")[1].split("The ncnn side")[
 
 # %% [markdown]
 # Each of the five deep graphs runs at its shorter length on fresh inputs. The limit is **1e-5 relative error at
-# every layer**, the limit the decoders' final outputs already meet in section 3: fp32 with another summation order
+# every layer**, the limit the decoders' final outputs already meet in section 4: fp32 with another summation order
 # rounds each layer at about 1e-7, and even the 40-odd convolutions of the codec stay around 1e-6; fp16 anywhere
 # would give about 1e-3, and a real bug (a rope or mask convention, one wrong weight) more. One limit fits all five
 # because all five run in fp32 end to end.
@@ -242,9 +327,10 @@ check.at_most(f"talker_decoder: 1 vs {THREADS} threads, worst of {len(threads_pr
 
 # %% [markdown]
 # ## Summary
-# - pnnx with two real input sets and `fp16=0` converts all ten wrappers (nine without a speaker encoder) with no
-#   leftover ops; the decoders get one SDPA per layer and RotaryEmbed for q and k once the in-graph widening of the
-#   rope tables is removed; a 1.7B code predictor's projection is one more Gemm at the front.
+# - By hand: trace, `pnnx <name>.pt input=... input2=... fp16=0`, read the `.param` (one layer a line), then
+#   `ncnn.Net` → `load_param`/`load_model` → `create_extractor` → `input`/`extract`, compared with torch.
+# - pnnx with two real input sets and `fp16=0` converts all ten wrappers with no leftover ops; the decoders get one
+#   SDPA per layer and RotaryEmbed for q and k once the in-graph widening of the rope tables is removed.
 # - `runtime.net.Net` is the only place where numpy becomes `ncnn.Mat`: owning copies, fp16/bf16 off, the batch
 #   axes pnnx chose.
 # - Every module matches its torch wrapper in ncnn at two lengths; Mimi's latent through the numpy split RVQ gives
@@ -256,7 +342,7 @@ check.at_most(f"talker_decoder: 1 vs {THREADS} threads, worst of {len(threads_pr
 # **Artifacts left:** `models/<ckpt>/ncnn/*.param/.bin`, `manifest.json`, `mimi_rvq.npz`, the chapter report.
 #
 # **If your numbers differ**
-# - *`load_param` fails* → a leftover pnnx op (section 2 names it); appendix A shows the usual suspects.
+# - *`load_param` fails* → a leftover pnnx op (section 3 names it); appendix A shows the usual suspects.
 # - *Right at one length, wrong shape at the other* → the export saw one shape;
 #   both `input=` and `input2=` must be given.
 # - *Errors around 1e-3* → fp16 weights or arithmetic:
