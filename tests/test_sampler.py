@@ -297,7 +297,9 @@ def test_sampling_defaults_are_the_checkpoints(ckpt):
     assert (s.greedy, s.temperature, s.top_k, s.top_p, s.repetition_penalty) == (
         not gen["do_sample"], gen["temperature"], gen["top_k"], gen["top_p"], gen["repetition_penalty"])
     assert Sampling.from_generation_config({"do_sample": False, "subtalker_dosample": True}).subtalker_greedy is False
-    assert Sampling.from_generation_config({}) == Sampling()  # qwen_tts's hard defaults, which are the class's
+    # qwen_tts's hard defaults, which are the class's; the checkpoint's defaults carry CHECKPOINT_SEED
+    assert Sampling.from_generation_config({}) == Sampling(seed=sampler.CHECKPOINT_SEED)
+    assert Sampling.from_generation_config({}, seed=None) == Sampling()
 
 
 def test_replace_validates_and_greedy_reaches_the_code_predictor(ckpt):
@@ -306,6 +308,39 @@ def test_replace_validates_and_greedy_reaches_the_code_predictor(ckpt):
     assert (s.temperature, s.top_k, s.seed) == (0.7, 5, 3)
     g = s.replace(greedy=True)
     assert not SamplerConfig.talker(g, cfg).do_sample and not SamplerConfig.subtalker(g, cfg).do_sample
+
+
+def test_no_seed_is_a_fresh_draw_resolved_once_and_replayable(ckpt):
+    """`Sampling()` has no seed; `resolve` draws one (a new one each call) and keeps a given one; a `Sampler` built
+    from an unresolved sampling resolves it itself, never falling back to a fixed seed, and says which seed it
+    drew: a sampler built with that seed draws the same codes."""
+    gen, cfg = ckpt
+    fresh = Sampling.from_generation_config(gen, seed=None)
+    assert Sampling().seed is None and fresh.seed is None
+    seeds = {fresh.resolve().seed for _ in range(8)}
+    assert len(seeds) == 8 and all(isinstance(s, int) and 0 <= s < 2**sampler.SEED_BITS for s in seeds)
+    assert fresh.resolve().replace(seed=None) == fresh  # only the seed is filled in
+    given = fresh.replace(seed=5)
+    assert given.resolve() is given
+    x = np.random.default_rng(3).standard_normal(TALKER_VOCAB).astype(np.float32)
+
+    def codes(s: sampler.Sampler) -> list[int]:
+        got: list[int] = []
+        for _ in range(100):
+            got.append(s.first(x, got))
+        return got
+
+    a, b = sampler.Sampler(fresh, cfg), sampler.Sampler(fresh, cfg)
+    take_a, take_b = codes(a), codes(b)
+    assert a.seed != b.seed and take_a != take_b
+    replay = sampler.Sampler(fresh.replace(seed=a.seed), cfg)
+    assert replay.seed == a.seed and codes(replay) == take_a
+    # greedy needs no seed: a greedy sampling is as repeatable as ever
+    greedy = Sampling(greedy=True)
+    assert not greedy.draws and greedy.seed == sampler.GREEDY_SEED and greedy.resolve() is greedy
+    assert fresh.draws and Sampling(greedy=True, subtalker_greedy=False).draws
+    assert Sampling(greedy=True, subtalker_greedy=False).seed is None
+    assert codes(sampler.Sampler(greedy, cfg)) == codes(sampler.Sampler(greedy, cfg))
 
 
 @pytest.mark.parametrize("bad", [{"temperature": 0}, {"temperature": -1.0}, {"temperature": float("nan")},

@@ -28,12 +28,15 @@ torch's random stream.
 Three objects, from the user's to the loop's:
 - `Sampling`: what a user chooses (greedy or not, temperature, top-k, top-p, repetition penalty, seed), defaulting
   to the checkpoint's generation_config.json (`Sampling.from_generation_config`); the product passes it end to end.
+  No seed means a fresh draw: `Sampling.resolve` picks the seed once per request, where the request enters, so the
+  seed used can be told to the user and the take replayed with it.
 - `SamplerConfig`: what one of the reference's two generate() calls does to its logits (talker, sub-talker).
 - `Sampler`: one sequence's sampling in the loop: both configs and the sequence's own random stream.
 """
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -52,6 +55,14 @@ TALKER_MIN_NEW_TOKENS = 2  # hard-coded in talker_kwargs, not read from any conf
 CONTROL_SPAN = 1024  # the top 1024 talker ids are control tokens, suppressed except EOS
 
 NEG_INF = np.float32(-np.inf)  # HF's filter_value and its suppress/min-length value
+SEED_BITS = 32                # a fresh seed is below 2**32: short enough to read out and type back
+CHECKPOINT_SEED = 0           # `from_generation_config`'s seed, until every caller resolves a fresh one per request
+GREEDY_SEED = 0               # the seed of a sampling that draws nothing (any seed gives its codes)
+
+
+def fresh_seed() -> int:
+    """A new seed from the operating system's randomness (`secrets`), never from a stream a seed could replay."""
+    return secrets.randbits(SEED_BITS)
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,9 @@ class Sampling:
     The talker (codebook 0) uses temperature, top_k, top_p and the repetition penalty; the code predictor
     (codebooks 1..15) its own `subtalker_*` values (no penalty: its config has 1.0). `greedy` takes the argmax on
     both (what the parity checks use; `subtalker_greedy` None follows it). `seed` seeds the sequence's numpy random
-    stream: equal seeds give equal codes. A checkpoint's defaults: `Synthesizer.sampling`; change a field with
+    stream: equal seeds give equal codes; None (the default) asks for a fresh draw, which `resolve` makes once per
+    request, where it enters (`qtts say` prints the seed it drew). A sampling that draws nothing (greedy on both)
+    needs no seed and gets GREEDY_SEED. A checkpoint's defaults: `Synthesizer.sampling`; change a field with
     `sampling.replace(temperature=0.7)`."""
 
     greedy: bool = False
@@ -69,7 +82,7 @@ class Sampling:
     top_k: int = 50
     top_p: float = 1.0
     repetition_penalty: float = 1.05
-    seed: int = 0
+    seed: int | None = None
     subtalker_greedy: bool | None = None
     subtalker_temperature: float = 0.9
     subtalker_top_k: int = 50
@@ -86,16 +99,33 @@ class Sampling:
                 raise InputError(f"{name} must be a number in (0, 1], not {value!r}")
         for name in ("top_k", "subtalker_top_k", "seed"):
             value = getattr(self, name)
+            if name == "seed" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InputError(f"{name} must be a whole number, 0 or more, not {value!r}")
         for name in ("greedy", "subtalker_greedy"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "subtalker_greedy" and value is None):
                 raise InputError(f"{name} must be true or false, not {value!r}")
+        if self.seed is None and not self.draws:
+            object.__setattr__(self, "seed", GREEDY_SEED)  # frozen; nothing to draw afresh
+
+    @property
+    def draws(self) -> bool:
+        """Whether any code is drawn at random (not greedy on both heads), i.e. whether the seed matters."""
+        sub_greedy = self.greedy if self.subtalker_greedy is None else self.subtalker_greedy
+        return not (self.greedy and sub_greedy)
+
+    def resolve(self) -> Sampling:
+        """This sampling with a concrete seed: itself when it has one, else a copy with a `fresh_seed`. Call it once
+        per request where the request enters, and report the seed: replaying with it gives the same take bit for
+        bit. Greedy decoding ignores the seed, so a resolved greedy sampling is as repeatable as before."""
+        return self if self.seed is not None else dataclasses.replace(self, seed=fresh_seed())
 
     @classmethod
     def from_generation_config(cls, gen_cfg: dict, **overrides) -> Sampling:
-        """A checkpoint's defaults (its generation_config.json, with qwen_tts's defaults for missing keys)."""
+        """A checkpoint's defaults (its generation_config.json, with qwen_tts's defaults for missing keys), seeded
+        with CHECKPOINT_SEED unless `overrides` give a seed (None: a fresh draw per request)."""
         talker_greedy = not bool(_pick(gen_cfg, "do_sample"))
         sub_greedy = not bool(_pick(gen_cfg, "subtalker_dosample"))
         values = dict(greedy=talker_greedy, temperature=float(_pick(gen_cfg, "temperature")),
@@ -104,7 +134,7 @@ class Sampling:
                       subtalker_greedy=None if sub_greedy == talker_greedy else sub_greedy,
                       subtalker_temperature=float(_pick(gen_cfg, "subtalker_temperature")),
                       subtalker_top_k=int(_pick(gen_cfg, "subtalker_top_k")),
-                      subtalker_top_p=float(_pick(gen_cfg, "subtalker_top_p")))
+                      subtalker_top_p=float(_pick(gen_cfg, "subtalker_top_p")), seed=CHECKPOINT_SEED)
         return cls(**(values | overrides))
 
     def replace(self, **changes) -> Sampling:
@@ -311,13 +341,16 @@ def sample(logits: np.ndarray, generated: Sequence[int] | np.ndarray, step: int,
 
 class Sampler:
     """One sequence's sampling in the generation loop: the talker's and the sub-talker's `SamplerConfig` and the
-    sequence's own random stream (seeded by `sampling.seed`). The loop asks it for every code it feeds on; a harness
-    that needs other codes (chapter 12's teacher forcing) passes a subclass. Introduced in 06."""
+    sequence's own random stream (seeded by `sampling.seed`; `seed` is the one used, drawn afresh by
+    `Sampling.resolve` when the sampling had none). The loop asks it for every code it feeds on; a harness that
+    needs other codes (chapter 12's teacher forcing) passes a subclass. Introduced in 06."""
 
     def __init__(self, sampling: Sampling, talker_cfg: dict, eos_token_id: int | None = None):
+        sampling = sampling.resolve()
         self.talker = SamplerConfig.talker(sampling, talker_cfg, eos_token_id)
         self.subtalker = SamplerConfig.subtalker(sampling, talker_cfg)
-        self.rng = np.random.default_rng(sampling.seed)
+        self.seed: int = sampling.seed
+        self.rng = np.random.default_rng(self.seed)
 
     @property
     def eos_id(self) -> int:
