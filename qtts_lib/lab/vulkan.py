@@ -56,6 +56,43 @@ def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int
     return talker + predictor
 
 
+def packed_decoder(out_dir: Path, name: str, config: dict, threads: int, device: str):
+    """A cached decoder whose caches travel as one blob (`rewrites.gpu.packed_cache_params` over the exported
+    `_kv` graph): the packed form chapter 09 steps beside the exported one and the GPU forms."""
+    from ..runtime.binding.cached import KvCacheNet
+    from ..runtime.pipeline import precision
+    from ..runtime.rewrites.gpu import packed_cache_params
+
+    prefill, step = packed_cache_params((Path(out_dir) / f"{name}_kv.param").read_text())
+    nets = [net_from_text(text, Path(out_dir) / f"{name}.bin", threads, device) for text in (prefill, step)]
+    return KvCacheNet(nets[0], precision.cached_layers(out_dir, name), config["head_dim"], config["rope_theta"],
+                      step=nets[1], packed=True, name=name)
+
+
+def gpu_loop_graphs(loop, codec_net, layers: tuple[int, int]) -> dict[str, tuple]:
+    """Every graph the GPU loop (`pipeline.loop.Loop` with its GPU forms) and the codec's GPU form run: label ->
+    (ncnn.Net, the exported graph it replaces, the layers `one_blob_io` may add to that graph's count). `layers`:
+    the talker's and the predictor's decoder layers. One-blob I/O adds at most, per cache blob, a flatten out (and
+    for a step a Split, a Slice part and a reshape in), the Concat, and per step output a Split, a flatten and a
+    Concat."""
+    talker, predictor = 2 * layers[0], 2 * layers[1]  # cache blobs: K and V per layer
+
+    def prefill(n: int) -> int:
+        return n + 1
+
+    def step(n: int, outs: int) -> int:
+        return 3 * n + 2 + 3 * outs
+
+    both = "predictor (cached decoder + heads)"
+    return {"talker prefill (kv)": (loop.talker.prefill_net, "talker_decoder_kv", prefill(talker)),
+            "talker step (GEMV, one blob)": (loop.talker.step_net, "talker_decoder_kv", step(talker, 1)),
+            "talker full sequence": (loop.talker.full, "talker_decoder", 0),
+            "codec head": (loop.head.net, "talker_codec_head", 0),
+            "predictor first position": (loop.predictor.first, both, prefill(predictor)),
+            "predictor step (GEMV, one blob)": (loop.predictor.step, both, step(predictor, 15)),
+            "codec (GPU form, after the codebooks)": (codec_net, "codec_decoder", 0)}
+
+
 # ---------------------------------------------------------------- small graphs and probes
 def small_graph(text: str, device: str, threads: int = 2, weights: bytes = b"", fp16: bool = False):
     """An ncnn.Net from .param text without its magic line (and .bin bytes), with every fp16 option on or off
