@@ -148,6 +148,63 @@ def test_sampling_options_reach_the_loop(exported, tmp_path, capsys):
     assert not np.array_equal(wavs["a"], wavs["g"])
 
 
+def test_without_a_seed_each_run_is_a_fresh_take_that_its_printed_seed_replays(exported, tmp_path, capsys):
+    """No --seed: two runs differ; each prints the seed it drew (one line on stderr), and --seed with it gives the
+    same samples bit for bit. Greedy draws nothing and prints no seed."""
+    import re
+
+    args = ["--voice", str(paths.voice_wav()), "--text", "Hello there.", "--language", "english", "--max-frames", "8"]
+    takes = {}
+    for name in ("a", "b"):
+        assert say(*args, "-o", str(tmp_path / f"{name}.wav")) == 0
+        (line,) = [x for x in capsys.readouterr().err.splitlines() if "seed" in x]
+        seed = re.fullmatch(r"qtts: seed (\d+): replay with --seed (\d+)", line)
+        assert seed and seed[1] == seed[2]
+        takes[name] = int(seed[1]), sf.read(tmp_path / f"{name}.wav", dtype="float32")[0]
+    (seed_a, a), (seed_b, b) = takes["a"], takes["b"]
+    assert seed_a != seed_b and not np.array_equal(a, b)
+    assert say(*args, "--seed", str(seed_a), "-o", str(tmp_path / "replay.wav")) == 0
+    assert f"seed {seed_a}:" in capsys.readouterr().err
+    assert np.array_equal(sf.read(tmp_path / "replay.wav", dtype="float32")[0], a)
+    assert say(*args, "--greedy", "-o", str(tmp_path / "g.wav")) == 0
+    assert "seed" not in capsys.readouterr().err
+
+
+def test_speed_changes_the_duration_whole_or_streamed(exported, tmp_path, capsys):
+    """--speed 2 halves the audio and 0.5 doubles it (within 5%); streamed (--stream, or a long text segment by
+    segment) it writes the samples of the whole file."""
+    args = ["--voice", str(paths.voice_wav()), "--text", "Hello there.", "--language", "english", "--greedy",
+            "--max-frames", "12"]
+
+    def run(*extra, name="o.wav") -> np.ndarray:
+        assert say(*args, *extra, "-o", str(tmp_path / name)) == 0
+        return sf.read(tmp_path / name, dtype="float32")[0]
+
+    plain = run()
+    assert len(plain) == 12 * 1920
+    for speed in (2.0, 0.5):
+        whole = run("--speed", str(speed))
+        assert abs(len(whole) * speed / len(plain) - 1) < 0.05, (speed, len(whole))
+        assert np.array_equal(run("--speed", str(speed), "--stream", name="s.wav"), whole)
+    assert np.array_equal(run("--speed", "1"), plain)
+    text = "The first sentence is here. " * 12
+    long_args = ["--voice", str(paths.voice_wav()), "--text", text, "--language", "english", "--greedy",
+                 "--max-frames", "3", "--speed", "1.5"]
+    assert say(*long_args, "-o", str(tmp_path / "l.wav")) == 0
+    assert "segments" in capsys.readouterr().out
+    assert say(*long_args, "--stream", "-o", str(tmp_path / "ls.wav")) == 0
+    assert np.array_equal(sf.read(tmp_path / "l.wav")[0], sf.read(tmp_path / "ls.wav")[0])
+
+
+@pytest.mark.parametrize("value", ["0.2", "5", "fast", "nan"])
+def test_bad_speed_is_one_line(tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main(["say", "--speed", value, "--text", "hi", "-o", str(tmp_path / "o.wav")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--speed" in err and "0.25 to 4.0" in err
+
+
 @pytest.mark.parametrize("option, value", [("--temperature", "0"), ("--top-p", "1.5"), ("--top-k", "-2"),
                                            ("--repetition-penalty", "-1")])
 def test_bad_sampling_options_are_one_line(exported, tmp_path, capsys, option, value):

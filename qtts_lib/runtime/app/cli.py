@@ -8,6 +8,9 @@
     qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 15, four segments at
                                              a time, chapter 16, --max-batch N; - reads stdin)
     qtts say ... --temperature 0.7 --top-k 30 --seed 3                 (sampling; --greedy for the argmax)
+    qtts say ... --speed 1.25                                          (faster, same pitch: FFmpeg's atempo)
+
+Without --seed every run is a fresh take; the seed it drew is printed (`qtts: seed N: replay with --seed N`).
 
 `--checkpoint` is a checkpoint directory (with its `ncnn/` exports), or a name looked up
 under `$QTTS_MODELS` and then `./models`. Every user mistake ends in one line on stderr and
@@ -25,6 +28,7 @@ import numpy as np
 
 from ..audio import encode
 from ..audio.clips import prepare_voice_clip
+from ..audio.tempo import MAX_SPEED, MIN_SPEED, Tempo, change_tempo, check_speed
 from ..audio.wav import SAMPLE_RATE, WavFile, load_wav, pcm16, save_wav, wav_header
 from ..errors import InputError, MissingArtifact, QttsError
 from ..pipeline.longform import PAUSE_SECONDS, plan, synthesize_long
@@ -77,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--stream", action="store_true",
                      help="write the file piece by piece as frames are generated (a wav is complete after each "
                           "piece; mp3, opus, aac and flac are encoded as the pieces come)")
+    say.add_argument("--speed", type=speed_value, default=1.0,
+                     help=f"tempo from {MIN_SPEED} to {MAX_SPEED} at the same pitch (FFmpeg's atempo through PyAV; "
+                          "default 1.0: as generated)")
     add_model_options(say)
     add_generation_options(say, "cap on generated frames per segment (12.5 per second); each segment's own cap "
                                 "also scales with its text")
@@ -91,6 +98,14 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("--threads", type=positive_int, default=2, help="CPU threads (at least 1)")
     export.add_argument("--no-int8", action="store_true", help="skip writing the int8 tier's files")
     return p
+
+
+def speed_value(text: str) -> float:
+    """--speed: a number in [MIN_SPEED, MAX_SPEED] (a usage error otherwise)."""
+    try:
+        return check_speed(float(text))
+    except (ValueError, InputError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a speed from {MIN_SPEED} to {MAX_SPEED}") from None
 
 
 def export(args: argparse.Namespace) -> int:
@@ -117,6 +132,8 @@ def say(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if encode.format_of_path(args.output):
         encode.require(encode.format_of_path(args.output))  # before the model loads, not after it spoke
+    if args.speed != 1.0:
+        encode.require("--speed")
     if args.voice_text is not None and args.voice is None:
         raise InputError("--voice-text needs --voice (the clip it transcribes)")
     clip = load_wav(args.voice, strict=not args.resample) if args.voice else None
@@ -133,6 +150,8 @@ def say(args: argparse.Namespace) -> int:
                          "--voice-text 'what the clip says' for ICL cloning")
     voice = synth.voice(wav=clip, text=args.voice_text, speaker=args.speaker, instruct=args.instruct)
     sampling = sampling_of(synth, args)
+    if sampling.draws:
+        print(f"qtts: seed {sampling.seed}: replay with --seed {sampling.seed}", file=sys.stderr)
     todo = plan(synth, text, max_frames=args.max_frames)
     if len(todo) > 1:
         return say_long(args, synth, voice, sampling, text, len(todo), t0)
@@ -144,12 +163,11 @@ def say(args: argparse.Namespace) -> int:
                       on_warning=lambda m: bar.write(f"qtts: warning: {m} (raise --max-frames)", file=sys.stderr))
         if streamed:
             stream = synth.stream(text, args.language, voice, chunk_frames=args.chunk_frames, **kwargs)
-            samples = write_pieces(args.output, stream)
+            samples = write_pieces(args.output, stream, args.speed)
             result = stream.result
         else:
             result = synth.synthesize(text, args.language, voice, **kwargs)
-            save_audio(args.output, result.wav)
-            samples = len(result.wav)
+            samples = save_audio(args.output, result.wav, args.speed)
     seconds = time.perf_counter() - t0
     audio_s = samples / SAMPLE_RATE
     stop = "EOS" if result.stopped == "eos" else f"the {cap}-frame cap"
@@ -173,20 +191,24 @@ def read_text(text: str | None, text_file: str | None) -> str:
         raise InputError(f"cannot read {text_file} as UTF-8 text: {e}") from None
 
 
-def save_audio(path: Path, wav: np.ndarray) -> None:
-    """A float32 wav (`save_wav`), or the compressed format the suffix names (`audio.encode`)."""
+def save_audio(path: Path, wav: np.ndarray, speed: float = 1.0) -> int:
+    """A float32 wav (`save_wav`), or the compressed format the suffix names (`audio.encode`), at `speed`
+    (`audio.tempo`); returns the samples written."""
+    wav = change_tempo(wav, speed)
     if encode.format_of_path(path):
         encode.save_encoded(path, wav)
     else:
         save_wav(path, wav)
+    return len(wav)
 
 
 class PieceWriter:
     """Pieces written as they come: to a `WavFile` (a complete float32 wav after every piece), to an mp3, opus, aac
     or flac file as its encoder gives bytes (`audio.encode.Encoder`), or with output "-" to stdout as 16-bit PCM
-    behind a WAV header of unknown length (for piping into a player)."""
+    behind a WAV header of unknown length (for piping into a player); at `speed` (`audio.tempo.Tempo`) first."""
 
-    def __init__(self, output: Path):
+    def __init__(self, output: Path, speed: float = 1.0):
+        self.tempo = Tempo(speed)
         self.to_stdout = str(output) == "-"
         fmt = None if self.to_stdout else encode.format_of_path(output)
         self.encoder = encode.Encoder(fmt) if fmt else None
@@ -196,6 +218,11 @@ class PieceWriter:
         self.samples = 0
 
     def write(self, piece: np.ndarray) -> None:
+        self._write(self.tempo.write(piece))
+
+    def _write(self, piece: np.ndarray) -> None:
+        if not len(piece):
+            return
         if self.to_stdout:
             sys.stdout.buffer.write(pcm16(piece))
             sys.stdout.buffer.flush()
@@ -207,15 +234,16 @@ class PieceWriter:
         self.samples += len(piece)
 
     def close(self) -> None:
+        self._write(self.tempo.close())
         if self.encoder:
             self.file.write(self.encoder.close())
         if self.file is not None:
             self.file.close()
 
 
-def write_pieces(output: Path, pieces: Iterable[np.ndarray]) -> int:
-    """Write every piece (`PieceWriter`); returns the samples written."""
-    writer = PieceWriter(output)
+def write_pieces(output: Path, pieces: Iterable[np.ndarray], speed: float = 1.0) -> int:
+    """Write every piece (`PieceWriter`) at `speed`; returns the samples written."""
+    writer = PieceWriter(output, speed)
     try:
         for piece in pieces:
             writer.write(piece)
@@ -229,7 +257,7 @@ def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segmen
     --stream or -o -, each segment is written as soon as it is spoken. Introduced in 15."""
     from tqdm import tqdm
 
-    writer = PieceWriter(args.output) if args.stream or str(args.output) == "-" else None
+    writer = PieceWriter(args.output, args.speed) if args.stream or str(args.output) == "-" else None
     pause = int(round(PAUSE_SECONDS * SAMPLE_RATE))
     with tqdm(total=segments, unit="segment", desc="speaking", file=sys.stderr) as bar:
         def done(i, n, seg, wav):
@@ -247,13 +275,12 @@ def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segmen
         finally:
             if writer:
                 writer.close()
-    if writer is None:
-        save_audio(args.output, result.wav)
-    seconds, audio_s = time.perf_counter() - t0, len(result.wav) / SAMPLE_RATE
+    samples = save_audio(args.output, result.wav, args.speed) if writer is None else writer.samples
+    seconds, audio_s = time.perf_counter() - t0, samples / SAMPLE_RATE
     n = len(result.segments)
     at_eos = sum(s.stopped == "eos" for s in result.segments)
     print(f"{args.output}: {n} segments, {sum(s.frames for s in result.segments)} frames, {audio_s:.2f} s "
-          f"of audio with {n - 1} pauses of {result.pause_samples / SAMPLE_RATE:.2f} s; {at_eos} stopped "
+          f"of audio with {n - 1} pauses of {result.pause_samples / SAMPLE_RATE / args.speed:.2f} s; {at_eos} stopped "
           f"at EOS, {n - at_eos} at their caps; {seconds:.2f} s wall, RTF {seconds / max(audio_s, 1e-9):.2f}",
           file=sys.stderr if str(args.output) == "-" else sys.stdout)
     return 0

@@ -67,7 +67,9 @@ def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> 
     g.add_argument("--max-frames", type=positive_int, default=600, help=max_frames_help)
     g.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece (80 ms each)")
     g.add_argument("--greedy", action="store_true", help="argmax instead of sampling (what the parity tests use)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (equal seeds, equal audio)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="sampling seed: equal seeds, equal audio (default: a fresh one each run, printed so the take "
+                        "can be replayed)")
     g.add_argument("--temperature", type=float, help="sampling temperature (default: the checkpoint's, 0.9)")
     g.add_argument("--top-k", type=int, help="keep the k most likely codes (default: the checkpoint's, 50; 0: all)")
     g.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1] (default: the checkpoint's, 1.0)")
@@ -94,11 +96,12 @@ def max_batch_of(synth: Synthesizer, args: argparse.Namespace, log) -> int:
 
 
 def sampling_of(synth: Synthesizer, args: argparse.Namespace) -> Sampling:
-    """The checkpoint's sampling with the options given on the command line (an `InputError` when invalid)."""
+    """The checkpoint's sampling with the options given on the command line (an `InputError` when invalid), resolved:
+    without --seed, a fresh seed (`Sampling.resolve`), which the caller reports so the take can be replayed."""
     given = {k: getattr(args, k) for k in SAMPLING_OPTIONS if getattr(args, k) is not None}
     if args.greedy:
         given["greedy"] = True
-    return synth.sampling.replace(seed=args.seed, **given)
+    return synth.sampling.replace(seed=args.seed, **given).resolve()
 
 
 def load_synthesizer(args: argparse.Namespace, log) -> Synthesizer:
