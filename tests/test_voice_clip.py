@@ -7,7 +7,7 @@ import soundfile as sf
 from qtts_lib import paths
 from qtts_lib.runtime.app.cli import main
 from qtts_lib.runtime.audio import clips as audio
-from qtts_lib.runtime.audio.clips import check_voice_clip, prepare_voice_clip, trim_voice_clip
+from qtts_lib.runtime.audio.clips import check_voice_clip, prepare_voice_clip, read_voice_clip, trim_voice_clip
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, load_wav
 from qtts_lib.runtime.errors import AudioError
 
@@ -90,6 +90,74 @@ def test_a_long_clip_with_a_transcript_is_refused_not_trimmed():
         prepare_voice_clip(speechlike(20), transcript="what it says")
     kept, messages = prepare_voice_clip(speechlike(20), transcript="what it says", keep_long=True)
     assert len(kept) == 20 * SR and "ICL prompt of 250 frames" in messages[0]
+
+
+# ------------------------------------------------------------ one home: files and uploads (`read_voice_clip`)
+def encoded(wav: np.ndarray, sr: int = SR, fmt: str = "WAV", subtype: str | None = "FLOAT") -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    sf.write(buf, wav, sr, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: nan_clip(), "NaN or infinite samples"),
+    (lambda: speechlike(0.3), "it must be at least 1 s"),
+    (lambda: np.zeros(3 * SR, np.float32), "is silent"),
+    (lambda: np.clip(speechlike(3, level=0.5) * 3, -1, 1), None),
+], ids=["nan", "short", "silent", "clipped"])
+def test_an_upload_meets_the_same_rules_as_an_array(make, message):
+    """The bytes of a file (as an upload brings them) pass the same checks, with the same messages."""
+    wav = make()
+    if message:
+        with pytest.raises(AudioError, match=message):
+            read_voice_clip(encoded(wav), name="the upload")
+        with pytest.raises(AudioError, match=message):
+            prepare_voice_clip(wav)
+    else:
+        clip = read_voice_clip(encoded(wav), name="the upload")
+        assert clip.messages == tuple(prepare_voice_clip(wav)[1]) and "clipped" in clip.warnings[0]
+
+
+def test_an_upload_at_another_rate_or_in_stereo_is_converted_with_a_note(tmp_path):
+    wav = speechlike(4)
+    stereo = np.stack([wav, wav], axis=1)
+    clip = read_voice_clip(encoded(stereo[::3], SR // 3), name="alice.wav")
+    assert clip.messages == ("note: alice.wav has 2 channels; averaging them to mono",
+                             "note: alice.wav is 8000 Hz; resampling to 24000 Hz (polyphase)")
+    assert abs(clip.seconds - 4) < 1e-3 and clip.wav.dtype == np.float32 and clip.warnings == []
+    with pytest.raises(AudioError, match="alice.wav has 2 channels; the model takes mono"):
+        read_voice_clip(encoded(stereo), strict=True, name="alice.wav")
+    flac = read_voice_clip(encoded(wav, fmt="FLAC", subtype="PCM_16"))
+    assert flac.messages == () and np.abs(flac.wav - wav).max() < 1e-4
+    (tmp_path / "v.wav").write_bytes(encoded(wav))
+    assert np.array_equal(read_voice_clip(tmp_path / "v.wav").wav, wav)
+    with pytest.raises(AudioError, match="cannot read the upload as audio"):
+        read_voice_clip(b"RIFF....not really", name="the upload")
+    with pytest.raises(AudioError, match="not found"):
+        read_voice_clip(tmp_path / "nope.wav")
+
+
+def test_a_long_clip_names_the_front_ends_own_way_to_keep_it():
+    """`keep_long_option` is how the caller keeps a long clip (qtts say: --keep-long-voice); None: no such way."""
+    wav = speechlike(20, gaps=[(13.2, 13.5)])
+    _, (note,) = prepare_voice_clip(wav, keep_long_option="keep_long=true")
+    assert "keep_long=true keeps it all" in note and "--keep-long-voice" not in note
+    _, (note,) = prepare_voice_clip(wav, keep_long_option=None)
+    assert note.endswith("(a voice needs a few seconds)")
+    with pytest.raises(AudioError, match="transcribe that part or drop the transcript to clone from the x-vector "
+                                         "alone$"):
+        read_voice_clip(encoded(wav), transcript="what it says", keep_long_option=None)
+
+
+def test_a_clip_is_mono_samples():
+    with pytest.raises(AudioError, match=r"mono samples, shape \(n,\), not \(72000, 2\)"):
+        prepare_voice_clip(np.zeros((3 * SR, 2), np.float32))
+    with pytest.raises(AudioError, match="array of samples, not str"):
+        check_voice_clip("voice.wav")
+    column, _ = prepare_voice_clip(speechlike(3)[:, None])
+    assert column.shape == (3 * SR,)
 
 
 # ------------------------------------------------------------ the same through `qtts say`

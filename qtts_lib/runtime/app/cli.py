@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from ..audio import encode
-from ..audio.clips import prepare_voice_clip
+from ..audio.clips import read_voice_clip
 from ..audio.tempo import MAX_SPEED, MIN_SPEED, Tempo, change_tempo, check_speed
-from ..audio.wav import SAMPLE_RATE, WavFile, load_wav, pcm16, save_wav, wav_header
+from ..audio.wav import SAMPLE_RATE, WavFile, pcm16, save_wav, wav_header
 from ..errors import InputError, MissingArtifact, QttsError
 from ..pipeline.longform import PAUSE_SECONDS, plan, synthesize_long
 from .options import (
@@ -136,11 +136,12 @@ def say(args: argparse.Namespace) -> int:
         encode.require("--speed")
     if args.voice_text is not None and args.voice is None:
         raise InputError("--voice-text needs --voice (the clip it transcribes)")
-    clip = load_wav(args.voice, strict=not args.resample) if args.voice else None
-    if clip is not None:
-        clip, notes = prepare_voice_clip(clip, args.voice_text, args.keep_long_voice)
-        for note in notes:
-            print(f"qtts: {note}", file=sys.stderr)
+    clip = None
+    if args.voice:
+        voice_clip = read_voice_clip(args.voice, args.voice_text, args.keep_long_voice, strict=not args.resample)
+        for message in voice_clip.messages:
+            print(f"qtts: {message}", file=sys.stderr)
+        clip = voice_clip.wav
     t0 = time.perf_counter()
     synth = load_synthesizer(args, log=lambda m: print(f"qtts: {m}", file=sys.stderr))
     if clip is None and args.speaker is None and synth.kind != "voice_design":

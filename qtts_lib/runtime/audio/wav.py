@@ -29,30 +29,48 @@ UNKNOWN_SIZE = 0xFFFFFFFF  # a WAV size field meaning "streamed, length not know
 def load_wav(path: str | Path, strict: bool = False, quiet: bool = False) -> np.ndarray:
     """A wav file as float32 mono at 24 kHz, shape (n,). Another rate or several channels are converted with a note
     on stderr (`quiet`: none), or refused (`strict`)."""
-    import soundfile as sf
-
     path = Path(path)
     if not path.is_file():
         raise AudioError(f"reference wav not found: {path}")
+    wav, notes = read_audio(path, strict)
+    if not quiet:
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    return wav
+
+
+def read_audio(source: str | Path | bytes, strict: bool = False,
+               name: str | None = None) -> tuple[np.ndarray, list[str]]:
+    """A file, or the bytes of one (wav, flac, ogg, mp3: what libsndfile reads), as float32 mono at 24 kHz, with
+    notes on what was converted (channels averaged, rate resampled), or an `AudioError` (unreadable, empty, or not
+    24 kHz mono when `strict`). `name` calls the audio in messages (default: the file's path)."""
+    import io
+
+    import soundfile as sf
+
+    whole = name or (str(source) if not isinstance(source, bytes) else "the audio")
+    short = name or (Path(source).name if not isinstance(source, bytes) else "the audio")
+    if not isinstance(source, bytes) and not Path(source).is_file():
+        raise AudioError(f"audio file not found: {whole}")
     try:
-        wav, sr = sf.read(str(path), dtype="float32", always_2d=True)
+        wav, sr = sf.read(io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32",
+                          always_2d=True)
     except Exception as e:  # soundfile raises several types for unreadable files
-        raise AudioError(f"cannot read {path} as audio: {e}") from None
+        raise AudioError(f"cannot read {whole} as audio: {e}") from None
     if wav.shape[0] == 0:
-        raise AudioError(f"{path} holds no samples")
+        raise AudioError(f"{whole} holds no samples")
+    notes = []
     if wav.shape[1] > 1:
         if strict:
-            raise AudioError(f"{path} has {wav.shape[1]} channels; the model takes mono")
-        if not quiet:
-            print(f"note: {path.name} has {wav.shape[1]} channels; averaging them to mono", file=sys.stderr)
+            raise AudioError(f"{whole} has {wav.shape[1]} channels; the model takes mono")
+        notes.append(f"{short} has {wav.shape[1]} channels; averaging them to mono")
     wav = wav.mean(axis=1).astype(np.float32)
     if sr != SAMPLE_RATE:
         if strict:
-            raise AudioError(f"{path} is {sr} Hz; the model takes {SAMPLE_RATE} Hz")
-        if not quiet:
-            print(f"note: {path.name} is {sr} Hz; resampling to {SAMPLE_RATE} Hz (polyphase)", file=sys.stderr)
+            raise AudioError(f"{whole} is {sr} Hz; the model takes {SAMPLE_RATE} Hz")
+        notes.append(f"{short} is {sr} Hz; resampling to {SAMPLE_RATE} Hz (polyphase)")
         wav = resample(wav, sr, SAMPLE_RATE)
-    return wav
+    return wav, notes
 
 
 def resample(wav: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
