@@ -277,11 +277,13 @@ sized = pd.DataFrame([{"runtime": r["runtime"], "precision": r["precision"], "th
                       "loop / floor": r["floor_ratio"], "peak GB": r["peak_rss_gb"]} for r in full_rows])
 sized = sized.sort_values(["threads", "total"], ascending=[True, False]).set_index(["threads", "runtime", "precision"])
 display(sized.style.set_caption(f"full-base, {tier_run['machine']['cpu']}, {tier_run['frames']} frames, ms per frame"))
-ax = sized.loc[2][["talker", "predictor", "codec"]].plot.bar(stacked=True, figsize=(8, 3.4), rot=0)
-ax.scatter(range(len(sized.loc[2])), sized.loc[2]["floor"], marker="_", s=900, color="black", label="loop floor")
+two = sized.loc[2]
+ax = two[["talker", "predictor", "codec"]].set_axis([f"{r}\n{p}" for r, p in two.index]).plot.bar(
+    stacked=True, figsize=(8, 3.4), rot=0)
+ax.scatter(range(len(two)), two["floor"], marker="_", s=900, color="black", label="loop floor")
 ax.axhline(80, color="crimson", ls="--", lw=1, label="real time")
 ax.set(ylabel="ms per frame", xlabel="", title="full-base, reference machine, 2 threads: where a frame goes")
-ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not over them
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), markerscale=0.3)  # beside the bars
 plt.show()
 
 # %% [markdown]
