@@ -69,8 +69,8 @@ BENCH = paths.ROOT / "data" / "bench"
 
 # %%
 gpu, why = lab.vulkan_or_skip()
-print(f"ncnn {ncnn.__version__}: {why}")
 if gpu:
+    print(f"ncnn {ncnn.__version__} sees: {why}")
     check.equal(f"{DEVICE} is a device ncnn sees", "devices", len(gpu_names()) > 0, True)
 else:
     check.current().record("chapter 09 on Vulkan", "skipped", why, "needs a Vulkan device", True, "--")

@@ -138,8 +138,9 @@ def table(res: dict) -> pd.DataFrame:
 def component_bars(res: dict, title: str):
     """Talker, predictor and codec stacked per row, the row's floor as a black bar, real time as a red line."""
     rows = sorted(res["rows"], key=lambda r: (r["threads"], r["runtime"], r["precision"]))
-    labels = [f"{r['runtime']} {r['precision']}\n{r['threads']} thread(s)" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 3.4))
+    labels = [r["runtime"] + (f" {r['precision']}" if r["precision"] != "fp32" else "") + f"\n{r['threads']} thr"
+              for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(rows)), 3.4))
     bottom = np.zeros(len(rows))
     for part, color in (("talker", "tab:blue"), ("predictor", "tab:orange"), ("codec", "tab:green")):
         vals = np.array([r["ms_per_frame"][part] for r in rows])
@@ -192,11 +193,12 @@ component_bars(ref, f"reference machine ({m['cpu']}, {m['cores']} cores): {ref['
 
 # %%
 ncnn_runs = [r for r in ref["raw"] if r["runtime"] == "ncnn" and r["precision"] == "fp32"]
+repeats = ref["rows"][0]["repeats"]  # raw holds each configuration's repeats together; they ran interleaved:
+ran = {id(r): j % repeats * (len(ref["raw"]) // repeats) + j // repeats for j, r in enumerate(ref["raw"])}
 ratios = {}
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
 for threads, marker in ((1, "o"), (2, "s")):
-    runs = [r for r in ref["raw"] if r["threads"] == threads]
-    probes = [(i, g) for i, r in enumerate(runs) for g in r["read_bandwidth_gbs"]]
+    probes = [(ran[id(r)], g) for r in ref["raw"] if r["threads"] == threads for g in r["read_bandwidth_gbs"]]
     axes[0].plot(*zip(*probes), marker, ms=3, alpha=0.6, label=f"{threads} thread(s)")
     mine = [r for r in ncnn_runs if r["threads"] == threads]
     floor = [ref["weight_bytes_per_frame"] / (np.median(r["read_bandwidth_gbs"]) * 1e9) * 1e3 for r in mine]
@@ -206,7 +208,8 @@ for threads, marker in ((1, "o"), (2, "s")):
     for (how, r), ls in zip(ratios[threads].items(), ("-", ":")):
         axes[1].plot(range(len(mine)), r, marker=marker, ls=ls, label=f"{threads} thread(s), floor from {how}")
 axes[0].set(xlabel="run (in the order they ran)", ylabel="GB/s", title="read bandwidth probed inside each run")
-axes[1].set(xlabel="ncnn fp32 repeat", ylabel="loop / floor", title="each run against a floor")
+axes[1].set(xlabel="ncnn fp32 repeat", ylabel="loop / floor", title="each run against a floor",
+            xticks=range(repeats))
 axes[1].axhline(1, color="black", lw=1)
 for ax in axes:
     ax.legend(fontsize=7)
