@@ -51,7 +51,7 @@ print(f"checkpoint: {ckpt}   threads: {settings.threads()}   torch {torch.__vers
 # integer *codes*, one from each of 16 *codebooks* of 2048 entries. Chapter 01 draws how the parts connect.
 # - **RVQ** (residual vector quantization): how the codec turns a frame's vector into codes: each codebook in a
 #   chain takes the entry nearest to what the codebooks before it left over (the residual). This codec splits
-#   it: codebook 0 (the *semantic* one) alone, codebooks 1..15 as one residual chain; the frame is their sum.
+#   it: codebook 0 (the *semantic* one) alone, codebooks 1..15 as one residual chain; decoding adds both back.
 # - **Talker**: a Qwen3 decoder-only transformer (28 layers in the released model). It reads the *prompt* (the
 #   text and the voice, as rows of embeddings) and predicts codebook 0 of each frame with its `codec_head`.
 # - **Code predictor**: a small decoder (5 layers) that predicts codebooks 1..15 of the same frame one after

@@ -15,13 +15,16 @@
 # # 01 · Read the model's structure
 # > Every later decision about where to cut the graph rests on knowing what each block takes and returns.
 #
-# **You will:** hang forward hooks on every block of the original model, run it once, and tabulate the real
-# tensor shapes; then establish three facts live, each with a check.
+# **You will:** draw the model's data flow with this checkpoint's dimensions, hang forward hooks on every block of
+# the original model, run it once, and tabulate the real tensor shapes; then establish three facts live, each with
+# a check.
 #
-# **You will learn:** Qwen3-TTS = Talker (autoregressive LLM → codebook 0) + Code Predictor (15-step MTP →
-# codebooks 1..15) + Codec Decoder (codes → 24 kHz), plus two encoders for cloning (ECAPA speaker encoder,
-# Mimi encoder); that its multimodal rope is plain rope here; that `config.json`, not the class defaults,
-# is the truth; how HF's `min_new_tokens` really works.
+# **You will learn:** Qwen3-TTS = the talker (an autoregressive decoder → codebook 0 of each frame) + the code
+# predictor (MTP, multi-token prediction: 15 more codes per frame → codebooks 1..15) + the codec decoder
+# (codes → a 24 kHz waveform), plus two encoders for cloning (the ECAPA-TDNN speaker encoder: a mel spectrogram
+# → an x-vector, one speaker embedding; the Mimi encoder: a voice clip → codes for ICL, in-context learning);
+# that its multimodal rope is plain rope here; that `config.json`, not the class defaults, is the truth; how
+# HF's `min_new_tokens` really works.
 #
 # **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing) and the committed
 # `data/inputs/voice.wav`. **Leaves behind:** `data/reports/<ckpt>/01_read_structure.json`.
@@ -31,11 +34,12 @@ import inspect
 import json
 from collections import OrderedDict
 
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from IPython.display import HTML, display
 
-from qtts_lib import check, checkpoint, paths, reference, settings
+from qtts_lib import check, checkpoint, paths, plots, reference, settings
 from qtts_lib.runtime.audio.wav import SAMPLES_PER_FRAME, load_wav
 
 ckpt = settings.checkpoint()
@@ -46,7 +50,24 @@ model, codec = tts.model, tts.model.speech_tokenizer.model
 cfg = checkpoint.load_config(ckpt)
 
 # %% [markdown]
-# ## 1. Hook every block and run once
+# ## 1. Draw the model
+# Speech is made frame by frame, 12.5 frames a second, each frame 16 codes (one per codebook). The text and the
+# voice become the **prompt**: rows of embeddings, one per position, each the sum of a text track and a codec
+# track. The **talker** reads the prompt once (the prefill), then runs one position per frame: its `codec_head`
+# picks codebook 0, or EOS (end of speech). The **code predictor** takes the talker's hidden state and codebook
+# 0's embedding and makes codebooks 1..15, one call each: a prefill of those two rows, then fourteen steps. The sum
+# of the frame's 16 code embeddings, plus the next row of the text still to read, is the talker's next input. The
+# **codec decoder** turns the frames into audio. For cloning, the **speaker encoder** (ECAPA-TDNN) turns a mel
+# spectrogram of the voice clip into the **x-vector**, one prompt row; in **ICL** mode the **Mimi encoder** also turns
+# the clip into codes that go into the prompt with the clip's transcript. The dimensions below are read from this
+# checkpoint's `config.json`:
+
+# %%
+plots.architecture(cfg, title=f"Qwen3-TTS (12 Hz) as {ckpt} builds it: the data flow and its dimensions")
+plt.show()
+
+# %% [markdown]
+# ## 2. Hook every block and run once
 # One forward hook per block records the shapes of the first call and counts the calls. We run a short
 # x-vector clone (prefill + a few frames, then the codec decoder) and encode the voice clip with the Mimi
 # encoder (the ICL path), so every component shows up.
@@ -127,9 +148,9 @@ show(seen, keep=lambda n: n.startswith("talker") and first_of_list(n))
 #   pad/bos/eos and language ids) → talker width. The codec track.
 # - `talker.model.layers.*`: the decoder; first call is the prefill of the whole prompt, every later call one frame.
 # - `talker.codec_head`: hidden → 3072 logits; only codebook 0 is predicted here.
-# - `talker.code_predictor.*`: the MTP. Per frame a 2-token prefill `[talker hidden, embedding(codebook 0)]`, then
-#   14 single steps; step *s* embeds with table *s-1* and predicts with head *s* — the one-off index that, if missed,
-#   makes every frame wrong.
+# - `talker.code_predictor.*`: the code predictor (the MTP). Per frame a 2-token prefill
+#   `[talker hidden, embedding(codebook 0)]`, then 14 single steps; step *s* embeds with table *s-1* and predicts
+#   with head *s* — the one-off index that, if missed, makes every frame wrong.
 
 # %%
 show(seen, keep=lambda n: not n.startswith("talker") and first_of_list(n))
@@ -157,8 +178,6 @@ for g, prefixes in groups.items():
     top = [n for n in mods if not any(n != o and n.startswith(o + ".") for o in mods)]
     sizes[g] = sum(sum(p.numel() for p in mods[n].parameters()) for n in top) / 1e6
 
-import matplotlib.pyplot as plt
-
 fig, ax = plt.subplots(figsize=(7, 2.6))
 ax.barh(list(sizes), list(sizes.values()), color="tab:blue")
 ax.set_xlabel("parameters (M)")
@@ -168,7 +187,7 @@ for y, v in enumerate(sizes.values()):
 fig.tight_layout()
 
 # %% [markdown]
-# ## 2. Fact one: the multimodal rope is plain rope here
+# ## 3. Fact one: the multimodal rope is plain rope here
 # The talker uses Qwen2-VL's *mrope*: three position rows (time, height, width) interleaved over the
 # frequency bands `mrope_section`. For text and audio tokens `get_rope_index` gives three **identical** rows,
 # and interleaving identical rows is the identity. So the exported decoder can use ncnn's stock
@@ -196,7 +215,7 @@ print(f"mrope_section {tc.rope_scaling['mrope_section']}, interleaved={tc.rope_s
 check.equal("mrope == plain rope on text/audio positions", "max_abs", diff, 0.0)
 
 # %% [markdown]
-# ## 3. Fact two: trust config.json, not the class defaults
+# ## 4. Fact two: trust config.json, not the class defaults
 # `Qwen3TTSTalkerConfig()` has defaults from another model size. Any code that builds a config from defaults
 # (or reads a missing key) silently gets the wrong model. The real 0.6B `config.json` (carried in
 # `qtts_lib/configs/`) against the class defaults:
@@ -229,7 +248,7 @@ check.at_least("keys where the defaults are wrong", "count", len(rows), 10)
 # A generation loop built on the defaults would wait for token 4198, which a 3072-entry vocabulary can never
 # produce: it would run to `max_new_tokens` every time.
 #
-# ## 4. Fact three: `min_new_tokens` masks EOS, it does not resample
+# ## 5. Fact three: `min_new_tokens` masks EOS, it does not resample
 # `generate` sets `min_new_tokens=2`. In Hugging Face this is a *logits processor*: for the first two new tokens
 # the EOS logit becomes `-inf` before the argmax/sampling, so the runner-up wins. A port that instead samples,
 # sees EOS and samples again draws from a different distribution, and a greedy port that skips EOS and takes
@@ -269,7 +288,8 @@ for new in range(3):
 # **If your numbers differ**
 # - *mrope diff not 0.0* → position ids with unequal rows (e.g. left padding in a batch);
 #   the port assumes batch 1 without padding.
-# - *A block missing from the tables* → a `tiny-customvoice` checkpoint has no speaker encoder; that is expected.
+# - *A block missing from the tables* → a checkpoint of another kind (chapter 08) has no speaker encoder; that is
+#   expected.
 
 # %%
 check.table()

@@ -12,19 +12,24 @@
 # ---
 
 # %% [markdown]
-# # Appendix A · Reproduce the pnnx conversion pitfalls
+# # Appendix A · The pnnx conversion pitfalls
 # > Every rewrite in chapter 02 is there because a conversion broke. Here each break happens again, on the pinned
 # > pnnx, next to the fix working.
 #
-# **You will:** convert one tiny torch module per pitfall with pnnx, run each in ncnn (in a child process where it
-# can crash), read the table of what reproduced, then look at each one: the `.param` lines pnnx wrote, the signal
-# or the wrong shape ncnn produced, and the fixed form checked against torch at two lengths.
+# This appendix backs the rewrite table of chapter 02 (its last column points here, by section) and the export
+# options of chapter 04 (two input shapes, `fp16=0`). Read it when a conversion of your own goes wrong, or to see
+# why a wrapper is written the way it is.
+#
+# **You will:** follow one pitfall end to end (a torch module, its conversion, the `.param` line that is wrong, the
+# wrong result measured, the fix); then convert one tiny torch module per pitfall, run each in ncnn (in a child
+# process where it can crash), read the table of what reproduced, and look at each one: the `.param` lines pnnx
+# wrote, the signal or the wrong shape ncnn produced, and the fixed form checked against torch at two lengths.
 #
 # **You will learn:** what each failure looks like in the `.param` and at run time, so you recognise it in a large
 # graph; which failures are loud (load errors, SIGFPE) and which are silent (wrong shape, wrong values); which
 # older pitfalls no longer reproduce on this pnnx.
 #
-# **You need:** nothing from earlier chapters: no checkpoint, only torch, pnnx and ncnn.
+# **You need:** nothing from the chapters: no checkpoint, only torch, pnnx and ncnn.
 #
 # **Leaves behind:** `data/reports/<ckpt>/appendix_a_pnnx_pitfalls.json`. The conversions go to a temporary folder that
 # is deleted at the end.
@@ -36,26 +41,105 @@ import tempfile
 import time
 from pathlib import Path
 
+import ncnn
+import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from qtts_lib import check, settings
-from qtts_lib.export import pitfalls
+from qtts_lib.export import pitfalls, read_param
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("appendix_a_pnnx_pitfalls", ckpt)
-WORK = Path(tempfile.mkdtemp(prefix="qtts_04b_"))
+WORK = Path(tempfile.mkdtemp(prefix="qtts_appendix_a_"))
 LENGTHS = pitfalls.LENGTHS  # (7, 11): every conversion sees both, except where one shape is the point
 t_start = time.perf_counter()
 print(" | ".join(pitfalls.versions().values()), f"| {THREADS} threads | work dir {WORK}")
 
 # %% [markdown]
-# ## 1. Reproduce every pnnx pitfall
-# One call converts every demo module and runs it (about a minute). Conversions go through `export.export_module`
-# (chapter 04: two input shapes, `fp16=0`) unless leaving one of those out is the pitfall; then `pitfalls.pnnx_cli`
-# runs pnnx with exactly the arguments given. Graphs that can crash run in a child Python
+# ## 1. Watch one pitfall happen, then reproduce them all
+# **The crop that pnnx drops.** The codec decoder's transposed convolutions make a few samples too many at the end
+# and trim them, the obvious way being a slice, `y[..., :-2]`. A module that does exactly that:
+
+# %%
+class Upsample(nn.Module):
+    def __init__(self, trim: str):
+        super().__init__()
+        self.trim = trim
+        self.conv = nn.ConvTranspose1d(4, 4, kernel_size=4, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (1, 4, T) -> conv: (1, 4, 2T + 2) -> trimmed: (1, 4, 2T)
+        y = self.conv(x)
+        return y[..., :-2] if self.trim == "slice" else F.pad(y, (0, -2))
+
+
+torch.manual_seed(0)
+sliced = Upsample("slice").eval()
+example = {t: {"x": torch.randn(1, 4, t)} for t in LENGTHS}
+
+# %% [markdown]
+# Converted the careful way (chapter 04): traced, two input shapes so the length stays dynamic, `fp16=0`. pnnx
+# exits 0, and the `.param` is two lines long:
+
+# %%
+info = pitfalls.pnnx_cli(sliced, "sliced", WORK / "one", *example.values(), fp16=0)
+print(f"$ pnnx {info['command']}\nexit {info['returncode']}\n")
+print(info["param"].read_text())
+check.equal("1 y[..., :-2]: pnnx exit status", "returncode", info["returncode"], 0)
+check.equal("1 y[..., :-2]: Crop layers in the .param", "count", read_param(info["param"]).counts["Crop"], 0)
+
+# %% [markdown]
+# The `Deconvolution1D` line writes the graph's output `out0` directly: the slice is gone, without a warning. Run it
+# in ncnn (fp16 paths off, the input Mat cloned while its array lives, as in chapter 04) and measure, at both
+# lengths:
+
+# %%
+def run_in_ncnn(converted: dict, x: torch.Tensor) -> np.ndarray:
+    net = ncnn.Net()
+    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+    net.load_param(str(converted["param"]))
+    net.load_model(str(converted["bin"]))
+    assert converted["input_batch_axes"] == [0], "this module's input has pnnx's batch axis 0"
+    held = x[0].numpy()  # ncnn blobs have no batch axis: drop it
+    ex = net.create_extractor()
+    ex.input("in0", ncnn.Mat(held).clone())
+    return np.array(ex.extract("out0")[1].numpy())
+
+
+print("batch axes in/out:", info["input_batch_axes"], info["output_batch_axes"])
+for t, ins in example.items():
+    ours = run_in_ncnn(info, ins["x"])
+    with torch.no_grad():
+        ref = sliced(ins["x"])[0].numpy()
+    print(f"T={t}: ncnn {ours.shape}, torch {ref.shape}")
+    check.equal(f"1 y[..., :-2]: ncnn output length @ T={t}", "samples", ours.shape[-1], 2 * t + 2)
+    check.close(f"1 y[..., :-2]: first 2T samples vs torch @ T={t}", ours[..., : 2 * t], ref, max_abs=1e-5)
+
+# %% [markdown]
+# Two samples too many per call, and everything else right, so an error averaged over the output would hardly show
+# it; in the codec each call's output would be longer than its frames. The fix of chapter 02 is a negative pad,
+# which pnnx writes as a `Crop`:
+
+# %%
+padded = Upsample("pad").eval()
+padded.load_state_dict(sliced.state_dict())
+fixed = pitfalls.pnnx_cli(padded, "padded", WORK / "one", *example.values(), fp16=0)
+print("\n".join(pitfalls.param_lines(fixed["param"], "Deconvolution1D", "Crop")))
+check.equal("1 F.pad(y, (0, -2)): Crop layers in the .param", "count",
+            read_param(fixed["param"]).counts["Crop"], 1)
+for t, ins in example.items():
+    with torch.no_grad():
+        check.close(f"1 F.pad(y, (0, -2)): ncnn vs torch @ T={t}", run_in_ncnn(fixed, ins["x"]),
+                    padded(ins["x"])[0].numpy(), rel=1e-5)
+
+# %% [markdown]
+# **Every pitfall.** One call converts every demo module and runs it (about a minute). Conversions go through
+# `export.export_module` (chapter 04: two input shapes, `fp16=0`) unless leaving one of those out is the pitfall;
+# then `pitfalls.pnnx_cli` runs pnnx with exactly the arguments given. Graphs that can crash run in a child Python
 # (`pitfalls.ncnn_isolated`), which reports the signal. Every row is what this run measured.
 
 # %%
@@ -167,9 +251,8 @@ for (lead, t), (res, ref, group0) in trap["runs"].items():
 
 # %% [markdown]
 # ## 4. Reproduce the dropped crop `x[..., :-r]`
-# The codec's transposed convolutions produce `r` samples too many and trim them. `pitfalls.Upsample` makes
-# `2T + 2` samples and trims 2 in one of three ways. With a dynamic length pnnx drops `y[..., :-2]` without a
-# word: no Crop in the `.param`, and ncnn returns the untrimmed length. Which of the three got a `Crop`:
+# Section 1 followed this one by hand. `pitfalls.Upsample` is the same module with three ways to trim: the slice,
+# the negative pad, and a slice whose end is computed from the length. Which of the three got a `Crop`:
 
 # %%
 crop = found["crop"].data

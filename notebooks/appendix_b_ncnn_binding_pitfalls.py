@@ -12,18 +12,22 @@
 # ---
 
 # %% [markdown]
-# # Appendix B · Reproduce the ncnn Python-binding pitfalls
+# # Appendix B · The ncnn Python-binding pitfalls
 # > The graph can be right and the numbers still wrong: how numpy arrays go in, how blobs come out, and which
 # > precision ncnn picks by itself decide that too.
 #
-# **You will:** run every pitfall of ncnn's Python binding once, in child processes where it can crash, read the
-# table of what reproduced, then look at each one: a Mat that borrows freed memory, a process killed by SIGSEGV,
-# the two forms of `extract`, the fp16/bf16 defaults of `Option`; and check each fix.
+# This appendix backs the way `qtts_lib.runtime.binding.net` is written (chapter 04 uses it for every graph) and
+# the way chapter 05 extracts its KV caches; chapter 02 points here for what the binding does to a correct graph.
+#
+# **You will:** follow one pitfall end to end (a torch module, its conversion, the `.param` line that sets the
+# trap, the process killed, the fix); then run every pitfall of ncnn's Python binding once, in child processes
+# where it can crash, read the table of what reproduced, and look at each one: a Mat that borrows freed memory, a
+# process killed by SIGSEGV, the two forms of `extract`, the fp16/bf16 defaults of `Option`; and check each fix.
 #
 # **You will learn:** why `runtime.net.to_mat` holds the array and clones, why chapter 05 extracts its KV caches
 # with `ex.extract(name, m)`, and why `runtime.net.make_net` turns the fp16/bf16 paths off before loading.
 #
-# **You need:** nothing from earlier chapters: no checkpoint, only torch, pnnx and ncnn.
+# **You need:** nothing from the chapters: no checkpoint, only torch, pnnx and ncnn.
 #
 # **Leaves behind:** `data/reports/<ckpt>/appendix_b_ncnn_binding_pitfalls.json`. The small graphs go to a temporary
 # folder that is deleted at the end.
@@ -31,28 +35,83 @@
 # %%
 import inspect
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
+from torch import nn
 
 from qtts_lib import check, settings
-from qtts_lib.export import pitfalls
+from qtts_lib.export import export_module, pitfalls
 from qtts_lib.runtime.binding import net
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("appendix_b_ncnn_binding_pitfalls", ckpt)
-WORK = Path(tempfile.mkdtemp(prefix="qtts_04c_"))
+WORK = Path(tempfile.mkdtemp(prefix="qtts_appendix_b_"))
 t_start = time.perf_counter()
 print(" | ".join(pitfalls.versions().values()), f"| {THREADS} threads | work dir {WORK}")
 
 # %% [markdown]
-# ## 1. Reproduce every binding pitfall
-# One call runs them all (about half a minute): each crashing case runs in a child Python through
+# ## 1. Watch one pitfall happen, then reproduce them all
+# **A borrowed Mat into an in-place first layer.** The smallest graph that sets the trap: a module whose first (and
+# only) operation is a ReLU, converted the careful way (chapter 04):
+
+# %%
+class Gate(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (1, 8, T)
+        return torch.relu(x)
+
+
+gate = export_module(Gate().eval(), "gate", {"x": torch.randn(1, 8, 16)}, {"x": torch.randn(1, 8, 9)}, WORK)
+print((WORK / "gate.param").read_text())
+print("batch axis of input, output (233: none, the blob is (1, 8, T) in ncnn too):", gate["input_batch_axes"],
+      gate["output_batch_axes"])
+
+# %% [markdown]
+# The `ReLU` line reads blob `in0` and writes `out0`; ncnn runs a ReLU *in place*, in the memory of its input.
+# Before it overwrites an input blob that someone else may hold, ncnn (in its default light mode) reads the Mat's
+# reference count. A Mat made with `ncnn.Mat(array)` borrows the numpy buffer and has no reference count. Feed one,
+# with the array alive the whole time, in a child process because of what happens next; then the same with a Mat
+# that owns a copy (`.clone()`):
+
+# %%
+CHILD = '''
+import sys
+import ncnn
+import numpy as np
+net = ncnn.Net()
+net.load_param(sys.argv[1])
+net.load_model(sys.argv[2])
+x = np.random.default_rng(0).standard_normal((1, 8, 16)).astype(np.float32)  # alive to the end
+m = ncnn.Mat(x) if sys.argv[3] == "borrowed" else ncnn.Mat(x).clone()
+ex = net.create_extractor()
+ex.input("in0", m)
+ret, out = ex.extract("out0")
+print("max |ncnn - relu(x)| =", abs(out.numpy() - np.maximum(x, 0)).max())
+'''
+for how in ("borrowed", "cloned"):
+    child = subprocess.run([sys.executable, "-c", CHILD, WORK / "gate.param", WORK / "gate.bin", how],
+                           capture_output=True, text=True)
+    died = signal.Signals(-child.returncode).name if child.returncode < 0 else None
+    print(f"{how:8s}: exit {child.returncode}{f' (killed by {died})' if died else ''}; {child.stdout.strip()}")
+    if how == "borrowed":
+        check.equal("1 borrowed Mat into the ReLU graph: signal", "signal", died, "SIGSEGV")
+    else:
+        check.equal("1 cloned Mat into the ReLU graph: exit status", "returncode", child.returncode, 0)
+
+# %% [markdown]
+# The borrowed Mat kills the process with SIGSEGV, though the array was alive all along: ncnn dereferenced the
+# missing reference count. The clone works. `runtime.net.to_mat` always clones (section 3 repeats this on a graph
+# written by hand, three times each way).
+#
+# **Every pitfall.** One call runs them all (about half a minute): each crashing case runs in a child Python through
 # `pitfalls.run_isolated(func, *args)`, which imports `func` from `qtts_lib.export.pitfalls` there and reports the
 # exit status or the signal. Every row below is what this run measured; the sections after it show the details.
 
