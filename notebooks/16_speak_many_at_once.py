@@ -18,14 +18,14 @@
 # **You will:** fold several sequences into one decoder call with a `.param` rewrite; decode the SDPA layer's
 # private cache layout so that sequences can join and leave a batch; draw the mask that keeps sequences apart;
 # check a batch of four different prompts against the four run alone, token for token; watch continuous batching
-# (sequences join and leave between frames); and read the full-size throughput table and its plot.
+# (sequences join and leave between frames); and read what batching buys at full size on a reference machine.
 #
 # **You will learn:** why batching is almost free in this loop, and where it stops being free (attention, the
 # codec); why sequences go into the head axis and not into one shared cache; what holds bitwise and what only to
 # float rounding; what `synthesize_many`, `qtts say --text-file --max-batch` and `qtts serve --max-batch` do.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing). The full-size tables are read
-# from `data/bench/batch/` (committed; `python -m qtts_lib.bench batch` remakes them).
+# from `data/bench/batch/` (committed; `python -m qtts_lib.bench batch` remakes them on your machine).
 # **Leaves behind:** `data/outputs/<ckpt>/16_many_*.wav`, `data/reports/<ckpt>/16_speak_many_at_once.json`.
 
 # %%
@@ -66,13 +66,14 @@ print(f"{ckpt}: talker {talker['hidden_size']} wide, {talker['num_hidden_layers'
 
 # %% [markdown]
 # ## 1. Four rows for the price of one
-# Every frame the talker reads all its weights once and the code predictor reads its weights 15 times (chapter 10):
-# the loop is bound by memory, not by arithmetic. A projection over M rows reads the same weights as over one row;
-# only the arithmetic grows, and at M = 4 there is still far more arithmetic to spare than bandwidth. So B
-# utterances decoded together cost about what one costs, *if* every graph call can take one row per utterance.
+# Every frame the talker reads all its weights once and the code predictor reads its weights 15 times: the loop is
+# bound by memory, not by arithmetic (chapter 10 counts the bytes). A projection over M rows reads the same weights
+# as over one row; only the arithmetic grows, and a few rows are still far from the arithmetic the machine could
+# do while it streams the weights. So B utterances decoded together cost about what one costs, *if* every graph
+# call can take one row per utterance.
 #
 # Here is one talker step of this checkpoint at M rows (the folded graph of section 2; on a tiny checkpoint a step
-# is mostly call overhead, so the picture is flatter still; the full-size numbers are in section 7):
+# is mostly call overhead; the full-size numbers are in section 7):
 
 # %%
 step_net = synth.loop.talker
@@ -82,11 +83,11 @@ rng = np.random.default_rng(14)
 def step_ms(rows: int, repeats: int = 30) -> float:
     """Median wall time of one talker step for `rows` sequences of 12 cached positions each."""
     x = rng.standard_normal((1, 12, talker["hidden_size"])).astype(np.float32)
-    cache = merge([step_net.prefill(x)[1] for _ in range(rows)]) if rows > 1 else step_net.prefill(x)[1]
+    cache = merge([step_net.prefill(x)[1] for _ in range(rows)])
     times = []
     for _ in range(repeats):
         e = rng.standard_normal((rows, 1, talker["hidden_size"])).astype(np.float32)
-        c = merge([cache]) if rows > 1 else step_net.prefill(x)[1]  # a fresh copy: every step sees 12 positions
+        c = merge([cache])  # a fresh copy: every step sees 12 positions
         t0 = time.perf_counter()
         step_net.forward(e, c)
         times.append(time.perf_counter() - t0)
@@ -129,8 +130,8 @@ check.equal("fold: per attention layer 7 Reshapes, 3 Permutes and a Split more, 
 
 # %% [markdown]
 # At one sequence every reshape is the identity, so the folded graph must compute exactly what the exported one
-# does. The runtime now loads only the folded form (`precision.decoder(..., heads=...)`), so this is what keeps
-# every golden of chapters 06–08 valid:
+# does. The runtime loads only the folded form (`precision.decoder(..., heads=...)`), so this is what keeps every
+# golden of chapters 06–08 valid:
 
 # %%
 plain = KvCacheNet(make_net(ncnn_dir / "talker_decoder_kv.param", ncnn_dir / "talker_decoder.bin", THREADS),
@@ -152,15 +153,8 @@ check.equal("folded graph at one sequence = exported graph (prefill + 8 steps)",
 # cached positions), both ways, on this machine:
 
 # %%
-SDPA_ONE = """7767517
-6 9
-Input q 0 1 q
-Input k 0 1 k
-Input v 0 1 v
-Input m 0 1 m
-Input c 0 2 pk pv
-SDPA sdpa 6 3 q k v m pk pv out ok ov 5=1 7=1
-"""
+inputs = "\n".join(f"Input {n} 0 1 {n}" for n in "qkvm")
+SDPA_ONE = f"7767517\n6 9\n{inputs}\nInput c 0 2 pk pv\nSDPA sdpa 6 3 q k v m pk pv out ok ov 5=1 7=1\n"
 empty = Path(tempfile.mkdtemp()) / "empty.bin"
 empty.write_bytes(b"\0" * 4)
 sdpa = net_from_text(SDPA_ONE, empty, THREADS)
@@ -169,16 +163,13 @@ B, T, H, KV, D = 8, 300, 16, 8, 128
 
 
 def sdpa_ms(q, k, v, mask, past_k, past_v, repeats: int = 20) -> float:
-    pk, pv = layout.write(past_k, "k"), layout.write(past_v, "v")  # caches in the layer's own layout
+    mats = {**{name: to_mat(a) for name, a in zip("qkvm", (q, k, v, mask))},
+            "pk": layout.write(past_k, "k"), "pv": layout.write(past_v, "v")}  # caches in the layer's own layout
     times = []
     for _ in range(repeats):
-        ex = sdpa.create_extractor()
-        held = [to_mat(a) for a in (q, k, v, mask)]
-        for name, m in zip("qkvm", held):
+        ex, out = sdpa.create_extractor(), ncnn.Mat()
+        for name, m in mats.items():
             ex.input(name, m)
-        ex.input("pk", pk)
-        ex.input("pv", pv)
-        out = ncnn.Mat()
         t0 = time.perf_counter()
         ex.extract("out", out)
         times.append(time.perf_counter() - t0)
@@ -266,19 +257,15 @@ check.at_most("a batched step's rows vs the same rows alone (max relative differ
 
 # %% [markdown]
 # Then whole generations: four prompts of four lengths (x-vector and ICL clones, text trailing and inside the
-# prompt), each with its own sampler, decoded in one `Batch` and each alone, greedy and sampled. On the EPYC VM the
-# step above was not bitwise equal: about 1e-7 relative on the tiny checkpoints (fp32 and int8), 1e-6 on full-base
-# in fp32, float32 rounding of the same numbers added in another order. Every decision downstream is then the same
-# unless it sits within that rounding of a boundary: an argmax between two nearly equal logits, or a sampled draw
-# next to the edge of a code's share of probability (or of the top-k cut). Greedy codes are asserted equal; sampled
-# ones are shown. On the EPYC VM every code held on tiny-base and tiny-voicedesign, greedy and sampled; on
-# tiny-1.7b-customvoice one sampled sequence of the four drew another code at frame 33 (codebook 5) and went its own
-# way from there, its greedy codes equal. On this checkpoint, over the goldens' length:
+# prompt), each with its own sampler, decoded in one `Batch` and each alone, greedy and sampled. The step above
+# need not be bitwise equal (float32 rounding of the same numbers added in another order), and every decision
+# downstream is the same unless it sits within that rounding of a boundary: an argmax between two nearly equal
+# logits, or a sampled draw at the edge of a code's share of probability. So greedy codes are asserted equal;
+# sampled ones are shown (one may now and then go its own way from a frame). On this checkpoint:
 
 # %%
-clip = load_wav(paths.voice_wav())
-kinds = {"base": lambda: [synth.voice(wav=clip), synth.voice(wav=clip, text=(paths.INPUTS / "voice.txt")
-                                                             .read_text().strip())],
+clip, clip_text = load_wav(paths.voice_wav()), (paths.INPUTS / "voice.txt").read_text().strip()
+kinds = {"base": lambda: [synth.voice(wav=clip), synth.voice(wav=clip, text=clip_text)],
          "custom_voice": lambda: [synth.voice(speaker=s) for s in synth.speakers[:2]],
          "voice_design": lambda: [synth.voice(instruct="A calm, low voice."), synth.voice(instruct="")]}
 voices = kinds[synth.kind]()
@@ -301,42 +288,35 @@ for greedy in (True, False):
     while batch:
         batch.step()
     for i, (a, b) in enumerate(zip(alone, together)):
-        equal = len(a.codes) == len(b.codes) and np.array_equal(np.stack(a.codes), np.stack(b.codes))
-        n = min(len(a.codes), len(b.codes))
-        differ = [f for f in range(n) if not np.array_equal(a.codes[f], b.codes[f])]
+        differ = [f for f in range(min(len(a.codes), len(b.codes))) if not np.array_equal(a.codes[f], b.codes[f])]
         rows.append({"sampling": "greedy" if greedy else f"seed {40 + i}", "prompt": i,
-                     "rows": prompts[i].embeds.shape[0], "frames": len(b.codes), "codes equal": equal,
+                     "rows": prompts[i].embeds.shape[0], "frames": len(b.codes),
+                     "codes equal": len(a.codes) == len(b.codes) and not differ,
                      "first differing frame": differ[0] if differ else None})
         if greedy:
             check.tokens_equal(f"greedy prompt {i}: batched = alone", np.stack(b.codes), np.stack(a.codes))
 display(pd.DataFrame(rows))
 
 # %% [markdown]
-# At full size the same four prompts, greedy, over 200 frames (`python -m qtts_lib.bench batch --parity`,
-# committed), in fp32 and in the int8 tier: where a code first changes on random weights, if it does.
+# At full size the same four prompts, greedy, over a longer run (`python -m qtts_lib.bench batch --parity`, committed
+# for the reference machine), in fp32 and in the int8 tier: where a code first changes on random weights, if it does.
 
 # %%
+REFERENCE = paths.DATA / "bench" / "batch" / "dev-2core-epyc-full-base"  # the reference machine's files
 for tier in ("fp32", "int8"):
-    parity_file = paths.DATA / "bench" / "batch" / f"dev-2core-epyc-full-base-parity-{tier}.json"
-    if not parity_file.is_file():
-        print(f"skipped because {parity_file} is not there (python -m qtts_lib.bench batch --parity makes it)")
-        continue
-    full = json.loads(parity_file.read_text())
+    full = json.loads(REFERENCE.with_name(f"{REFERENCE.name}-parity-{tier}.json").read_text())
     print(f"{full['checkpoint']}, {full['precision']}, B={full['batch']}, {full['frames']} frames, on "
           f"{full['machine']['cpu']} ({full['machine']['cores']} cores):")
     display(pd.DataFrame(full["sequences"]))
 
 # %% [markdown]
-# In fp32 every code of the four sequences held over 200 frames. In int8 the batched sequences left the alone ones
-# within the first three frames. The cause, traced on the EPYC VM: int8 quantizes each projection's input at run
-# time (a scale from its absmax, then rounding to integers), so a float32-rounding difference upstream (from
-# attention over the padded positions, or from the M-row kernels) can move a value across a rounding boundary of the
-# quantizer. (That run quantized each row on its own; the int8 Gemms now take one activation scale per call, shared
-# by the rows of a batch, so a batched row's codes also depend on the other rows' largest value.)
-# One Gemm of the talker then differed by 7e-4 relative where its input differed by less than 1e-4, and a whole
-# step by 1e-2. int8 is already an approximation of fp32 that changes codes on random weights (chapter 12); a batch
-# draws another sample of the same approximation. Batched int8 is *not* the same as int8 alone, and only fp32
-# batches keep the parity checks.
+# In fp32 every code of the four sequences holds to the end. In int8 the batched sequences leave the alone ones
+# within the first frames. int8 quantizes each projection's input at run time (a scale from its absmax, then
+# rounding to integers), with one scale per call, shared by the rows of a batch: a float32 rounding difference
+# upstream can move a value across a rounding boundary of the quantizer, and a batched row's grid also depends on
+# the other rows' largest value. int8 is already an approximation of fp32 that changes codes on random weights
+# (chapter 12); a batch draws another sample of the same approximation. Batched int8 is *not* int8 alone, and only
+# fp32 batches keep the parity checks.
 
 # %% [markdown]
 # ## 6. Continuous batching: join between frames, leave at the end
@@ -378,114 +358,59 @@ display(Audio(np.concatenate([r.wav for r in many]), rate=SAMPLE_RATE))
 
 # %% [markdown]
 # ## 7. What it buys at full size
-# `python -m qtts_lib.bench batch` on `full-base` at 2 threads: B utterances of 40 frames, each its own text, each
-# in a fresh process, interleaved repeats, medians. Times are per *aggregate* frame (all B sequences' frames);
-# `rtf` is the aggregate real-time factor; `sequence_ms_per_frame` is how fast each one advances.
+# `python -m qtts_lib.bench batch` on `full-base`, on the reference machine: B utterances of the same length, each its
+# own text, each B in a fresh process, interleaved repeats, medians. Times are per *aggregate* frame (all B
+# sequences' frames); `rtf` is the aggregate real-time factor; `ms/frame each` is how fast each one advances. Other
+# machines, the GPU among them, are side by side on the [results](results.ipynb) page.
 
 # %%
-bench_file = paths.DATA / "bench" / "batch" / "dev-2core-epyc-full-base.json"
-if bench_file.is_file():
-    bench = json.loads(bench_file.read_text())
-    m = bench["machine"]
-    print(f"{bench['checkpoint']} on {m['cpu']}, {m['cores']} cores, ncnn {m['ncnn']}")
-    table = pd.DataFrame([{"precision": r["precision"], "B": r["batch"], **r["ms_per_frame"], "rtf": r["rtf"],
-                           "frames/s": r["frames_per_s"], "ms/frame each": r["sequence_ms_per_frame"],
-                           "codec share": r["codec_share"], "peak GiB": r["peak_rss_gb"]} for r in bench["rows"]])
-    display(table)
-    for precision, g in table.groupby("precision", sort=False):
-        loop = (g["talker"] + g["predictor"]).to_numpy()
-        print(f"{precision}: the loop {loop[0]:.1f} ms per frame at B={g.B.iloc[0]}, {loop[-1]:.1f} per aggregate "
-              f"frame at B={g.B.iloc[-1]} ({loop[0] / loop[-1]:.1f}x less); the codec {g.codec.min():.0f}-"
-              f"{g.codec.max():.0f} ms per frame at every B")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
-    for precision, group in table.groupby("precision"):
-        a1.plot(group["B"], group["rtf"], "o-", label=precision)
-    a1.axhline(1.0, color="grey", ls="--", lw=1)
-    a1.set(xscale="log", xticks=sorted(table["B"].unique()), xticklabels=sorted(table["B"].unique()), xlabel="B",
-           ylabel="aggregate RTF (below 1: faster than real time)", title="aggregate RTF against batch size")
-    a1.legend()
-    last = table[table.precision == table.precision.iloc[-1]]
-    bottom = np.zeros(len(last))
-    for part in ("talker", "predictor", "codec"):
-        a2.bar(last["B"].astype(str), last[part], bottom=bottom, label=part)
-        bottom += last[part].to_numpy()
-    a2.set(xlabel="B", ylabel="ms per aggregate frame", title=f"where the time goes ({last.precision.iloc[0]})")
-    a2.legend()
-    plt.tight_layout()
-    plt.show()
-else:
-    print(f"skipped because {bench_file} is not there (python -m qtts_lib.bench batch makes it)")
+bench = json.loads(REFERENCE.with_suffix(".json").read_text())
+m = bench["machine"]
+print(f"{bench['checkpoint']} on {m['cpu']}, {m['cores']} cores, {bench['rows'][0]['threads']} threads, "
+      f"{bench['frames']} frames, ncnn {m['ncnn']}")
+table = pd.DataFrame([{"precision": r["precision"], "B": r["batch"], **r["ms_per_frame"], "rtf": r["rtf"],
+                       "frames/s": r["frames_per_s"], "ms/frame each": r["sequence_ms_per_frame"],
+                       "codec share": r["codec_share"], "peak GiB": r["peak_rss_gb"]} for r in bench["rows"]])
+display(table)
+for precision, g in table.groupby("precision", sort=False):
+    loop = (g["talker"] + g["predictor"]).to_numpy()
+    at4 = g[g.B == 4].iloc[0]
+    print(f"{precision}: the loop {loop[0]:.1f} ms per frame at B={g.B.iloc[0]}, {loop[-1]:.1f} per aggregate "
+          f"frame at B={g.B.iloc[-1]} ({loop[0] / loop[-1]:.1f}x less); the codec {g.codec.min():.0f}-"
+          f"{g.codec.max():.0f} ms per frame at every B; at B=4 the loop {at4.talker + at4.predictor:.0f} ms "
+          f"per aggregate frame, the codec {at4.codec:.0f} ({at4['codec share']:.0%} of the time)")
+fig, axes = plt.subplots(1, table.precision.nunique(), figsize=(11, 3.4), sharey=True)
+for ax, (precision, g) in zip(axes, table.groupby("precision", sort=False)):
+    g.set_index("B")[["talker", "predictor", "codec"]].plot.bar(stacked=True, ax=ax, rot=0)
+    ax.set(ylabel="ms per aggregate frame", title=f"where the time goes ({precision})")
+plt.tight_layout()
+plt.show()
 
 # %% [markdown]
 # The loop's cost per aggregate frame falls almost as 1/B at first (the weights are read once for B rows) and more
 # slowly later, as the arithmetic, attention over B caches and per-call overhead catch up. The codec does not batch:
-# it is compute-bound (chapter 10: about 90% of the machine's sgemm peak), so decoding B utterances costs B times
-# one. On the EPYC VM's committed file that is the bound: at int8 B = 4 the loop costs about 26 ms per aggregate
-# frame and the codec about 32, more than half of the time; the codec's own cost, not the loop's, is what stands
-# between this table and an aggregate RTF of 0.7 at B = 4. Chapter 12's bf16 tier for the codec (section 7 there:
-# 0.55x fp32's time at 34 dB) is the lever; the same harness with `--codec-precision fp32,bf16`, each row beside
-# its twin:
+# it is bound by arithmetic, not memory (chapter 11 measures it against the machine's peak), so decoding B
+# utterances costs B times one, and its share of every aggregate frame grows with B (in int8 it soon is the larger
+# part). The lever is then the codec's own cost: chapter 13's bf16 tier. The same harness with
+# `--codec-precision fp32,bf16`, each row beside its twin (aggregate RTF):
 
 # %%
-bf16_file = paths.DATA / "bench" / "batch" / "dev-2core-epyc-full-base-codec-bf16.json"
-if bf16_file.is_file():
-    twins = pd.DataFrame([{"precision": r["precision"], "codec": r["codec_precision"], "B": r["batch"],
-                           **r["ms_per_frame"], "rtf": r["rtf"], "codec share": r["codec_share"]}
-                          for r in json.loads(bf16_file.read_text())["rows"]])
-    display(twins.pivot_table(index=["precision", "B"], columns="codec", values="rtf"))
-else:
-    print(f"skipped because {bf16_file} is not there (python -m qtts_lib.bench batch --codec-precision fp32,bf16)")
+bf16 = json.loads(REFERENCE.with_name(f"{REFERENCE.name}-codec-bf16.json").read_text())
+twins = pd.DataFrame([{"precision": r["precision"], "codec": r["codec_precision"], "B": r["batch"], "rtf": r["rtf"]}
+                      for r in bf16["rows"]])
+display(twins.pivot_table(index=["precision", "B"], columns="codec", values="rtf"))
 
 # %% [markdown]
-# ### On a GPU
-# The GPU forms of chapter 09 (every layer's cache packed into one blob, the code predictor fused with its heads)
-# take one sequence per call. For a batch the runtime loads the CPU's folded graphs on the GPU instead
-# (`Synthesizer(device="vulkan", gpu_batches=True)`; `--max-batch` above 1 on a GPU): about 240 blocking round
-# trips per step instead of 18 per frame, but every one of them now serves B sequences. Their caches come back from
-# the device plain (`cache_layout.probe("vulkan")` finds no tiles and no spare room, and unpacks what arrives in
-# groups of 4 channels), so sequences join and leave as on the CPU. Measured on an NVIDIA H200 host with full-size
-# graphs (zero-filled weights: fp32 kernels take the same time whatever the values):
-
-# %%
-gpu_file = paths.DATA / "bench" / "batch" / "h200-vulkan-full-base.json"
-if gpu_file.is_file():
-    gpu = json.loads(gpu_file.read_text())
-    gpu_table = pd.DataFrame([{"B": r["batch"], **r["ms_per_frame"], "rtf": r["rtf"], "frames/s": r["frames_per_s"],
-                               "ms/frame each": r["sequence_ms_per_frame"], "codec share": r["codec_share"]}
-                              for r in gpu["rows"]])
-    display(gpu_table)
-    ref = gpu["gpu_forms_b1"][0]["ms_per_frame"]
-    loop1 = ref["talker"] + ref["predictor"]
-    loops = gpu_table["talker"] + gpu_table["predictor"]
-    print(f"the GPU forms, one sequence: loop {loop1:.0f} ms per frame, codec {ref['codec']:.0f}; the batching "
-          f"graphs' loop {loops.iloc[0]:.0f} at B=1, {loops.iloc[-1]:.0f} per aggregate frame at "
-          f"B={gpu_table.B.iloc[-1]}")
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    ax.plot(gpu_table["B"], loops, "o-", label="loop (talker + predictor)")
-    ax.plot(gpu_table["B"], gpu_table["codec"], "s-", label="codec (one utterance after another)")
-    ax.axhline(loop1, color="grey", ls=":", label="loop, GPU forms, one sequence")
-    ax.set(xscale="log", xticks=list(gpu_table["B"]), xticklabels=list(gpu_table["B"]), xlabel="B",
-           ylabel="ms per aggregate frame", title="H200, Vulkan: where the time goes")
-    ax.legend(fontsize=8)
-    plt.show()
-else:
-    print(f"skipped because {gpu_file} is not there (python -m qtts_lib.bench batch --device vulkan on a GPU host)")
-
-# %% [markdown]
-# On the committed H200 run the loop falls from about 410 ms per frame at B = 1 to about 33 per aggregate frame at
-# B = 32, below the GPU forms' 189 from B = 2 on. The codec does not batch: each utterance is decoded on the GPU
-# after another, 100-130 ms per frame however many wait, so at B = 32 it is three quarters of the time and the
-# aggregate RTF stops at 1.7. That host's CPU decodes faster (about 45 ms per frame on 16 threads in an earlier
-# measurement there), which this arrangement did not try (the codec's CPU form needs real weights to find its parts).
-#
 # ## 8. Where users get it
 # - Python: `synth.synthesize_many([Utterance(text, language, voice, sampling, max_frames), ...], max_batch=4)`,
 #   results in order; a `Scheduler` to submit utterances at any time (what the server runs).
 # - `qtts say --text-file book.txt --max-batch 4`: a long text's segments, four at a time (the default).
 # - `qtts serve --max-batch 4`: concurrent requests share the batch; each response still streams its own frames as
 #   they come; `/health` shows `batch`, `max_batch` and the `largest_batch` seen.
-# - On a GPU `--max-batch` defaults to 1 (the GPU forms, fastest for one sequence); more loads the graphs that
-#   batch (`gpu_batches=True`).
+# - On a GPU `--max-batch` defaults to 1: chapter 09's GPU forms take one sequence per call, the fastest for one.
+#   More loads the CPU's folded graphs on the device (`gpu_batches=True`): more round trips per frame, each serving
+#   B sequences, with caches that come back plain (`cache_layout.probe("vulkan")`), so sequences join and leave as
+#   on the CPU. The [results](results.ipynb) page shows how that scales on a GPU host.
 
 # %% [markdown]
 # ## Summary
@@ -494,9 +419,10 @@ else:
 # - The SDPA cache is in the kernel's tiled layout; `binding.cache_layout` probes it so that sequences can be merged
 #   (left-padded, a per-head mask) and cut.
 # - A batch of different prompts gives each prompt's own hidden states to float32 rounding, so its own greedy codes
-#   (here, and at full size in fp32: 4 prompts × 200 frames); a sampled draw can flip where it sits on a boundary;
+#   (here, and at full size in fp32 over the committed run); a sampled draw can flip where it sits on a boundary;
 #   in int8 the run-time quantizer turns rounding differences into different codes.
 # - Continuous batching (`Scheduler`): prefill alone, join between frames, leave the frame it ends.
+# - The loop's cost per aggregate frame falls with B; the codec does not batch, so its share of the time grows.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/16_many_*.wav`, the chapter report.
 #
@@ -506,6 +432,8 @@ else:
 # - *`cache_layout.probe` refuses this build* → another ncnn version keeps its cache differently: batching is off
 #   (B = 1 still works); read the probe's message.
 # - *B = 8 no faster per frame than B = 4* → the codec dominates (codec share), or attention over long caches.
+# - *Batched int8 codes differ from int8 alone* → expected: the run-time quantizer's scale is shared by the rows of
+#   a call (section 5); compare batches in fp32.
 
 # %%
 check.table()
