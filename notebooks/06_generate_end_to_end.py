@@ -145,7 +145,7 @@ def tracks(text: str, language: str, voice: Voice) -> tuple[list, list, list]:
     text_rows = lambda label, ids: [(label, row) for row in e.text(ids)]  # noqa: E731
     codec_rows = lambda label, ids: [(label, row) for row in e.codec(ids)]  # noqa: E731
     pad, bos, eos = (text_rows(k, [top[f"{k}_token_id"]])[0] for k in ("tts_pad", "tts_bos", "tts_eos"))
-    ids = tok.encode(chat.ROLE_PREFIX + text + chat.TEXT_END)
+    ids = tok.encode_template(chat.TEXT, text)
     words = ids[chat.ROLE_TOKENS:-chat.END_TOKENS]  # the text's own tokens, without the chat template's
     tags = [c["codec_think_id"], c["codec_think_bos_id"], c["codec_language_id"][language], c["codec_think_eos_id"]]
     speaker = [] if voice.speaker_row is None else [("speaker", voice.speaker_row)]
@@ -153,16 +153,16 @@ def tracks(text: str, language: str, voice: Voice) -> tuple[list, list, list]:
     upper = text_rows("role", ids[:chat.ROLE_TOKENS]) + [pad] * (len(head) - 1) + [bos]
     lower = [None] * chat.ROLE_TOKENS + head
     codec_bos = codec_rows("codec_bos", [c["codec_bos_id"]])
-    heard = [] if voice.codes is None else tok.encode(chat.ROLE_PREFIX + voice.text + chat.VOICE_TEXT_END)
-    said = text_rows("voice transcript", heard[chat.ROLE_TOKENS:-chat.VOICE_END_TOKENS]) + text_rows("text", words)
-    said += [eos]
+    said = text_rows("text", words) + [eos]
     if voice.codes is not None:  # ICL: transcript + text + tts_eos beside codec_bos + the clip's frames
+        heard = tok.encode_template(chat.VOICE_TEXT, voice.text)[chat.ROLE_TOKENS:-chat.VOICE_END_TOKENS]
+        said = text_rows("voice transcript", heard) + said
         clip = codec_bos + [("voice codes", row) for row in e.frame(voice.codes)]
         return upper + said[: len(clip)] + [pad] * (len(clip) - len(said)), lower + clip, said[len(clip):] or [pad]
     if voice.mode == "xvector":  # the first text token rides on codec_bos; the rest trails
         return upper + said[:1], lower + codec_bos, said[1:]
     # a built-in speaker or a described voice (chapter 08): the instruction first, the whole text over codec_pad
-    first = text_rows("instruction", tok.encode(chat.INSTRUCT.format(voice.instruct))) if voice.instruct else []
+    first = text_rows("instruction", tok.encode_template(chat.INSTRUCT, voice.instruct)) if voice.instruct else []
     return (first + upper + said + [pad], [None] * len(first) + lower
             + codec_rows("codec_pad", [c["codec_pad_id"]]) * len(said) + codec_bos, [pad])
 
