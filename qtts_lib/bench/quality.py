@@ -2,7 +2,7 @@
 
     python -m qtts_lib.bench quality --checkpoint full-base --frames 200 -o data/bench/quality/NAME.json
 
-For every tier, on the same prompt (an x-vector clone of data/inputs/voice.wav), greedy:
+For every tier, on the same prompt (`workload.voice`: an x-vector clone of data/inputs/voice.wav on Base), greedy:
 - teacher-forced top-1 agreement: fp32's greedy codes are fed to the tier frame by frame and code by
   code; at every position we record whether the tier would have picked the same code. One number per
   codebook (0 from the talker, 1..15 from the code predictor). fp32 against itself must give 1.0
@@ -26,7 +26,7 @@ import numpy as np
 
 from ..runtime.pipeline.sampling import Sampler, Sampling
 from .machine import describe
-from .workload import LANGUAGE, TEXT, voice_wav
+from .workload import LANGUAGE, TEXT, voice
 
 
 class TeacherForced(Sampler):
@@ -91,7 +91,7 @@ def measure(model_dir: Path, tiers=("fp32", "fp16", "int8"), frames: int = 200, 
     """Teacher-forced agreement, first divergent frame and per-layer error of each tier against fp32."""
     from tqdm.auto import tqdm
 
-    from ..runtime import Synthesizer, load_wav
+    from ..runtime import Synthesizer
 
     model_dir = Path(model_dir)
     greedy = Sampling(greedy=True)
@@ -105,7 +105,7 @@ def measure(model_dir: Path, tiers=("fp32", "fp16", "int8"), frames: int = 200, 
         return np.stack(seq.codes).astype(np.int64)
 
     synth = Synthesizer(model_dir, threads=threads)
-    prompt = synth.prompt(TEXT, LANGUAGE, synth.voice(wav=load_wav(voice_wav())))
+    prompt = synth.prompt(TEXT, LANGUAGE, voice(synth))
     talker_cfg = synth.config.talker
     reference = run(synth, prompt, Sampler(greedy, talker_cfg), "fp32 greedy")
     embed = prompt.embeds[-1]

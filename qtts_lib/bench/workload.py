@@ -30,3 +30,16 @@ def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16, precision: str = "f
     per_head = size("predictor_heads") / (groups - 1)
     return int(shrink * size("talker_decoder") + size("talker_codec_head")
                + (groups - 1) * (shrink * size("predictor_decoder") + heads * per_head))
+
+
+def voice(synth):
+    """The workload's voice on any checkpoint kind: an x-vector clone of the clip (Base), the first built-in speaker
+    (CustomVoice), the described voice of the goldens (VoiceDesign)."""
+    from ..reference import DESIGNED_VOICE
+    from ..runtime import load_wav
+
+    if synth.kind == "custom_voice":
+        return synth.voice(speaker=synth.speakers[0])
+    if synth.kind == "voice_design":
+        return synth.voice(instruct=DESIGNED_VOICE)
+    return synth.voice(wav=load_wav(voice_wav()))
