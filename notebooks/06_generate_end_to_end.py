@@ -236,14 +236,14 @@ check.equal("codebook 0 of frame 0 = golden", "token", c0, int(golden["codes"][0
 # %% [markdown]
 # **Codebooks 1..15: the code predictor** prefills two positions, the talker's hidden state and codebook 0's
 # embedding, and head 0 reads codebook 1. Each code is then embedded (table *s* for codebook *s+1*) and fed as one
-# cached step, and head *s+1* reads the next: 14 steps. Its rows are talker-wide (chapter 08: a narrower predictor
-# projects them in its graph). The frame's embedding, the sum of its 16 codebooks' rows, is gathered on the way:
+# cached step, and head *s+1* reads the next: 14 steps. The frame's embedding, the sum of its 16 codebooks' rows,
+# what the talker is fed next, is gathered on the way:
 
 # %%
 def acoustic_codes(h: np.ndarray, c0: int, rest: SamplerConfig, rng) -> tuple[list[int], np.ndarray]:
     """The frame's 16 codes after codebook 0 = c0, and its embedding (H,): the sum of the 16 codebooks' rows."""
     codes, embed = [c0], emb.codec([c0])[0]  # codebook 0's row of the talker's codec table
-    out, p_cache = predictor.prefill(np.stack([h, embed])[None])  # (1, 2, h)
+    out, p_cache = predictor.prefill(np.stack([h, embed])[None])  # (1, 2, H) rows in, (1, 2, h) out
     for s in range(GROUPS - 1):
         logits = heads.run([out[0, -1][None]], [s])[0][0]  # head s predicts codebook s+1
         codes.append(sampling.sample(logits, codes[1:], s, rest, rng))
