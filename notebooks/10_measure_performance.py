@@ -225,10 +225,10 @@ pd.DataFrame({(t, how): {"min": r.min(), "max": r.max()} for t, d in ratios.item
 # ## 5. Decide with the harness: a rewrite that did not stay
 # Every projection of the exported decoders is a `Gemm`. `rewrites.decode_step.decode_step` rewrites each
 # constant-weight Gemm of a `_kv.param` as an `InnerProduct` on a 1-D input, ncnn's threaded GEMV path, over the same
-# `.bin`: a graph for one-position steps only. It looks faster for a one-row step. Measured at full size it ran
-# within the noise of the exported graph, and it is a second net holding a second copy of every weight. So the fp32
-# runtime steps through the exported graph, each weight held once; the **fp16** tier (chapter 12) keeps the
-# InnerProduct form, because ncnn's x86 `Gemm` has no fp16 weight storage. What each tier loads:
+# `.bin`: a graph for one-position steps only. It looks faster for a one-row step. Measured at full size it ran within
+# the noise of the exported graph (the lab notes appendix keeps the numbers), and it is a second net holding a second
+# copy of every weight. So the fp32 runtime steps through the exported graph, each weight held once; the **fp16** tier
+# (chapter 12) keeps the InnerProduct form, because ncnn's x86 `Gemm` has no fp16 weight storage. What each tier loads:
 
 # %%
 c = cfg

@@ -256,9 +256,11 @@ pd.DataFrame({"ms per frame (median)": {k: round(float(np.median(v)), 2) for k, 
               f"fresh memory of the first {T}-frame decode (MB)": {k: round(v) for k, v in fresh_mb.items()}})
 
 # %% [markdown]
-# Once warm, chunked and whole inputs run at about the same speed; what chunking changes is memory. A whole stage
-# grows with the number of frames, a chunked one does not: the fresh memory of a first decode, and the peak of a long
-# one, stay bounded (the committed file of section 7 records the first decode's fresh memory at full size).
+# What chunking changes is memory: a whole stage grows with the number of frames, a chunk does not, so the fresh
+# memory of a first decode and the peak of a long one stay bounded (the committed file of section 7 records the first
+# decode's fresh memory at full size). Its cost is the left context computed again per chunk, which the chunk length
+# holds near `cpu_form.PART_OVERHEAD` of the work; on a tiny checkpoint a chunk is microseconds of work and the extra
+# calls dominate instead, so chunked runs slower here.
 # Chapter 14 runs the same parts incrementally to stream without decoding anything twice.
 #
 # ## 7. Against PyTorch's codec, and against the machine's peak
