@@ -38,6 +38,7 @@ from IPython.display import Audio, display
 from qtts_lib import check, checkpoint, export, paths, reference, settings
 from qtts_lib.isolation import qtts_without_torch
 from qtts_lib.runtime import AudioError, Sampling, Synthesizer
+from qtts_lib.runtime.audio import clips
 from qtts_lib.runtime.audio.clips import prepare_voice_clip
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, save_wav
 from qtts_lib.runtime.pipeline import longform
@@ -75,17 +76,18 @@ for language, group in corpus.groupby("language"):
 
 # %% [markdown]
 # ## 2. Pack sentences into segments bounded in tokens
-# The bound is in BPE tokens, what the model reads: 60 tokens is a paragraph, 15–20 s of speech. A sentence longer
-# than that is cut at clause punctuation (`, ; :` before a space, so 1,000 stays whole; `，；：、`), then at spaces,
-# then — Chinese or Japanese without punctuation — between characters. Segments never span two paragraphs (a
-# heading without a period must not be read into the next sentence). Each segment gets its own frame cap,
-# `pipeline.prompt.frame_cap(tokens) = FRAMES_PER_TOKEN·tokens + MARGIN_FRAMES`, 8·tokens + 25: speech takes
-# 2.5–5 frames per token in these languages, so 8 is twice a slow narrator, and 25 frames (2 s) cover the silences.
-# `synthesize` applies the same cap to any text it is not given `max_frames` for.
+# The bound is in BPE tokens, what the model reads: `longform.MAX_SEGMENT_TOKENS` is about a paragraph. A sentence
+# longer than that is cut at clause punctuation (`, ; :` before a space, so 1,000 stays whole; `，；：、`), then at
+# spaces, then — Chinese or Japanese without punctuation — between characters. Segments never span two paragraphs
+# (a heading without a period must not be read into the next sentence). Each segment gets its own frame cap,
+# `pipeline.prompt.frame_cap(tokens) = FRAMES_PER_TOKEN·tokens + MARGIN_FRAMES`: speech takes 2.5–5 frames per
+# token in these languages, so `FRAMES_PER_TOKEN` is about twice a slow narrator, and the margin covers the
+# silences. `synthesize` applies the same cap to any text it is not given `max_frames` for.
 
 # %%
 print(inspect.getsource(frame_cap))
-print(f"FRAMES_PER_TOKEN = {FRAMES_PER_TOKEN}, MARGIN_FRAMES = {MARGIN_FRAMES}")
+print(f"MAX_SEGMENT_TOKENS = {longform.MAX_SEGMENT_TOKENS}, FRAMES_PER_TOKEN = {FRAMES_PER_TOKEN}, "
+      f"MARGIN_FRAMES = {MARGIN_FRAMES} ({MARGIN_FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE:g} s)")
 
 # %% [markdown]
 # `longform.plan` cuts a text into `TextSegment`s, each with its token count and cap, before anything is spoken.
@@ -121,8 +123,8 @@ plan_table = pd.DataFrame([{"tokens": s.tokens, "cap (frames)": s.cap, "text": s
 display(plan_table)
 check.at_most("every segment within the token bound", "most tokens", int(plan_table.tokens.max()),
               longform.MAX_SEGMENT_TOKENS)
-check.equal("caps scale with tokens (8 per token + 25)", "caps off the formula",
-            sum(s.cap != 8 * s.tokens + 25 for s in todo), 0)
+check.equal(f"caps scale with tokens ({FRAMES_PER_TOKEN} per token + {MARGIN_FRAMES})", "caps off the formula",
+            sum(s.cap != FRAMES_PER_TOKEN * s.tokens + MARGIN_FRAMES for s in todo), 0)
 
 # %% [markdown]
 # ## 3. Speak it, one segment at a time
@@ -200,30 +202,30 @@ fig.tight_layout()
 # %% [markdown]
 # ## 4. Check the voice clip before using it
 # `audio.clips.prepare_voice_clip` runs before the voice is built (the CLI does it for `--voice`): hard problems
-# raise `AudioError` (exit status 2 in the CLI), soft ones come back as warnings, and a clip longer than 15 s is cut
-# at the quietest 50 ms of its last 3 s before the limit. A long clip *with a transcript* (ICL) is refused instead
-# of cut: the transcript would then say more than the clip does.
-#
-# | rule | threshold | outcome |
-# |---|---|---|
-# | NaN or ±Inf samples | any | error |
-# | shorter than | 1 s | error naming the minimum |
-# | silent: RMS below | −60 dBFS | error |
-# | clipped: samples at \|x\| ≥ 0.999 | more than 0.1 % | warning |
-# | longer than | 15 s | trimmed at a quiet point, with a note (`--keep-long-voice` keeps it) |
+# raise `AudioError` (exit status 2 in the CLI), soft ones come back as warnings, and a clip over the maximum is cut
+# at the quietest short window of its last seconds before the limit. A long clip *with a transcript* (ICL) is
+# refused instead of cut: the transcript would then say more than the clip does. The rules, from `audio.clips`:
 
 # %%
+display(pd.DataFrame([
+    ("NaN or ±Inf samples", "any", "error"),
+    ("shorter than", f"{clips.MIN_VOICE_SECONDS:g} s", "error naming the minimum"),
+    ("silent: RMS below", f"{clips.dbfs(clips.SILENCE_RMS):.0f} dBFS", "error"),
+    (f"clipped: samples at |x| ≥ {clips.CLIP_LEVEL}", f"more than {clips.CLIP_FRACTION:.1%}", "warning"),
+    ("longer than", f"{clips.MAX_VOICE_SECONDS:g} s", f"cut at the quietest {clips.TRIM_WINDOW_SECONDS * 1000:.0f} "
+     f"ms of the last {clips.TRIM_SEARCH_SECONDS:g} s, with a note (`--keep-long-voice` keeps it)")],
+    columns=["rule", "threshold", "outcome"]).set_index("rule"))
 rng = np.random.default_rng(0)
 good = load_wav(paths.voice_wav())
 nan_clip = good.copy()
 nan_clip[1000:1010] = np.nan
 long_clip = np.tile(good, 4)                            # 22.7 s: the same sentence four times
-clips = {"voice.wav": (good, None), "NaN samples": (nan_clip, None), "0.3 s": (good[: int(0.3 * SAMPLE_RATE)], None),
-         "silence": (1e-4 * rng.standard_normal(3 * SAMPLE_RATE).astype(np.float32), None),
-         "clipped (x4)": (np.clip(good * 4, -1, 1), None), "22.7 s": (long_clip, None),
-         "22.7 s with a transcript": (long_clip, "Good morning.")}
+brought = {"voice.wav": (good, None), "NaN samples": (nan_clip, None), "0.3 s": (good[: int(0.3 * SAMPLE_RATE)], None),
+           "silence": (1e-4 * rng.standard_normal(3 * SAMPLE_RATE).astype(np.float32), None),
+           "clipped (x4)": (np.clip(good * 4, -1, 1), None), "22.7 s": (long_clip, None),
+           "22.7 s with a transcript": (long_clip, "Good morning.")}
 outcomes = []
-for name, (wav, transcript) in clips.items():
+for name, (wav, transcript) in brought.items():
     try:
         kept, messages = prepare_voice_clip(wav, transcript)
         outcomes.append({"clip": name, "outcome": "; ".join(m.split(":")[0] for m in messages) or "used as is",
@@ -237,7 +239,8 @@ expected = {"voice.wav": "used as is", "NaN samples": "error", "0.3 s": "error",
             "clipped (x4)": "warning", "22.7 s": "note", "22.7 s with a transcript": "error"}
 for name, want in expected.items():
     check.equal(f"voice clip '{name}'", "outcome", outcome.outcome[name], want)
-check.at_most("the long clip is trimmed to at most 15 s", "seconds kept", outcome["kept (s)"]["22.7 s"], 15.0)
+check.at_most("the long clip is trimmed to at most 15 s", "seconds kept", outcome["kept (s)"]["22.7 s"],
+              clips.MAX_VOICE_SECONDS)
 cut = int(outcome["kept (s)"]["22.7 s"] * SAMPLE_RATE)
 quiet = float(np.sqrt(np.mean(long_clip[cut - 600: cut + 600] ** 2)) / np.sqrt(np.mean(long_clip**2)))
 check.at_most("it is cut where it is quiet (RMS around the cut / RMS of the clip)", "ratio", quiet, 0.1)
@@ -275,12 +278,12 @@ if synth.kind != "custom_voice":
 # ## Summary
 # - The segmenter splits the corpus of all ten languages as expected: full-width ends without spaces, and no split
 #   inside numbers, abbreviations, URLs, emails, ellipses or German ordinals.
-# - A long text becomes segments of at most 60 tokens within a paragraph, each spoken with the same `Voice`
-#   (x-vector computed once) under its own frame cap (`pipeline.prompt.frame_cap`: 8 frames per token + 25), joined
-#   with 0.3 s pauses and 10 ms fades.
+# - A long text becomes segments bounded in tokens within a paragraph, each spoken with the same `Voice` (x-vector
+#   computed once) under its own frame cap (`pipeline.prompt.frame_cap`, linear in its tokens), joined with short
+#   pauses and fades.
 # - The joined wav is exactly its segments plus the pauses, in the library and in `qtts say --text-file`.
-# - Voice clips with NaN/Inf, under 1 s, or silent are refused with a message (exit 2); clipped ones warned about;
-#   clips over 15 s cut at a quiet point (or refused when they come with a transcript).
+# - Voice clips with NaN/Inf, too short, or silent are refused with a message (exit 2); clipped ones warned about;
+#   clips over the maximum cut at a quiet point (or refused when they come with a transcript).
 #
 # **Artifacts left:** `data/outputs/<ckpt>/15_long.wav`, `15_long.txt`, `15_cli_long.wav`, `15_short_clip.wav`, the
 # chapter report.
