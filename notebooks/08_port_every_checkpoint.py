@@ -410,14 +410,14 @@ check.equal("serve, 0.6B CustomVoice: instructions refused", "status param",
 
 # %% [markdown]
 # ## 8. Read the full-size parity report
-# Tiny checkpoints prove the code paths; full-size 1.7B runs, too big for this chapter's machine, prove real widths
-# and memory. Their results are committed under `data/bench/parity/`, read as they are (no check: they cannot fail):
+# Tiny checkpoints prove the code paths; full-size 1.7B runs, too big for this machine, prove real widths and memory:
+# committed under `data/bench/parity/`, read as they are (no check: they cannot fail).
 
 # %%
-COLUMNS = ["case", "voice", "frames", "codes_compared", "codes_mismatched", "eos_step", "prompt_rel_err", "wav_snr_db"]
+COLUMNS = ["case", "frames", "codes_compared", "codes_mismatched", "eos_step", "prompt_rel_err", "wav_snr_db"]
 for path in sorted((paths.DATA / "bench" / "parity").glob("*.json")):
-    run, machine = json.loads(path.read_text()), json.loads(path.read_text())["machine"]
-    print(f"{path.name}: {run['checkpoint']}, {machine['cpu']}, {machine['cores']} cores, {run['versions']}")
+    run = json.loads(path.read_text())
+    print(f"{path.name}: {run['checkpoint']} on {run['machine']['cpu']} ({run['machine']['cores']} cores)")
     display(pd.DataFrame(run["parity"]).reindex(columns=COLUMNS))
     if "align" in run:  # every exported graph against its module, at two lengths
         display(pd.DataFrame(run["align"]).set_index(["module", "length"]))
