@@ -60,7 +60,8 @@ cfg = checkpoint.load_config(ckpt)
 # **codec decoder** turns the frames into audio. For cloning, the **speaker encoder** (ECAPA-TDNN) turns a mel
 # spectrogram of the voice clip into the **x-vector**, one prompt row; in **ICL** mode the **Mimi encoder** also turns
 # the clip into codes that go into the prompt with the clip's transcript. The dimensions below are read from this
-# checkpoint's `config.json`:
+# checkpoint's `config.json` (the released 0.6B model has a 28-layer talker of width 1024 and a 5-layer code
+# predictor; the tiny checkpoints keep every id and stride and shrink the rest):
 
 # %%
 plots.architecture(cfg, title=f"Qwen3-TTS (12 Hz) as {ckpt} builds it: the data flow and its dimensions")
