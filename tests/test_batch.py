@@ -186,3 +186,78 @@ def test_synthesize_many_checks_every_utterance_first(synth):
         synth.synthesize_many([Utterance("Fine.", "english", voice), Utterance("Bad.", "klingon", voice)])
     with pytest.raises(BatchError, match="max_batch"):
         synth.synthesize_many([Utterance("Fine.", "english", voice)], max_batch=0)
+
+
+def test_joining_and_leaving_in_place_equals_merging(synth):
+    """`KvCache.join` (memory kept for four, the joiner's channels written, the batch moved by whole tiles when the
+    joiner is longer) and `keep` (the last sequence fills the hole) give the steps `merge` gives, to float32
+    rounding, with every sequence's own positions unchanged."""
+    from qtts_lib.runtime.binding.cached import survivors
+
+    cfg = synth.config.talker
+    net = precision.decoder(paths.ncnn_dir(CKPT), "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2,
+                            heads=cfg["num_attention_heads"])
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1, n, cfg["hidden_size"])).astype(np.float32) for n in (7, 40, 3, 25)]
+    steps = rng.standard_normal((4, 12, cfg["hidden_size"])).astype(np.float32)
+    merged = merge([net.prefill(x)[1] for x in xs])
+    joined = net.prefill(xs[0])[1]
+    for x in xs[1:]:
+        joined.join(net.prefill(x)[1], 4)
+    assert joined.lengths == merged.lengths and joined.past >= merged.past and joined.slots == 4
+    layout = cache_layout.probe()
+    for name, m in joined.blobs.items():
+        kind = "k" if "_k_" in name else "v"
+        a, b = layout.read(m, kind), layout.read(merged.blobs[name], kind)
+        kv = a.shape[0] // 4
+        for i, n in enumerate(joined.lengths):  # each sequence's own positions, at the end of both
+            np.testing.assert_array_equal(a[i * kv:(i + 1) * kv, -n:], b[i * kv:(i + 1) * kv, -n:])
+    for t in range(6):
+        np.testing.assert_allclose(net.forward(steps[:, t:t + 1], joined), net.forward(steps[:, t:t + 1], merged),
+                                   atol=1e-5)
+    order = survivors([False, True, False, False])
+    assert order == [0, 3, 2]  # the last one takes the hole; the others stay where they are
+    joined.keep(order)
+    merged.keep(order)
+    for t in range(6, 12):
+        np.testing.assert_allclose(net.forward(steps[order, t:t + 1], joined),
+                                   net.forward(steps[order, t:t + 1], merged), atol=1e-5)
+
+
+def test_a_copied_cache_goes_on_like_the_original(synth):
+    cfg = synth.config.talker
+    net = precision.decoder(paths.ncnn_dir(CKPT), "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2,
+                            heads=cfg["num_attention_heads"])
+    x = np.random.default_rng(4).standard_normal((1, 20, cfg["hidden_size"])).astype(np.float32)
+    _, cache = net.prefill(x[:, :17])
+    copy = cache.copy()
+    for t in range(17, 20):
+        np.testing.assert_array_equal(net.forward(x[:, t:t + 1], cache), net.forward(x[:, t:t + 1], copy))
+
+
+@pytest.mark.parametrize("piece", [3, 1000], ids=["in-pieces", "whole"])
+def test_utterances_joining_a_running_batch_equal_them_alone(synth, prompts, piece):
+    """Through a `Scheduler`: utterances submitted while others run are prefilled `piece` positions a step (or
+    whole) and join between frames; every one's codes equal its codes alone."""
+    from qtts_lib.runtime.pipeline.scheduler import Job, Scheduler
+
+    caps = [30, 24, 18, 27]
+    alone = [synth.loop.run(p, sampler(synth, i, False), caps[i]) for i, p in enumerate(prompts)]
+    scheduler = Scheduler(synth, max_batch=4, prefill_piece=piece)
+
+    def submit(i):
+        job = Job(prompts[i], Sampling(seed=100 + i), sampler(synth, i, False), caps[i], [])
+        return scheduler.enqueue(job, synth.decoders.decoder(None))
+
+    tickets = [submit(0), submit(1)]
+    steps, prefilling_steps = 0, 0
+    while scheduler:
+        scheduler.step()
+        steps += 1
+        prefilling_steps += bool(scheduler.prefilling)
+        if steps == 3:
+            tickets += [submit(2), submit(3)]
+    assert (prefilling_steps > 2) == (piece == 3)  # in pieces, a prompt took several steps to go in
+    for i, (a, t) in enumerate(zip(alone, tickets)):
+        assert t.result.tokens == a.tokens, f"utterance {i}"
+        np.testing.assert_array_equal(t.result.codes, np.stack(a.codes), err_msg=f"utterance {i}")

@@ -62,8 +62,16 @@ class CacheLayout:
         t = self.tile
         return (j // t) * t * dim + (d // t) * t * t + (j % t) * t + d % t
 
-    def _index(self, kind: str, positions: int, dim: int) -> np.ndarray:
-        return self.key_index(positions, dim) if kind == "k" else self.value_index(positions, dim)
+    def tiles(self, mat: ncnn.Mat, kind: str) -> np.ndarray:
+        """A writable view of every allocated channel of `mat` as plain positions: (c, capacity, head_dim) for a
+        tile of 1, else (c, capacity/t, t, head_dim/t, t) for V and (c, capacity/t, t, head_dim) for K with the
+        positions' axes first (a transposed view: reshaping it copies). `read` and `write` are built on it, and it
+        is the formulas above written as numpy strides (the probe checks them element by element)."""
+        t, dim = self.tile, mat.w
+        blocks = _channel_memory(mat)[:, : mat.cstep // (t * dim) * t * dim]
+        if kind == "k":  # per block (dim, t) -> (t, dim)
+            return blocks.reshape(mat.c, -1, dim, t).transpose(0, 1, 3, 2)
+        return blocks.reshape(mat.c, -1, dim // t, t, t).transpose(0, 1, 3, 2, 4)  # (D, j, d) -> (j, D, d)
 
     def read(self, mat: ncnn.Mat, kind: str) -> np.ndarray:
         """A cache Mat as numpy (c, positions, head_dim); `kind` "k" or "v". A Vulkan download may come packed
@@ -73,21 +81,81 @@ class CacheLayout:
         if mat.dims != 3 or mat.elemsize != 4 or mat.elempack != 1:
             raise BatchError(f"a cache Mat of dims {mat.dims}, elemsize {mat.elemsize}, elempack {mat.elempack}: "
                                "only fp32 caches can be moved between sequences")
-        return _channel_memory(mat)[:, self._index(kind, mat.h, mat.w)]
+        blocks = -(-mat.h // self.tile)
+        return self.tiles(mat, kind)[:, :blocks].reshape(mat.c, blocks * self.tile, mat.w)[:, : mat.h]
 
-    def write(self, array: np.ndarray, kind: str, spare: int = 64) -> ncnn.Mat:
+    def write(self, array: np.ndarray, kind: str, spare: int = 64, channels: int | None = None) -> ncnn.Mat:
         """numpy (c, positions, head_dim) as a cache Mat the SDPA layer reads, with room for `spare` more
-        positions (appended in place, as the layer's own caches are)."""
+        positions (appended in place, as the layer's own caches are) and, with `channels`, memory for that many
+        channels of which the first c are in use (`place` writes the others)."""
         c, positions, dim = array.shape
-        capacity = -(-(positions + (spare if self.spare else 0)) // self.tile) * self.tile
-        mat = ncnn.Mat(dim, capacity, c)  # owns its memory; cstep = capacity * dim (dim is a multiple of 4)
+        mat = self.empty(c, positions + (spare if self.spare else 0), dim, channels)
+        mat.h = positions  # the positions held; the capacity stays in cstep
+        self.place(mat, kind, 0, array, 0)
+        return mat
+
+    def empty(self, c: int, capacity: int, dim: int, channels: int | None = None) -> ncnn.Mat:
+        """A cache Mat with room for `capacity` positions (rounded up to whole tiles) in each of `channels`
+        channels (default c), c of them in use and none of its positions held yet (h = 0). Its memory is not
+        cleared: the layer reads only the positions held, and `place` writes zeros in front of a sequence."""
+        capacity = max(-(-capacity // self.tile) * self.tile, self.tile)
+        mat = ncnn.Mat(dim, capacity, max(channels or c, c))  # owns its memory; cstep = capacity * dim
         if mat.cstep != capacity * dim:
             raise BatchError(f"a cache Mat of {capacity} x {dim} got cstep {mat.cstep}")
-        memory = _channel_memory(mat)
-        memory[:] = 0
-        memory[:, self._index(kind, positions, dim)] = array
-        mat.h = positions  # the positions held; the capacity stays in cstep
+        mat.c, mat.h = c, 0
         return mat
+
+    def place(self, mat: ncnn.Mat, kind: str, channel: int, array: np.ndarray, at: int) -> None:
+        """Write numpy (n, positions, head_dim) into channels [channel, channel + n) of `mat` at positions
+        [at, at + positions), and zeros before `at` (a left-padded sequence: what the mask hides must still be
+        finite numbers). Only the tiles those positions touch are written."""
+        n, positions, dim = array.shape
+        t = self.tile
+        blocks = -(-(at + positions) // t)
+        plain = np.zeros((n, blocks * t, dim), np.float32)
+        plain[:, at : at + positions] = array
+        view = self.tiles(mat, kind)[channel : channel + n, :blocks]
+        view[...] = plain.reshape(view.shape[:2] + ((t, dim) if kind == "k" else (t, dim // t, t)))
+
+    def capacity(self, mat: ncnn.Mat) -> int:
+        """Positions `mat` has room for in each channel."""
+        return mat.cstep // mat.w if mat.w else 0
+
+    def resized(self, mat: ncnn.Mat, capacity: int, channels: int | None = None) -> ncnn.Mat:
+        """A copy of `mat` (same channels in use, same positions held) with room for `capacity` positions and
+        memory for `channels` channels: whole tiles copied, nothing re-laid out (a tile holds the same positions
+        whatever the capacity)."""
+        out = self.empty(mat.c, max(capacity, mat.h), mat.w, channels)
+        n = -(-mat.h // self.tile) * self.tile * mat.w
+        _channel_memory(out)[: mat.c, :n] = _channel_memory(mat)[:, :n]
+        out.h = mat.h
+        return out
+
+    def shift(self, mat: ncnn.Mat, tiles: int) -> None:
+        """Move every channel's positions `tiles` whole tiles later (more padding in front, zeros) or, negative,
+        earlier (the first positions dropped), in place; `mat.h` follows. The room must be there."""
+        size = self.tile * mat.w
+        held = -(-mat.h // self.tile) * size
+        memory = _channel_memory(mat)[: mat.c]
+        if tiles > 0:
+            if held + tiles * size > mat.cstep:
+                raise BatchError("a cache shift past its capacity")
+            memory[:, tiles * size : tiles * size + held] = memory[:, :held].copy()
+            memory[:, : tiles * size] = 0
+        elif tiles < 0:
+            cut = -tiles * size
+            memory[:, : held - cut] = memory[:, cut:held].copy()
+            memory[:, held - cut : held] = 0
+        mat.h = mat.h + tiles * self.tile
+
+    def move(self, mat: ncnn.Mat, moves: list[tuple[int, int]], channels: int) -> None:
+        """Copy groups of `channels` channels within `mat`: (to, from) group indices; every source is read
+        before any is written, so the moves may overlap."""
+        memory = _channel_memory(mat)
+        n = -(-mat.h // self.tile) * self.tile * mat.w
+        sources = [memory[f * channels : (f + 1) * channels, :n].copy() for _, f in moves]
+        for (to, _), data in zip(moves, sources):
+            memory[to * channels : (to + 1) * channels, :n] = data
 
 
 @cache
@@ -115,9 +183,17 @@ def probe(device: str = "cpu") -> CacheLayout:
         if out_k.cstep % (tile * dim) or out_v.cstep % (tile * dim):
             continue
         try:
-            if np.array_equal(layout.read(out_k, "k"), k) and np.array_equal(layout.read(out_v, "v"), v):
+            if np.array_equal(layout.read(out_k, "k"), k) and np.array_equal(layout.read(out_v, "v"), v) and (
+                    out_k.elempack > 1 or _formulas_hold(layout, out_k, out_v, k, v)):
                 return layout
         except (IndexError, ValueError):
             continue
     raise BatchError(f"this ncnn build ({ncnn.__version__}) keeps the SDPA cache on {device} in a layout qtts does "
                      "not know: sequences cannot be batched here (one at a time still works)")
+
+
+def _formulas_hold(layout: CacheLayout, out_k: ncnn.Mat, out_v: ncnn.Mat, k: np.ndarray, v: np.ndarray) -> bool:
+    """The module docstring's formulas, element by element, against what `read` (numpy strides) found."""
+    positions, dim = k.shape[1:]
+    return bool(np.array_equal(_channel_memory(out_k)[:, layout.key_index(positions, dim)], k)
+                and np.array_equal(_channel_memory(out_v)[:, layout.value_index(positions, dim)], v))

@@ -19,8 +19,11 @@ Several sequences decoded together (chapter 16) share one `KvCache`: the graph i
 each sequence its own group of kv_heads channels of every cache blob, all with the same number of positions
 (`past`); a shorter one is left-padded and `lengths` says how many positions are each sequence's own. The inputs
 then are B·L rows (sequence-major), cos/sin rows at each sequence's own positions, and a per-head mask
-(B·heads, L, past+L) that hides each sequence's padding. `merge` and `KvCache.keep` move sequences in and out,
-reading and writing the SDPA layer's private layout (`binding.cache_layout`).
+(B·heads, L, past+L) that hides each sequence's padding. `KvCache.join` and `KvCache.keep` move sequences in and
+out, reading and writing the SDPA layer's private layout (`binding.cache_layout`), in place: the batch's Mats keep
+memory for every sequence it may hold (`reserve`), a joining sequence writes only its own channels, one that leaves
+hands its channels to the last sequence, and the padding all share goes by whole tiles. `merge` is the plain way
+(every blob through numpy into new Mats), what the Vulkan layout, which keeps no room, uses.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from . import cache_layout, rope
 from .net import run, to_mat
 
 POSITIONS_KEPT = 64  # `KvCacheNet.position_inputs`: enough for the code predictor's 17 positions, bounded for a talker
+ROOM_STEP = 256      # positions a reserved cache grows by when it runs out (one copy of the batch every 256 frames)
+TRIM_POSITIONS = 64  # shared padding a batch drops once it is this long (the drop moves every position held)
 
 
 def cache_blob_names(i: int) -> tuple[str, str, str, str]:
@@ -54,6 +59,7 @@ class KvCache:
         self.past = 0
         self.lengths = [0] * sequences
         self.device = device  # whose SDPA layer wrote the blobs: their layout (`cache_layout.probe`)
+        self.slots = 0        # sequences the blobs have memory for, once `reserve`d (0: the layer's own Mats)
 
     @property
     def sequences(self) -> int:
@@ -64,6 +70,16 @@ class KvCache:
         """Per sequence, the positions at the front that are not its own."""
         return [self.past - n for n in self.lengths]
 
+    @property
+    def layout(self) -> cache_layout.CacheLayout:
+        return cache_layout.probe(self.device)
+
+    @property
+    def in_place(self) -> bool:
+        """Whether sequences join and leave this cache in place (the CPU's layout, which keeps room to spare); a
+        Vulkan download has none, and every join or leave builds new Mats through numpy."""
+        return self.layout.spare
+
     def grow(self, outputs: Sequence[str], mats: Sequence[ncnn.Mat], positions: int) -> None:
         """Take a call's cache outputs (`cache_*_out*`) as the next call's inputs."""
         self.blobs = {name.replace("_out", "_in"): m for name, m in zip(outputs, mats)}
@@ -72,16 +88,96 @@ class KvCache:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every blob as numpy (channels, past, head_dim), read from the SDPA layer's layout."""
-        layout = cache_layout.probe(self.device)
+        layout = self.layout
         return {name: layout.read(m, _kind(name)) for name, m in self.blobs.items()}
 
+    def copy(self) -> KvCache:
+        """An independent copy (same layout, same room): the Mats' memory copied tile by tile. (`Mat.clone` would
+        keep only the positions held, which the SDPA layer then reads with the wrong stride.)"""
+        out = KvCache(0, device=self.device)
+        layout = self.layout
+        if self.in_place:
+            out.blobs = {n: layout.resized(m, layout.capacity(m)) for n, m in self.blobs.items()}
+        else:  # a Vulkan download (maybe packed): through numpy
+            out.blobs = {n: layout.write(a, _kind(n)) for n, a in self.arrays().items()}
+        out.past, out.lengths = self.past, list(self.lengths)
+        return out
+
+    # ------------------------------------------------------------ sequences joining and leaving
+    def reserve(self, sequences: int, positions: int) -> None:
+        """Memory for `sequences` sequences of `positions` positions in every blob (copied once, tile by tile), so
+        that sequences join by writing their own channels (`join`) and every step appends in place. The layer
+        would otherwise allocate Mats that fit exactly the channels in use."""
+        layout = self.layout
+        kv = self._kv_heads()
+        self.blobs = {n: layout.resized(m, positions, sequences * kv) for n, m in self.blobs.items()}
+        self.slots = sequences
+
+    def ensure(self, length: int) -> None:
+        """Before a call of `length` new positions: room for them, so that the SDPA layer appends in place and
+        the memory kept for joining sequences stays (a reserved cache only; ROOM_STEP more at a time)."""
+        if self.slots and self.past + length > min(self.layout.capacity(m) for m in self.blobs.values()):
+            self.reserve(self.slots, self.past + length + ROOM_STEP)
+
+    def join(self, other: KvCache, slots: int) -> None:
+        """Append `other`'s sequences after this cache's, each left-padded to the common past. In place: this
+        cache's sequences stay where they are (moved later by whole tiles only when `other` holds more
+        positions), `other`'s channels are written into memory kept for `slots` sequences (`reserve`), so a join
+        costs about one copy of the joining sequence, not of the batch. Through numpy (`merge`) where the layout
+        keeps no room (a Vulkan download)."""
+        if other.device != self.device:
+            raise ValueError("caches of different devices cannot be merged")
+        if other.past == 0 or self.past == 0:
+            raise ValueError("only prefilled caches can be merged")
+        if not self.in_place:
+            merged = merge([self, other])
+            self.blobs, self.past, self.lengths = merged.blobs, merged.past, merged.lengths
+            return
+        layout = self.layout
+        kv = self._kv_heads()
+        tiles = -(-max(0, other.past - self.past) // layout.tile)
+        past = self.past + tiles * layout.tile
+        sequences = self.sequences + other.sequences
+        if self.slots < sequences or min(layout.capacity(m) for m in self.blobs.values()) < past + 1:
+            self.reserve(max(sequences, slots), past + ROOM_STEP)
+        planes = other.arrays()
+        for name, m in self.blobs.items():
+            if tiles:
+                layout.shift(m, tiles)
+            at = m.c
+            m.c = at + other.sequences * kv
+            layout.place(m, _kind(name), at, planes[name], past - other.past)
+            m.h = past
+        self.past = past
+        self.lengths = self.lengths + list(other.lengths)
+
     def keep(self, indices: Sequence[int]) -> None:
-        """Keep only the sequences at `indices` (in that order), and drop the padding they all share."""
+        """Keep only the sequences at `indices` (in that order), and drop the padding they all share (in place:
+        only the channels that change places move; the shared padding goes by whole tiles once it reaches
+        TRIM_POSITIONS, so that dropping it is rare)."""
         if not indices:
             raise ValueError("a cache keeps at least one sequence")
+        if not self.in_place:
+            return self._rebuild(indices)
+        layout = self.layout
+        kv = self._kv_heads()
+        moves = [(j, i) for j, i in enumerate(indices) if i != j]
+        lengths = [self.lengths[i] for i in indices]
+        tiles = (self.past - max(lengths)) // layout.tile
+        tiles = tiles if tiles * layout.tile >= TRIM_POSITIONS or len(indices) == 1 else 0
+        for m in self.blobs.values():
+            if moves:
+                layout.move(m, moves, kv)
+            m.c = len(indices) * kv
+            if tiles:
+                layout.shift(m, -tiles)
+        self.lengths = lengths
+        self.past -= tiles * layout.tile
+
+    def _rebuild(self, indices: Sequence[int]) -> None:
         past = max(self.lengths[i] for i in indices)
         arrays, kv = self.arrays(), self._kv_heads()
-        layout = cache_layout.probe(self.device)
+        layout = self.layout
         self.blobs = {name: layout.write(np.concatenate([a[i * kv:(i + 1) * kv, self.past - past:] for i in indices]),
                                          _kind(name)) for name, a in arrays.items()}
         self.lengths = [self.lengths[i] for i in indices]
@@ -95,12 +191,21 @@ class KvCache:
         return channels // self.sequences
 
 
+def survivors(stopped: Sequence[bool]) -> list[int]:
+    """The order a batch keeps its sequences in when those `stopped` leave: each one that stays keeps its place,
+    except that the last ones fill the holes (so a leave moves one sequence's channels, not every later one's)."""
+    alive = [i for i, s in enumerate(stopped) if not s]
+    tail = [i for i in alive if i >= len(alive)]
+    return [j if not stopped[j] else tail.pop(0) for j in range(len(alive))]
+
+
 def _kind(blob: str) -> str:
     return "k" if blob.startswith("cache_k") else "v"
 
 
 def merge(caches: Sequence[KvCache]) -> KvCache:
-    """One cache holding the sequences of `caches` in order, each left-padded to the longest (module docstring)."""
+    """One cache holding the sequences of `caches` in order, each left-padded to the longest (module docstring):
+    every blob read into numpy and written back (new Mats; `KvCache.join` is the in-place way)."""
     if any(c.past == 0 for c in caches):
         raise ValueError("only prefilled caches can be merged")
     past = max(c.past for c in caches)
@@ -179,9 +284,10 @@ class KvCacheNet:
         sequences, length = embeds.shape[:2]
         if sequences != cache.sequences:
             raise ValueError(f"{self.name}: {sequences} sequences of embeddings for a cache of {cache.sequences}")
-        if sequences > 1 and not self.batches:
-            raise ValueError(f"{self.name}: this graph takes one sequence at a time")
-        if sequences == 1:
+        if (sequences > 1 or cache.lengths[0] != cache.past) and not self.batches:
+            raise ValueError(f"{self.name}: this graph takes one unpadded sequence at a time")
+        cache.ensure(length)
+        if sequences == 1 and cache.lengths[0] == cache.past:
             positions = self.position_inputs(cache.past, length)
         else:
             tables = [rope.tables(self.head_dim, self.theta, n, length) for n in cache.lengths]

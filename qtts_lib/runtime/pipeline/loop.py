@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..binding import rope
-from ..binding.cached import KvCache, KvCacheNet, merge
+from ..binding.cached import KvCache, KvCacheNet, survivors
 from ..binding.net import Net, net_from_text, parse_device, run
 from ..errors import BatchError
 from ..rewrites.gpu import fused_predictor_param
@@ -62,6 +62,7 @@ class Sequence:
     max_frames: int
     cache: KvCache | None = None              # its talker cache while it runs alone (a `Batch` holds one for all)
     hidden: np.ndarray | None = None          # the talker's last hidden state (H,)
+    prefilled: int = 0                        # prompt positions in its cache so far (`Loop.prefill`)
     tokens: list[int] = field(default_factory=list)       # every codebook-0 token sampled, EOS included
     codes: list[np.ndarray] = field(default_factory=list)  # the frames so far, (groups,) each
     stopped: str | None = None                # "eos" or "cap" once it has ended
@@ -236,17 +237,43 @@ class Loop:
         """Whether sequences can share graph calls (the CPU's graphs, on any device; the GPU forms take one)."""
         return self.talker.batches and self.predictor.batches
 
+    @property
+    def copies_caches(self) -> bool:
+        """Whether a sequence can start from a copy of another's talker cache (`start(prefix=)`): the cached graphs
+        (`KvCacheNet`), not the GPU form, whose cache is one flat blob and the rows fed so far."""
+        return isinstance(self.talker, KvCacheNet)
+
     # ------------------------------------------------------------ sequences
-    def start(self, prompt: Prompt, sampler: Sampler, max_frames: int) -> Sequence:
-        """A new sequence, its prompt prefilled (alone: a prefill has as many rows as the prompt)."""
+    def start(self, prompt: Prompt, sampler: Sampler, max_frames: int, positions: int | None = None,
+              prefix: KvCache | None = None) -> Sequence:
+        """A new sequence, its prompt prefilled (alone: a prefill has as many rows as the prompt). With
+        `positions`, only that many now: `prefill` does the rest, a piece at a time (so that a sequence can join
+        a running batch without stopping it for its whole prompt). `prefix`: the cache of the prompt's first
+        positions, made before for an equal prompt start (a request's instruction: `Scheduler`), copied here."""
         if max_frames < 1:
             raise ValueError(f"max_frames must be at least 1, not {max_frames}")
         seq = Sequence(prompt, sampler, max_frames)
-        t0 = time.perf_counter()
-        hidden, seq.cache = self.talker.prefill(prompt.embeds[None])
-        seq.hidden = hidden[0, -1]
-        seq.seconds["prefill"] = time.perf_counter() - t0
+        if prefix is not None:
+            seq.cache, seq.prefilled = prefix.copy(), prefix.past
+        self.prefill(seq, positions)
         return seq
+
+    def prefill(self, seq: Sequence, positions: int | None = None) -> bool:
+        """Prefill up to `positions` more of the sequence's prompt (all of it: None); whether it is all in now.
+        Pieces of a prompt give its cache and last hidden state to float rounding (the rows of a call are
+        computed alike whatever their number; the attention sums over the positions in another grouping)."""
+        rows = seq.prompt.embeds[seq.prefilled:] if positions is None else \
+            seq.prompt.embeds[seq.prefilled:seq.prefilled + positions]
+        if len(rows):
+            t0 = time.perf_counter()
+            if seq.cache is None:
+                hidden, seq.cache = self.talker.prefill(rows[None])
+            else:
+                hidden = self.talker.forward(rows[None], seq.cache)
+            seq.hidden = hidden[0, -1]
+            seq.prefilled += len(rows)
+            seq.seconds["prefill"] += time.perf_counter() - t0
+        return seq.prefilled >= len(seq.prompt.embeds)
 
     def step(self, seq: Sequence) -> Frame | None:
         """The sequence's next frame, or None when it has ended (EOS, or `max_frames` frames made)."""
@@ -260,7 +287,8 @@ class Loop:
     def advance(self, seqs: list[Sequence], cache: KvCache) -> list[Frame | None]:
         """One frame for each of `seqs`, whose talker cache is `cache` (one sequence's, or a batch's: the same
         order); None for a sequence that ended instead (EOS). Afterwards `cache` holds only the sequences that go
-        on, in order (those not `stopped`). Every graph call takes all the sequences it concerns at once:
+        on (those not `stopped`), in the order `binding.cached.survivors` gives. Every graph call takes all the
+        sequences it concerns at once:
 
         1. the codec head on every hidden state: codebook 0 of each (EOS ends that sequence);
         2. the code predictor for the others, together (`CodePredictor.frames`);
@@ -288,7 +316,9 @@ class Loop:
             else:
                 going.append(seq)
         if len(going) < len(seqs) and going:
-            cache.keep([i for i, s in enumerate(seqs) if not s.stopped])
+            order = survivors([bool(s.stopped) for s in seqs])
+            cache.keep(order)
+            going = [seqs[i] for i in order]
         if going:
             x = np.stack([frames[id(s)].embed + s.prompt.text_at(len(s.codes) - 1) for s in going])
             hidden = self.talker.forward(x[:, None].astype(np.float32), cache)[:, -1]
@@ -327,7 +357,11 @@ class Batch:
                 ...
             if waiting and batch.room: batch.add(...) # a new one joins between frames
 
-    A sequence that ends leaves at once (its cache channels dropped), so the next frame's calls are narrower."""
+    A sequence that ends leaves at once (its cache channels handed to another), so the next frame's calls are
+    narrower. `add` is `Loop.start` and `join`: a sequence may also be prefilled a piece at a time beside the batch
+    (`Loop.prefill` between two steps) and join when it is done. The cache keeps memory for `max_batch` sequences
+    once a second one joins (`binding.cached.KvCache.reserve`), so joining and leaving move only the sequence
+    concerned."""
 
     def __init__(self, loop: Loop, max_batch: int = 4):
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -351,21 +385,32 @@ class Batch:
         if not self.room:
             raise BatchError(f"the batch is full ({self.max_batch} sequences)")
         seq = self.loop.start(prompt, sampler, max_frames)
+        self.join(seq)
+        return seq
+
+    def join(self, seq: Sequence) -> None:
+        """A prefilled sequence (`Loop.start`, then `Loop.prefill` until it says so) joins between two frames."""
+        if not self.room:
+            raise BatchError(f"the batch is full ({self.max_batch} sequences)")
+        if seq.cache is None or seq.prefilled < len(seq.prompt.embeds):
+            raise BatchError("only a sequence whose prompt is all prefilled can join")
         t0 = time.perf_counter()
-        self.cache = seq.cache if self.cache is None else merge([self.cache, seq.cache])
+        if self.cache is None:
+            self.cache = seq.cache
+        else:
+            self.cache.join(seq.cache, self.max_batch)
         seq.cache = None
         seq.seconds["prefill"] += time.perf_counter() - t0
         self.sequences.append(seq)
-        return seq
 
     def remove(self, seq: Sequence) -> None:
         """Take a running sequence out of the batch (cancelled): it makes no more frames."""
-        i = next(i for i, s in enumerate(self.sequences) if s is seq)
-        del self.sequences[i]
-        if self.sequences:
-            self.cache.keep([j for j in range(len(self.sequences) + 1) if j != i])
-        else:
-            self.cache = None
+        if len(self.sequences) == 1:
+            self.sequences, self.cache = [], None
+            return
+        order = survivors([s is seq for s in self.sequences])
+        self.cache.keep(order)
+        self.sequences = [self.sequences[i] for i in order]
 
     def step(self) -> list[tuple[Sequence, Frame | None]]:
         """One frame of every sequence in the batch (None for one that ended at EOS); those that ended leave."""
@@ -373,7 +418,7 @@ class Batch:
             return []
         seqs = list(self.sequences)
         frames = self.loop.advance(seqs, self.cache)
-        self.sequences = [s for s in seqs if not s.stopped]
+        self.sequences = [seqs[i] for i in survivors([bool(s.stopped) for s in seqs])]
         if not self.sequences:
             self.cache = None
         return list(zip(seqs, frames))

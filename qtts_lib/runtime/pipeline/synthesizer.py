@@ -11,22 +11,19 @@ and prompt builder (`pipeline.prompt`), the voice encoders (`pipeline.voices`), 
 into a decoder, which returns audio when it has some (`codec.stream`): at the end for `synthesize` (the reference's
 whole decode), every `chunk_frames` frames for `stream`.
 
-Many utterances at once: `synthesize_many` (a list of `Utterance`s, results in order), or a `Scheduler` that
-utterances are submitted to at any time and that makes one frame of every running one per `step` (continuous
-batching over `pipeline.loop.Batch`; the server runs one). `synthesize` and `stream` are a scheduler of one.
+Many utterances at once: `synthesize_many` (a list of `Utterance`s, results in order), or a `Scheduler`
+(`pipeline.scheduler`) that utterances are submitted to at any time and that makes one frame of every running one per
+`step` (continuous batching over `pipeline.loop.Batch`; the server runs one). `synthesize` and `stream` are a
+scheduler of one. The scheduler stands on three of the synthesizer's parts: `loop`, `decoders` and `jobs`, the job
+builder (`pipeline.scheduler.Jobs`: an utterance checked and turned into a prompt, a sampler and a frame cap).
 """
 from __future__ import annotations
 
-import itertools
-import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..audio.wav import FRAME_RATE
 from ..binding.net import parse_device
 from ..codec.decoder import Codec, check_codec_tier
 from ..codec.stream import Decoders
@@ -34,42 +31,19 @@ from ..errors import InputError, MissingArtifact
 from ..text.bpe import Tokenizer
 from .config import ModelConfig
 from .embeddings import Embeddings
-from .loop import Batch, Loop, Sequence
+from .loop import Loop
 from .precision import check_tier
-from .prompt import Prompt, PromptBuilder, Voice, frame_cap
-from .sampling import Sampler, Sampling
+from .prompt import Prompt, PromptBuilder, Voice
+from .sampling import Sampling
+from .scheduler import DEFAULT_MAX_BATCH, Event, Job, Jobs, Result, Scheduler, Ticket, Utterance
 from .voices import VoiceEncoder
+
+__all__ = ["Synthesizer", "Stream", "Result", "Scheduler", "Utterance", "Ticket", "Event", "Job", "Jobs",
+           "DEFAULT_MAX_BATCH", "missing_graphs"]
 
 GRAPHS = ["talker_text_embed", "talker_codec_embed", "talker_decoder", "talker_codec_head",
           "predictor_decoder", "predictor_embeds", "predictor_heads", "codec_decoder"]
 CACHED_GRAPHS = ["talker_decoder", "predictor_decoder"]
-DEFAULT_MAX_BATCH = 4   # chapter 16: four rows cost about what one costs in a memory-bound step
-
-
-@dataclass
-class Result:
-    """What one utterance produced.
-
-    codes: (T, 16) int64, the frames; tokens: every codebook-0 token sampled (EOS included if it came);
-    stopped: "eos" or "cap" (the frame cap was reached); wav: float32 at 24 kHz (None for a stream, whose audio
-    went out in pieces); seconds: wall time of "prefill", "talker", "predictor" and "codec"; warnings: problems
-    found on the way (also told to `on_warning` as soon as they are known)."""
-    codes: np.ndarray
-    tokens: list[int]
-    stopped: str
-    wav: np.ndarray | None = None
-    seconds: dict[str, float] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def eos_step(self) -> int:
-        """Index of EOS in `tokens`, -1 if it never came."""
-        return len(self.tokens) - 1 if self.stopped == "eos" else -1
-
-    @classmethod
-    def of(cls, seq: Sequence, groups: int) -> Result:
-        codes = np.stack(seq.codes).astype(np.int64) if seq.codes else np.zeros((0, groups), np.int64)
-        return cls(codes, list(seq.tokens), seq.stopped or "cap", seconds=dict(seq.seconds))
 
 
 class Stream:
@@ -130,6 +104,7 @@ class Synthesizer:
             if decoders is None else None
         self.decoders = Decoders(self.codec) if decoders is None else decoders
         self.sampling = Sampling.from_generation_config(cfg.generation)
+        self.jobs = Jobs(cfg, self.prompts, self.sampling)
 
     def close(self) -> None:
         """Stop what runs beside this process (a codec process); nothing else needs closing."""
@@ -230,7 +205,7 @@ class Synthesizer:
         generate (12.5 per second), by default the text's own cap (`prompt.frame_cap`); `non_streaming`: the
         prompt's layout (`PromptBuilder.build`). `on_frame(n)` after each frame (progress bars); `on_warning` as
         soon as a problem is known (text longer than the cap), also kept in `Result.warnings`."""
-        job = self._job(text, language, voice, sampling, max_frames, non_streaming, on_warning)
+        job = self.jobs.build(text, language, voice, sampling, max_frames, non_streaming, on_warning)
         stream = Stream(self._speak(job, self.decoders.decoder(None, voice.codes), on_frame))
         wav = list(stream)
         result = stream.result
@@ -247,37 +222,14 @@ class Synthesizer:
         Introduced in 14."""
         if not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool) or chunk_frames < 1:
             raise InputError(f"chunk_frames must be a whole number, at least 1, not {chunk_frames!r}")
-        job = self._job(text, language, voice, sampling, max_frames, non_streaming, on_warning)
+        job = self.jobs.build(text, language, voice, sampling, max_frames, non_streaming, on_warning)
         return Stream(self._speak(job, self.decoders.decoder(chunk_frames, voice.codes), on_frame))
 
     def prompt(self, text: str, language: str, voice: Voice, non_streaming: bool | None = None) -> Prompt:
         """The talker's prompt for `text` (what `synthesize` builds first)."""
         return self.prompts.build(text, language, voice, non_streaming)
 
-    def _job(self, text, language, voice, sampling, max_frames, non_streaming, on_warning) -> _Job:
-        """Everything checked and built before the first frame: prompt, sampling, frame cap, warnings."""
-        if not isinstance(voice, Voice):
-            raise InputError(f"voice must be a Voice (from Synthesizer.voice), not {type(voice).__name__}")
-        if sampling is not None and not isinstance(sampling, Sampling):
-            raise InputError(f"sampling must be a Sampling, not {type(sampling).__name__}")
-        prompt = self.prompt(text, language, voice, non_streaming)
-        cap = frame_cap(prompt.text_tokens) if max_frames is None else max_frames
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise InputError(f"max_frames must be a whole number, at least 1, not {max_frames!r}")
-        warnings = []
-        if voice.instruct and not self.follows_instructions:
-            warnings.append("this checkpoint does not follow instructions (0.6B CustomVoice): the instruction is "
-                            "dropped, as the reference drops it; the 1.7B CustomVoice and VoiceDesign checkpoints "
-                            "follow them")
-        if len(prompt.trailing) > cap:
-            warnings.append(f"the text has {prompt.text_tokens} tokens but at most {cap} frames "
-                            f"({cap / FRAME_RATE:.0f} s) will be generated: the end of the text will not be spoken")
-        for w in warnings:
-            if on_warning:
-                on_warning(w)
-        return _Job(prompt, self.sampling if sampling is None else sampling, cap, warnings)
-
-    def _speak(self, job: _Job, decoder, on_frame):
+    def _speak(self, job: Job, decoder, on_frame):
         """The one path: a scheduler of one, its pieces yielded as they come; returns the `Result`. Closed early,
         the loop stops at once and the decoder is closed."""
         scheduler = Scheduler(self, 1)
@@ -289,130 +241,6 @@ class Synthesizer:
         finally:
             scheduler.close()
         return ticket.result
-
-
-@dataclass
-class Utterance:
-    """One thing to say (`Synthesizer.synthesize_many`, `Scheduler.submit`): `synthesize`'s arguments."""
-    text: str
-    language: str
-    voice: Voice
-    sampling: Sampling | None = None
-    max_frames: int | None = None
-    non_streaming: bool | None = None
-
-
-class Ticket:
-    """A submitted utterance: its job, its decoder, its sequence while it runs, its `Result` once done."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, job: _Job, decoder, on_frame: Callable[[int], None] | None = None):
-        self.id = next(self._ids)
-        self.job, self.decoder, self.on_frame = job, decoder, on_frame
-        self.seq: Sequence | None = None
-        self.result: Result | None = None
-        self.codec_s = 0.0
-
-
-@dataclass
-class Event:
-    """What one `Scheduler.step` produced for one ticket: audio `pieces` (maybe none); on its last frame the
-    ticket has its `result`."""
-    ticket: Ticket
-    pieces: list[np.ndarray]
-
-
-class Scheduler:
-    """Continuous batching over the synthesizer's loop: `submit` utterances whenever, `step` makes one frame of
-    each running one (at most `max_batch`), starting waiting ones first as places free up. Each ticket has its
-    own decoder: a whole decode at its end (`chunk_frames` None) or pieces as frames come. One thread only (the
-    one that runs ncnn)."""
-
-    def __init__(self, synth: Synthesizer, max_batch: int = DEFAULT_MAX_BATCH):
-        self.synth = synth
-        self.batch = Batch(synth.loop, max_batch)
-        self.waiting: deque[Ticket] = deque()
-        self.running: dict[int, Ticket] = {}   # id(sequence) -> its ticket
-
-    @property
-    def max_batch(self) -> int:
-        return self.batch.max_batch
-
-    def __bool__(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def submit(self, utterance: Utterance, chunk_frames: int | None = None,
-               on_warning: Callable[[str], None] | None = None,
-               on_frame: Callable[[int], None] | None = None) -> Ticket:
-        """Queue an utterance (checked now: bad input raises here). `chunk_frames`: stream its audio in pieces of
-        that many frames; None: one whole decode when it ends."""
-        if not isinstance(utterance, Utterance):
-            raise InputError(f"expected an Utterance, not {type(utterance).__name__}")
-        if chunk_frames is not None and (not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool)
-                                         or chunk_frames < 1):
-            raise InputError(f"chunk_frames must be a whole number, at least 1, not {chunk_frames!r}")
-        u = utterance
-        job = self.synth._job(u.text, u.language, u.voice, u.sampling, u.max_frames, u.non_streaming, on_warning)
-        return self.enqueue(job, self.synth.decoders.decoder(chunk_frames, u.voice.codes), on_frame)
-
-    def enqueue(self, job: _Job, decoder, on_frame=None) -> Ticket:
-        ticket = Ticket(job, decoder, on_frame)
-        self.waiting.append(ticket)
-        return ticket
-
-    def cancel(self, ticket: Ticket) -> None:
-        """Stop a ticket where it is (waiting or running); it gets no result."""
-        if ticket in self.waiting:
-            self.waiting.remove(ticket)
-        elif ticket.seq is not None and id(ticket.seq) in self.running:
-            self.batch.remove(ticket.seq)
-            del self.running[id(ticket.seq)]
-        ticket.decoder.close()
-
-    def step(self) -> list[Event]:
-        """Start waiting tickets while there is room, then one frame of every running one."""
-        while self.waiting and self.batch.room:
-            ticket = self.waiting.popleft()
-            sampler = Sampler(ticket.job.sampling, self.synth.config.talker)
-            ticket.seq = self.batch.add(ticket.job.prompt, sampler, ticket.job.max_frames)
-            self.running[id(ticket.seq)] = ticket
-        events = []
-        for seq, frame in self.batch.step():
-            ticket = self.running[id(seq)]
-            t0 = time.perf_counter()
-            pieces = ticket.decoder.push(frame.codes) if frame is not None else []
-            ticket.codec_s += time.perf_counter() - t0
-            event = Event(ticket, pieces)
-            if frame is not None and ticket.on_frame:
-                ticket.on_frame(len(seq.codes))
-            if seq.stopped:
-                t0 = time.perf_counter()
-                last = ticket.decoder.finish()
-                ticket.decoder.close()
-                ticket.codec_s += time.perf_counter() - t0
-                if len(last):
-                    event.pieces.append(last)
-                del self.running[id(seq)]
-                result = Result.of(seq, self.synth.config.groups)
-                result.warnings = ticket.job.warnings
-                result.seconds["codec"] = ticket.codec_s
-                ticket.result = result
-            events.append(event)
-        return events
-
-    def close(self) -> None:
-        """Cancel everything still waiting or running."""
-        for ticket in list(self.waiting) + list(self.running.values()):
-            self.cancel(ticket)
-
-
-@dataclass
-class _Job:
-    prompt: Prompt
-    sampling: Sampling
-    max_frames: int
-    warnings: list[str]
 
 
 def missing_graphs(ncnn_dir: Path, raise_error: bool = False) -> list[str]:

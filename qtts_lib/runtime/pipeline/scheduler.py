@@ -1,0 +1,347 @@
+"""Many utterances at once: a `Scheduler` that utterances are submitted to at any time and that makes one frame of
+every running one per `step` (continuous batching over `pipeline.loop.Batch`). Introduced in 16.
+
+    scheduler = Scheduler(synth, max_batch=4)                 # over synth.loop, synth.decoders, synth.jobs
+    ticket = scheduler.submit(Utterance("Hello.", "english", voice), chunk_frames=4)
+    while scheduler:
+        for event in scheduler.step():                        # one Event per running utterance
+            play(event.ticket, event.pieces)                  # its audio, if a piece is ready; `result` at its end
+
+The scheduler stands on three parts and reaches no further: the generation loop (`loop.Loop`), the decoders that
+turn frames into audio (`codec.stream.Decoders`) and the job builder (`Jobs`: an `Utterance` checked and turned into
+a prompt, a sampler and a frame cap). A `Synthesizer` has all three, public, so `Scheduler(synth)` works; `synthesize`,
+`stream` and `synthesize_many` are schedulers of their own, and `qtts serve` runs one for every request.
+
+What a step does, and why each part is bounded (a step is what every running stream waits for):
+
+1. **Places.** At most `max_batch` utterances hold a place: running in the batch, or prefilling to join it. A place
+   belongs to a *lane*: a request whose utterances come one after another (`lane()`; a long text's segments,
+   `pipeline.longform.LongText`) keeps its place from its first utterance to its last, so a continuing segment is
+   admitted before any utterance of a request that has not started. Among new requests, first come, first served.
+2. **Prefill in pieces.** An utterance admitted while others run is prefilled `prefill_piece` prompt positions per
+   step, between two frames, and joins the batch when its prompt is all in (`loop.Loop.prefill`, `Batch.join`). The
+   running streams wait for a piece, never for a whole prompt. Admitted to an empty batch it is prefilled whole:
+   nobody waits. A job's `shared` first positions (a request's instruction, the same in each of its segments) are
+   prefilled once per lane and copied after (`binding.cached.KvCache.copy`). Meanwhile its decoder decodes
+   WARM_FRAMES of what it decodes without emitting (an ICL clip's codes, `codec.stream.StreamDecoder.warm`) a step.
+3. **One frame** of every running utterance (`Batch.step`), pushed into each one's decoder; one that ends leaves.
+
+Prefilling in pieces and joining a batch give each sequence's codes to float rounding of running it alone (chapter
+16 measures how close; on the tiny checkpoints every code is equal). Cancelling a ticket (`cancel`) frees its place
+at once, whatever stage it is in. One thread only: the one that runs ncnn.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..audio.wav import FRAME_RATE
+from ..binding.cached import KvCache
+from ..errors import InputError
+from .config import ModelConfig
+from .loop import Batch, Loop, Sequence
+from .prompt import INSTRUCT, Prompt, PromptBuilder, Voice, frame_cap
+from .sampling import Sampler, Sampling
+
+DEFAULT_MAX_BATCH = 4   # chapter 16: four rows cost about what one costs in a memory-bound step
+PREFILL_PIECE = 32      # prompt positions a joining utterance prefills per step while others run
+WARM_FRAMES = 4         # frames of a voice clip's codes its decoder decodes per step meanwhile (`StreamDecoder.warm`)
+
+
+@dataclass
+class Utterance:
+    """One thing to say (`Synthesizer.synthesize_many`, `Scheduler.submit`): `synthesize`'s arguments."""
+    text: str
+    language: str
+    voice: Voice
+    sampling: Sampling | None = None
+    max_frames: int | None = None
+    non_streaming: bool | None = None
+
+
+@dataclass
+class Result:
+    """What one utterance produced.
+
+    codes: (T, 16) int64, the frames; tokens: every codebook-0 token sampled (EOS included if it came);
+    stopped: "eos" or "cap" (the frame cap was reached); wav: float32 at 24 kHz (None for a stream, whose audio
+    went out in pieces); seconds: wall time of "prefill", "talker", "predictor" and "codec"; warnings: problems
+    found on the way (also told to `on_warning` as soon as they are known)."""
+    codes: np.ndarray
+    tokens: list[int]
+    stopped: str
+    wav: np.ndarray | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def eos_step(self) -> int:
+        """Index of EOS in `tokens`, -1 if it never came."""
+        return len(self.tokens) - 1 if self.stopped == "eos" else -1
+
+    @classmethod
+    def of(cls, seq: Sequence, groups: int) -> Result:
+        codes = np.stack(seq.codes).astype(np.int64) if seq.codes else np.zeros((0, groups), np.int64)
+        return cls(codes, list(seq.tokens), seq.stopped or "cap", seconds=dict(seq.seconds))
+
+
+@dataclass
+class Job:
+    """An utterance checked and built, before its first frame: its prompt, sampling (and the sampler that draws
+    with it), frame cap and warnings; `shared`: how many of the prompt's first positions other utterances of the
+    same request share (an instruction), which a lane prefills once."""
+    prompt: Prompt
+    sampling: Sampling
+    sampler: Sampler
+    max_frames: int
+    warnings: list[str]
+    shared: int = 0
+
+
+class Jobs:
+    """The job builder: `build` checks an utterance's arguments and makes its `Job` (the prompt, through the
+    checkpoint's `PromptBuilder`; the sampling, the checkpoint's `default` unless given; the frame cap, the text's
+    own `prompt.frame_cap` unless given)."""
+
+    def __init__(self, config: ModelConfig, prompts: PromptBuilder, default: Sampling):
+        self.config, self.prompts, self.default = config, prompts, default
+
+    @property
+    def groups(self) -> int:
+        return self.config.groups
+
+    def build(self, text: str, language: str, voice: Voice, sampling: Sampling | None = None,
+              max_frames: int | None = None, non_streaming: bool | None = None,
+              on_warning: Callable[[str], None] | None = None) -> Job:
+        """Everything checked and built before the first frame; bad input raises `InputError` here."""
+        if not isinstance(voice, Voice):
+            raise InputError(f"voice must be a Voice (from Synthesizer.voice), not {type(voice).__name__}")
+        if sampling is not None and not isinstance(sampling, Sampling):
+            raise InputError(f"sampling must be a Sampling, not {type(sampling).__name__}")
+        prompt = self.prompts.build(text, language, voice, non_streaming)
+        cap = frame_cap(prompt.text_tokens) if max_frames is None else max_frames
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise InputError(f"max_frames must be a whole number, at least 1, not {max_frames!r}")
+        warnings = []
+        follows = self.config.follows_instructions
+        if voice.instruct and not follows:
+            warnings.append("this checkpoint does not follow instructions (0.6B CustomVoice): the instruction is "
+                            "dropped, as the reference drops it; the 1.7B CustomVoice and VoiceDesign checkpoints "
+                            "follow them")
+        if len(prompt.trailing) > cap:
+            warnings.append(f"the text has {prompt.text_tokens} tokens but at most {cap} frames "
+                            f"({cap / FRAME_RATE:.0f} s) will be generated: the end of the text will not be spoken")
+        for w in warnings:
+            if on_warning:
+                on_warning(w)
+        sampling = self.default if sampling is None else sampling
+        shared = len(self.prompts.tokenizer.encode_template(INSTRUCT, voice.instruct)) if voice.instruct and \
+            follows else 0
+        return Job(prompt, sampling, Sampler(sampling, self.config.talker), cap, warnings,
+                   min(shared, len(prompt.embeds) - 1))
+
+    def of(self, utterance: Utterance, on_warning: Callable[[str], None] | None = None) -> Job:
+        if not isinstance(utterance, Utterance):
+            raise InputError(f"expected an Utterance, not {type(utterance).__name__}")
+        u = utterance
+        return self.build(u.text, u.language, u.voice, u.sampling, u.max_frames, u.non_streaming, on_warning)
+
+
+class Parts(Protocol):
+    """What a scheduler runs on (a `Synthesizer` has them): the loop, the decoders, the job builder."""
+    loop: Loop
+    decoders: object
+    jobs: Jobs
+
+
+class Lane:
+    """A request's place in a scheduler (`Scheduler.lane`): its utterances are admitted before those of requests
+    that have not started, and its shared prompt start is prefilled once (`Job.shared`; a ticket submitted without
+    a lane has one of its own, which shares nothing: its prompt is prefilled in one call, as `synthesize`'s).
+    `close` it when the request ends."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, shares: bool = True):
+        self.id = next(self._ids)
+        self.started = False
+        self.shares = shares
+        self.prefix: tuple[bytes, KvCache] | None = None  # (the shared rows' digest, their cache)
+
+    def close(self) -> None:
+        self.prefix = None
+
+
+class Ticket:
+    """A submitted utterance: its job, decoder, lane, its sequence while it runs, its `Result` once done.
+    `admitted`: its place in the order utterances were admitted (None while waiting); `cancelled` once cancelled."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, job: Job, decoder, on_frame: Callable[[int], None] | None = None, lane: Lane | None = None):
+        self.id = next(self._ids)
+        self.job, self.decoder, self.on_frame = job, decoder, on_frame
+        self.lane = lane or Lane(shares=False)
+        self.seq: Sequence | None = None
+        self.result: Result | None = None
+        self.admitted: int | None = None
+        self.cancelled = False
+        self.codec_s = 0.0
+
+
+@dataclass
+class Event:
+    """What one `Scheduler.step` produced for one ticket: audio `pieces` (maybe none); on its last frame the
+    ticket has its `result`."""
+    ticket: Ticket
+    pieces: list[np.ndarray]
+
+
+class Scheduler:
+    """Continuous batching over a loop, its decoders and a job builder (module docstring). One thread only."""
+
+    def __init__(self, parts: Parts, max_batch: int = DEFAULT_MAX_BATCH, prefill_piece: int = PREFILL_PIECE):
+        self.loop, self.decoders, self.jobs = parts.loop, parts.decoders, parts.jobs
+        self.batch = Batch(self.loop, max_batch)
+        self.prefill_piece = max(1, prefill_piece)
+        self.waiting: deque[Ticket] = deque()
+        self.prefilling: list[Ticket] = []     # admitted, their prompts going in a piece a step
+        self.running: dict[int, Ticket] = {}   # id(sequence) -> its ticket
+        self._admitted = itertools.count()
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch.max_batch
+
+    @property
+    def places(self) -> int:
+        """Places free: `max_batch` less the utterances running or prefilling."""
+        return self.max_batch - len(self.batch) - len(self.prefilling)
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    def lane(self) -> Lane:
+        """A new request's lane (see `Lane`)."""
+        return Lane()
+
+    def submit(self, utterance: Utterance, chunk_frames: int | None = None,
+               on_warning: Callable[[str], None] | None = None, on_frame: Callable[[int], None] | None = None,
+               lane: Lane | None = None) -> Ticket:
+        """Queue an utterance (checked now: bad input raises here). `chunk_frames`: stream its audio in pieces of
+        that many frames; None: one whole decode when it ends. `lane`: the request it belongs to."""
+        if chunk_frames is not None and (not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool)
+                                         or chunk_frames < 1):
+            raise InputError(f"chunk_frames must be a whole number, at least 1, not {chunk_frames!r}")
+        job = self.jobs.of(utterance, on_warning)
+        return self.enqueue(job, self.decoders.decoder(chunk_frames, utterance.voice.codes), on_frame, lane)
+
+    def enqueue(self, job: Job, decoder, on_frame=None, lane: Lane | None = None) -> Ticket:
+        """Queue a built job with its decoder."""
+        ticket = Ticket(job, decoder, on_frame, lane)
+        self.waiting.append(ticket)
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop a ticket where it is (waiting, prefilling or running): its place is free at once; it gets no
+        result."""
+        if ticket.cancelled or ticket.result is not None:
+            return
+        ticket.cancelled = True
+        if ticket in self.waiting:
+            self.waiting.remove(ticket)
+        elif ticket in self.prefilling:
+            self.prefilling.remove(ticket)
+            ticket.seq = None  # its cache goes with it
+        elif ticket.seq is not None and id(ticket.seq) in self.running:
+            self.batch.remove(ticket.seq)
+            del self.running[id(ticket.seq)]
+        ticket.decoder.close()
+
+    # ------------------------------------------------------------ one step
+    def step(self) -> list[Event]:
+        """Admit waiting tickets while places are free, prefill (a piece, or whole into an empty batch), then one
+        frame of every running ticket."""
+        self._admit()
+        self._prefill()
+        events = []
+        for seq, frame in self.batch.step():
+            ticket = self.running[id(seq)]
+            t0 = time.perf_counter()
+            pieces = ticket.decoder.push(frame.codes) if frame is not None else []
+            ticket.codec_s += time.perf_counter() - t0
+            event = Event(ticket, pieces)
+            if frame is not None and ticket.on_frame:
+                ticket.on_frame(len(seq.codes))
+            if seq.stopped:
+                self._finish(ticket, event)
+            events.append(event)
+        return events
+
+    def _admit(self) -> None:
+        while self.waiting and self.places > 0:
+            ticket = next((t for t in self.waiting if t.lane.started), self.waiting[0])  # a started request first
+            self.waiting.remove(ticket)
+            ticket.admitted = next(self._admitted)
+            ticket.lane.started = True
+            job = ticket.job
+            prefix = ticket.lane.prefix if ticket.lane.shares and self.loop.copies_caches else None
+            shared = job.shared and prefix is not None and prefix[0] == _digest(job.prompt.embeds[:job.shared])
+            ticket.seq = self.loop.start(job.prompt, job.sampler, job.max_frames, positions=0,
+                                         prefix=prefix[1] if shared else None)
+            self.prefilling.append(ticket)
+
+    def _prefill(self) -> None:
+        """A piece of the oldest prefilling ticket's prompt, or every prompt whole when nothing runs yet."""
+        while self.prefilling:
+            whole = not self.batch.sequences
+            ticket = self.prefilling[0]
+            seq, job = ticket.seq, ticket.job
+            shared = job.shared if ticket.lane.shares and self.loop.copies_caches else 0
+            positions = None if whole else self.prefill_piece
+            if shared and seq.prefilled < shared:  # stop at the shared start, to keep its cache
+                positions = min(shared - seq.prefilled, positions or shared)
+            done = self.loop.prefill(seq, positions)
+            warm = getattr(ticket.decoder, "warm", None)  # a stream's decoder: the clip's codes, a few at a time
+            if warm is not None:
+                warm(None if whole else WARM_FRAMES)
+            if shared and seq.prefilled == shared and not done:
+                ticket.lane.prefix = (_digest(job.prompt.embeds[:shared]), seq.cache.copy())
+                if whole:
+                    continue
+            if done:
+                self.prefilling.pop(0)
+                self.batch.join(seq)
+                self.running[id(seq)] = ticket
+            if not whole:
+                return
+
+    def _finish(self, ticket: Ticket, event: Event) -> None:
+        seq = ticket.seq
+        t0 = time.perf_counter()
+        last = ticket.decoder.finish()
+        ticket.decoder.close()
+        ticket.codec_s += time.perf_counter() - t0
+        if len(last):
+            event.pieces.append(last)
+        del self.running[id(seq)]
+        result = Result.of(seq, self.jobs.groups)
+        result.warnings = ticket.job.warnings
+        result.seconds["codec"] = ticket.codec_s
+        ticket.result = result
+
+    def close(self) -> None:
+        """Cancel everything still waiting, prefilling or running."""
+        for ticket in list(self.waiting) + list(self.prefilling) + list(self.running.values()):
+            self.cancel(ticket)
+
+
+def _digest(rows: np.ndarray) -> bytes:
+    return hashlib.sha1(np.ascontiguousarray(rows).tobytes()).digest()
