@@ -155,3 +155,31 @@ def test_cli_stream_and_stdout(synth, tmp_path):
                                capture_output=True)
     assert resampled.returncode == 0 and resampled.stdout[:4] == b"RIFF", resampled.stdout[:80]
     assert b"resampling" in resampled.stderr and b"mono" in resampled.stderr
+
+
+def test_every_incremental_decode_shares_the_codecs_transformer_net(synth):
+    """The codec transformer's cached form is loaded once per `Codec`; each decode holds only its own cache."""
+    a, b = synth.codec.incremental(), synth.codec.incremental()
+    assert a.net is b.net is synth.codec.transformer_net and a.cache is not b.cache
+
+
+@pytest.mark.parametrize("warm", [None, 1, 5], ids=["in-the-first-push", "one-frame-at-a-time", "five-at-a-time"])
+def test_warming_the_prefix_changes_when_audio_comes_not_what(synth, voices, warm):
+    """An ICL clip's codes are decoded in front (never emitted): ahead of the first frame with `warm` (what the
+    scheduler does while the prompt is prefilled), or inside the first pushes. The pieces are bitwise the same; a
+    decoder still warming gives nothing, then catches up. Across frame 300 too (the next reference chunk's left
+    context is fed as its frames come)."""
+    prefix = voices["icl"].codes
+    codes = np.random.default_rng(5).integers(0, 2048, size=(330 - len(prefix), 16))
+    plain = StreamDecoder(synth.codec, chunk_frames=4, prefix=prefix)
+    ref = np.concatenate([p for f in codes for p in plain.push(f)] + [plain.finish()])
+    dec = StreamDecoder(synth.codec, chunk_frames=4, prefix=prefix)
+    warms = 0
+    while warm is not None and not dec.warm(warm):
+        warms += 1
+    pieces = [[p for p in dec.push(f)] for f in codes]
+    ours = np.concatenate([p for ps in pieces for p in ps] + [dec.finish()])
+    assert warm is None or warms > 2  # a few frames a call
+    np.testing.assert_array_equal(ours, ref)
+    assert all(len(ps) <= 2 for ps in pieces)
+    assert len(ours) == len(codes) * SAMPLES_PER_FRAME

@@ -83,6 +83,11 @@ class Codec:
             self.parts = load_parts(self.directory, desc, threads, device, bf16=precision == "bf16",
                                     pool=memory_pool() if parse_device(device) is None else None)
             self.transformer_kv = self.directory / desc["transformer_kv"]
+            # the transformer's cached form, loaded once: every incremental decode (a stream, one per 300-frame
+            # chunk) runs it with a cache of its own
+            self.transformer_net = make_net(self.transformer_kv, self.part_files[1][1], threads, device)
+            self.transformer_layers = sum(1 for line in self.transformer_kv.read_text().splitlines()
+                                          if line.startswith("SDPA"))
         elif form == "gpu":
             (p0, b0), (p1, b1) = gpu_graph(ncnn_dir, config)
             self.in_axes = manifest_axes(Path(ncnn_dir) / "manifest.json")
@@ -150,12 +155,14 @@ class IncrementalDecode:
     left context; the transformer runs only the new positions, with a KV cache (its `_kv` form, chapter 05's
     rewrite) and a mask that keeps the sliding window; the upsampling parts continue from their kept left
     context (`PartChain`). The caches grow with the positions pushed; `Codec.decode`'s reference chunks
-    (300 frames) bound them in `stream.StreamDecoder`, which starts a new one per chunk."""
+    (300 frames) bound them in `stream.StreamDecoder`, which starts a new one per chunk. The transformer's net is
+    the codec's (loaded once, `Codec.transformer_net`): a decode holds only its own state (its cache, the parts'
+    left context and the last frames)."""
 
     def __init__(self, codec: Codec):
         self.codec, self.config = codec, codec.config
-        self.net = make_net(codec.transformer_kv, codec.part_files[1][1], codec.threads, codec.device)
-        layers = sum(1 for line in codec.transformer_kv.read_text().splitlines() if line.startswith("SDPA"))
+        self.net = codec.transformer_net
+        layers = codec.transformer_layers
         self.cache, self.cache_outputs = KvCache(layers), layer_cache_outputs(layers)
         self.chain = PartChain(codec.parts[2:])
         self.codes = np.zeros((0, codec.groups), np.int64)

@@ -24,6 +24,13 @@ start). When that is the chunk's context start, the piece *is* the reference's c
 reach. Either way it equals the reference's samples to float rounding (~120 dB measured). With less context
 it is within the SNR that `context_snr` measures for that context.
 
+Frames that are decoded but never emitted (an ICL voice clip's codes in front, the 25 frames of left context of a
+later reference chunk) go into the incremental decode PREFIX_PIECE frames at a time, always at the same boundaries:
+`warm` decodes some of them ahead (the scheduler calls it while the utterance's prompt is prefilled, a piece a step,
+so that a clip's hundreds of frames never stall other streams in one go), and a stream still warming when its
+frames come decodes one piece per frame pushed, then catches up at most two pieces of audio per push. Where the
+work is done changes when the audio comes, never what it is.
+
 Both decoders here share one protocol, which every consumer of the generation loop uses: `push(frame)` returns the
 pieces of audio that are ready, `finish()` the rest. `WholeDecoder` is `synthesize`'s (nothing until the end, then
 the reference's whole decode); `StreamDecoder` is `stream`'s.
@@ -36,6 +43,9 @@ import numpy as np
 
 from ..audio.wav import SAMPLES_PER_FRAME
 from .decoder import CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, Codec
+
+PREFIX_PIECE = 4  # frames decoded but not emitted, per incremental push (module docstring)
+CATCH_UP = 2      # pieces of audio one push may emit at most (a stream that was warming catches up)
 
 
 # ------------------------------------------------------------ how much left context
@@ -87,42 +97,72 @@ class StreamDecoder:
         self.context = receptive_field(codec.config) if context_frames is None else context_frames
         self.frames: list[np.ndarray] = [] if prefix is None else list(np.asarray(prefix, np.int64))
         self.emitted = len(self.frames)  # frames whose samples are out (or never will be: the prefix)
-        self._inc, self._inc_chunk, self._fed = None, None, 0  # the incremental decode of the current chunk
+        self._decodes: dict[int, list] = {}  # reference chunk start -> [its incremental decode, frames fed to it]
 
     def push(self, frame: np.ndarray) -> list[np.ndarray]:
         self.frames.append(np.asarray(frame, np.int64))
+        if not self.warm(PREFIX_PIECE):
+            return []
         out = []
-        while len(self.frames) - self.emitted >= self.chunk:
+        while len(self.frames) - self.emitted >= self.chunk and len(out) < CATCH_UP:
             out.append(self._decode(self.emitted, self.emitted + self.chunk))
+        if self.incremental:  # the next reference chunk's left context, a piece as soon as its frames are here
+            start = (self.emitted // CHUNK_FRAMES + 1) * CHUNK_FRAMES
+            if len(self.frames) >= start - LEFT_CONTEXT_FRAMES + PREFIX_PIECE or len(self.frames) >= start:
+                self._context(start, min(len(self.frames), start), PREFIX_PIECE)
         return out
+
+    def warm(self, frames: int | None = None) -> bool:
+        """Decode about `frames` (None: all) of the frames in front of the next piece that are decoded but never
+        emitted (module docstring): whole PREFIX_PIECEs while the budget lasts (one at least); whether none are
+        left. Incremental decodes only."""
+        return not self.incremental or self._context(self.emitted, self.emitted, frames)
 
     def finish(self) -> np.ndarray:
         """The samples of every frame pushed since the last piece (the decoder can go on after it)."""
         return self._decode(self.emitted, len(self.frames))
 
     def close(self) -> None:
-        pass
+        self._decodes.clear()
 
     def _decode(self, a: int, b: int) -> np.ndarray:
-        codes = np.stack(self.frames[:b]) if b > 0 else np.zeros((0, self.codec.groups), np.int64)
         parts = []
         while a < b:  # split at the reference's 300-frame chunk boundaries
             chunk_start = a // CHUNK_FRAMES * CHUNK_FRAMES
             end = min(b, chunk_start + CHUNK_FRAMES)
             floor = chunk_start - LEFT_CONTEXT_FRAMES if chunk_start - LEFT_CONTEXT_FRAMES > 0 else 0
             if self.incremental:
-                if self._inc_chunk != chunk_start:  # a new reference chunk: decoded from its own context start
-                    self._inc, self._inc_chunk, self._fed = self.codec.incremental(), chunk_start, floor
-                if self._fed < a:  # context (or prefix) frames: decoded, not emitted
-                    self._inc.push(codes[self._fed:a])
-                parts.append(self._inc.push(codes[a:end]))
-                self._fed = end
+                self._context(a, a)  # context (or prefix) frames: decoded, not emitted
+                entry = self._decodes[chunk_start]
+                parts.append(entry[0].push(np.stack(self.frames[a:end])))
+                entry[1] = end
+                for old in [k for k in self._decodes if k < chunk_start]:
+                    del self._decodes[old]
             else:
                 lo = max(floor, a - self.context)
-                parts.append(self.codec.decode_once(codes[lo:end])[(a - lo) * SAMPLES_PER_FRAME:])
+                codes = np.stack(self.frames[lo:end])
+                parts.append(self.codec.decode_once(codes)[(a - lo) * SAMPLES_PER_FRAME:])
             a = end
         self.emitted = b
         return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+    def _context(self, a: int, upto: int, budget: int | None = None) -> bool:
+        """Feed the incremental decode of frame a's reference chunk (started here if need be) the frames before
+        `upto` (at most a) that it decodes without emitting, PREFIX_PIECE at a time from the chunk's context start,
+        at most `budget` frames now; whether every frame before a is in."""
+        chunk_start = a // CHUNK_FRAMES * CHUNK_FRAMES
+        if chunk_start not in self._decodes:  # decoded from the reference chunk's own context start
+            floor = chunk_start - LEFT_CONTEXT_FRAMES if chunk_start - LEFT_CONTEXT_FRAMES > 0 else 0
+            self._decodes[chunk_start] = [self.codec.incremental(), floor]
+        entry = self._decodes[chunk_start]
+        while entry[1] < upto and (budget is None or budget > 0):
+            n = min(PREFIX_PIECE, a - entry[1])
+            if entry[1] + n > upto:  # a whole piece only (the same boundaries whoever feeds it)
+                break
+            entry[0].push(np.stack(self.frames[entry[1]:entry[1] + n]))
+            entry[1] += n
+            budget = None if budget is None else budget - n
+        return entry[1] >= a
 
 
 class WholeDecoder:
