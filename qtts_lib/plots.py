@@ -191,7 +191,8 @@ def prompt_tracks(prompts: dict[str, tuple], title: str = ""):
         ax.set_xticks(np.arange(grid.shape[1] + 1) - 0.5, minor=True)
         ax.grid(which="minor", axis="x", color="white", linewidth=0.5)
         ax.tick_params(which="minor", length=0)
-        note = f", then {len(trailing)} trailing text rows, one per frame" if trailing else ""
+        rows = f"{len(trailing)} trailing text row" + ("s, one per frame" if len(trailing) > 1 else "")
+        note = f", then {rows}" if trailing else ""
         ax.set_title(f"{name}: {len(upper)} prompt rows{note}", loc="left", fontsize=9)
     axes[-1, 0].set_xlabel("position")
     fig.legend(handles=[Patch(color=c, label=label) for label, c in zip(labels, colors) if label in seen],
