@@ -1,5 +1,5 @@
 """The int8 loop's projections alone against its floor: how much of the loop's distance to the floor is ncnn's int8
-GEMV itself. Introduced in 12 (issue 24).
+GEMV itself. Introduced in 12.
 
     python -m qtts_lib.bench projections [--checkpoint full-base] [--threads 2] [--repeats 9] [-o OUT.json]
 
@@ -123,7 +123,7 @@ def as_innerproduct(text: str, data: bytes, input_scales: dict[int, float] | Non
 
 FORMS = {"weights_as_a": None,                       # the tier as written (`rewrites.int8`)
          "weights_as_a_ncnn_tiles": partial(as_earlier_form, tiles=True),
-         "weights_as_b_row_scales": as_earlier_form,  # the tier's first form (before 2026-12-02)
+         "weights_as_b_row_scales": as_earlier_form,  # the tier's first form (the lab notes)
          "innerproduct_static_scale": as_innerproduct}  # ncnn's other int8 GEMV (timing only)
 
 

@@ -58,7 +58,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--codec-precision", default="fp32", choices=CODEC_TIERS,
                    help="the codec's upsampling stages: fp32 (exact), bf16 storage (faster where the CPU has"
                         " AVX512-BF16, approximate) or int8 (int8 residual convolutions, input scales calibrated once;"
-                        " approximate); CPU only; chapter 12 measures the cost")
+                        " approximate); CPU only; chapter 13 measures the cost")
 
 
 def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> None:

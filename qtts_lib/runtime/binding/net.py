@@ -161,7 +161,7 @@ def memory_pool() -> ncnn.PoolAllocator:
     `make_net(allocator=...)`). Each net's own pools hold that net's peak for the life of the net, so a chain of
     nets first touches the sum of their peaks; sharing one, it touches little more than the largest. First-touched
     memory is slow on a VM (page faults): the codec's first decode in a process touched about 160 MB with a pool
-    per part and about 65 MB with one shared (chapter 12). ncnn keeps a raw pointer to it: whoever holds the nets
+    per part and about 65 MB with one shared (chapter 13). ncnn keeps a raw pointer to it: whoever holds the nets
     must hold the pool too, and drop it after them (`codec.parts.Part` carries it)."""
     return ncnn.PoolAllocator()
 

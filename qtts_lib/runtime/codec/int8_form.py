@@ -5,13 +5,13 @@ through it in fp32, chunk by chunk as the runtime does, and records the largest 
 `rewrites.codec_int8.residual_convolutions` picks in the decoder stages `INT8_STAGES` (the time tiles of one layer
 share the largest of theirs). `rewrites.codec_int8.int8_convolutions` then writes those parts again with ncnn's
 int8 Convolution under `ncnn/fast_int8/`; the other parts are the CPU form's own files, named from there. Storage
-stays fp32 (on the Intel Xeon VM of 2026-12-02, stages 2-4 with fp32 storage ran 17.3 ms/frame at 33.5 dB SNR
+stays fp32 (on the Intel Xeon VM that lists AMX, stages 2-4 with fp32 storage ran 17.3 ms/frame at 33.5 dB SNR
 against fp32's 27.0; the same with bf16 storage, 20.4 at 30.8 dB; stages 1-4, 15.9 at 27.2 dB; 3-4, 22.1 at 40.1 dB).
 
 The input scales are static (ncnn's int8 Convolution has no per-call absmax), so they are only as good as the
 calibration's codes: random codes through the checkpoint's own codebooks, transformer and upsampler. With a real
 checkpoint, check the tier on real speech before relying on it (`python -m qtts_lib.bench codec --tiers` against
-fp32 on your codes; chapter 12).
+fp32 on your codes; chapter 13).
 """
 from __future__ import annotations
 

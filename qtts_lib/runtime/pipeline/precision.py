@@ -169,7 +169,7 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     """Cached decoder `name` as `precision` runs it. fp32 and int8: one graph for prefill and steps (their Gemms
     are threaded at one row), each weight held once. fp16 (CPU only): the exported graph for prefill and
     `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
-    whether steps run the step graph (chapter 10 times fp32 both ways). On a GPU, fp32 only, the exported graph.
+    whether steps run the step graph (the lab notes time fp32 both ways). On a GPU, fp32 only, the exported graph.
 
     `heads` (the config's num_attention_heads) makes the graph take several sequences at once
     (`rewrites.batch.fold_batch`; at one sequence it computes what the exported graph does), on the CPU and on a

@@ -1,10 +1,10 @@
 """The codec decoder's CPU form: rewrites of its exported graph, pure functions of the .param text (and the .bin
-bytes). Introduced in 10.
+bytes). Introduced in 11.
 
 The runtime applies them when it loads the codec on the CPU (`codec.cpu_form` writes the result once, in parts,
 next to the exports); the exported files stay what pnnx wrote, so chapter 04 aligns those and chapters 06-07 prove
 the rewritten form gives the same waveforms. Each rewrite keeps the computation and only changes which ncnn kernels
-run it; each is checked equal to the exported graph (tests/test_codec_cpu.py, chapter 11).
+run it; each is checked equal to the exported graph (tests/test_rewrites.py, chapter 11).
 
 - `conv1d_as_conv2d`: Convolution1D / ConvolutionDepthWise1D -> the 2-D layer with kernel_h = 1 between two
   Reshapes (same weight bytes), a preceding zero left-Padding folded into the layer's own pad_left. ncnn's 2-D x86
@@ -18,7 +18,7 @@ run it; each is checked equal to the exported graph (tests/test_codec_cpu.py, ch
 - `conv_split_input` / `conv_tile_time`: wide convolutions cut along input channels, long ones along time (each cut
   computes the same sums; ncnn's im2col matrix and sgemm tiles stay small).
 - `codec_fast_parts`: all of it, cut in parts at the input of each upsampling stage (`binding.graph.cut_graph`).
-- `codec_gpu_parts`: the GPU form (08): the shared rewrites without the CPU's cuts, in two parts, the codebooks
+- `codec_gpu_parts`: the GPU form (chapter 09): the shared rewrites without the CPU's cuts, in two parts, the codebooks
   (CPU) and the rest (Vulkan), so no layer of the GPU's part lacks a Vulkan kernel.
 """
 from __future__ import annotations
