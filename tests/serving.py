@@ -103,3 +103,112 @@ def samples_at_24k(fmt: str, body: bytes) -> int:
     samples, rate, _ = decoded(body)
     assert rate in (24000, 48000) and body.startswith(MAGIC[fmt]), (fmt, rate, body[:8])
     return len(samples) * 24000 // rate
+
+
+class InProcess:
+    """An app served by uvicorn on a thread of this process, on a free port: the server tests that need to reach
+    into the engine (stop it, break it, pace it) run their server this way. `send_buffer`: the listening socket's
+    SO_SNDBUF (inherited by each connection), small to feel a client that stops reading at once."""
+
+    def __init__(self, app, send_buffer: int | None = None, limit_concurrency: int | None = None):
+        import threading
+
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="critical", limit_concurrency=limit_concurrency))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+
+class Paced:
+    """Stands in for an engine's `scheduler.step`: each step waits until the test allows it (`allow`), and the test
+    can wait until a number of steps are done (`wait_for`) or make the next one raise (`fail_with`)."""
+
+    def __init__(self, engine):
+        import threading
+
+        self.real, self.cond = engine.scheduler.step, threading.Condition()
+        self.allowed, self.done, self.error, self.free = 0, 0, None, False
+        engine.scheduler.step = self
+
+    def __call__(self):
+        with self.cond:
+            self.cond.wait_for(lambda: self.free or self.allowed > 0 or self.error is not None)
+            if self.error is not None:
+                raise self.error
+            self.allowed -= 1
+        events = self.real()
+        with self.cond:
+            self.done += 1
+            self.cond.notify_all()
+        return events
+
+    def allow(self, steps: int = 1) -> None:
+        with self.cond:
+            self.allowed += steps
+            self.cond.notify_all()
+
+    def run_free(self) -> None:
+        with self.cond:
+            self.free = True
+            self.cond.notify_all()
+
+    def wait_for(self, steps: int, timeout: float = 120) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.done >= steps, timeout):
+                raise TimeoutError(f"the engine made {self.done} steps, not {steps}")
+
+    def fail_with(self, error: BaseException) -> None:
+        with self.cond:
+            self.error = error
+            self.cond.notify_all()
+
+
+def until(condition, timeout: float = 60, what: str = "a condition") -> None:
+    """Wait until `condition()` holds (polled); a bound on the wait, not a timing to assert."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not come within {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def post(url: str, body: dict, rcvbuf: int | None = None, timeout: float = 120):
+    """A speech request on a raw connection: (the connection, its response once the status line is in). The caller
+    reads or closes it."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    if rcvbuf:
+        conn.sock = socket.create_connection((u.hostname, u.port), timeout)
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    conn.request("POST", "/v1/audio/speech", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return conn
+
+
+def hang_up(conn) -> None:
+    """Close a connection as a client that leaves does (shut down first: a thread blocked reading it wakes up, and the
+    server sees the end at once)."""
+    try:
+        conn.sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    conn.close()

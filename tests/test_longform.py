@@ -142,3 +142,54 @@ def test_stream_long_equals_synthesize_long(synth):
     snr = 10 * np.log10(np.sum(whole.astype(np.float64) ** 2) / max(np.sum((streamed - whole) ** 2), 1e-30))
     assert snr > 100, snr
     assert sum(1 for p in pieces if not p.any() and len(p) == PAUSE) == len(todo) - 1   # the pauses, as pieces
+
+
+def test_a_text_keeps_its_place_from_its_first_segment_to_its_last(synth):
+    """Two texts on a scheduler of one place, B submitted while A speaks its first segment: every segment of A is
+    admitted before B's first (a continuing segment goes before a new request), so A never waits for B's whole
+    text between two of its segments; B starts as soon as A is done."""
+    from qtts_lib.runtime.pipeline.scheduler import Scheduler
+
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    scheduler = Scheduler(synth, max_batch=1)
+    a = longform.LongText(synth, scheduler, PARAGRAPH, "english", voice, max_tokens=20, max_frames=4, chunk_frames=2)
+    events = scheduler.step()
+    b = longform.LongText(synth, scheduler, "Another request, waiting.", "english", voice, max_frames=4,
+                          chunk_frames=2)
+    while not (a.done and b.done):
+        a.take(events)
+        b.take(events)
+        events = scheduler.step()
+    first, second = ([t for _, t in x.tickets.values()] for x in (a, b))
+    assert len(first) >= 3 and all(t.result is not None for t in first + second)
+    assert max(t.admitted for t in first) < min(t.admitted for t in second)
+    assert a.lane.started and a.lane.prefix is None  # closed once done
+
+
+def test_a_text_over_its_budget_is_refused_before_any_work(synth):
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    todo = longform.plan(synth, PARAGRAPH, max_tokens=20, max_frames=6)
+    need = sum(s.cap for s in todo)
+    assert longform.check_budget(todo, need) == need
+    with pytest.raises(longform.BudgetError, match=f"up to {need} frames"):
+        longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=6, budget=need - 1)
+
+
+def test_an_instruction_is_prefilled_once_per_text():
+    """On a checkpoint that follows instructions, a text's segments all start with the same instruction: its
+    positions go through the talker once, and every segment after the first copies their cache."""
+    from qtts_lib import checkpoint, export, reference
+    from qtts_lib.runtime import Synthesizer
+
+    ckpt = "tiny-voicedesign"
+    export.ensure(reference.load(checkpoint.ensure(ckpt), threads=2), ckpt)
+    synth = Synthesizer(paths.model_dir(ckpt), threads=2)
+    voice = synth.voice(instruct="A calm, low voice, speaking slowly and clearly to a room of listeners.")
+    rows, talker, real = [], synth.loop.talker, synth.loop.talker.forward  # every prefill goes through forward
+    talker.forward = lambda x, *a: (rows.append(x.shape[1]) if x.shape[:2] != (1, 1) else None) or real(x, *a)
+    todo = longform.plan(synth, PARAGRAPH, max_tokens=20, max_frames=3)
+    result = longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=3, max_batch=1)
+    jobs = [synth.jobs.build(s.text, "english", voice) for s in todo]
+    shared = jobs[0].shared
+    assert len(result.segments) == len(todo) >= 3 and shared > 10 and all(j.shared == shared for j in jobs)
+    assert sum(rows) == shared + sum(len(j.prompt.embeds) - shared for j in jobs)

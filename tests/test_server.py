@@ -86,6 +86,41 @@ def test_bad_requests_get_a_json_4xx(server, body, path, status, names):
     assert got == status and names in json.loads(answer)["error"]["message"]
 
 
+def raw_request(url: str, head: bytes, body: bytes) -> bytes:
+    """Send a request's head and part of its body on a socket, never the rest: what comes back."""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    with socket.create_connection((u.hostname, u.port), timeout=60) as s:
+        s.sendall(head + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = s.recv(4096)
+            if not data:
+                break
+            answer += data
+        return answer
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(server, declared):
+    """A body declared bigger than 64 KiB is refused from its Content-Length before a byte of it is read; a chunked
+    one as soon as more than 64 KiB have come. The client never sends the rest, and gets its 413 all the same."""
+    _, url = server
+    if declared:
+        head = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100000000\r\n\r\n")
+        body = b'{"input": "' + b"a" * 1000
+    else:
+        head = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+        body = b"".join(b"%x\r\n" % 8192 + b"a" * 8192 + b"\r\n" for _ in range(9))  # 72 KiB, no last chunk
+    answer = raw_request(url, head, body)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert request(url, "/health")[0] == 200
+
+
 def test_soak_four_clients_good_bad_and_abandoned(server):
     """>= 200 requests from 4 concurrent clients in every format, some invalid, some abandoned mid-stream; no 5xx,
     resident memory flat; healthy after."""

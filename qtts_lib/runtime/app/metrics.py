@@ -1,10 +1,11 @@
 """`qtts serve`'s metrics, in Prometheus's text format at /metrics (prometheus_client). Introduced in 14.
 
-What an operator watches: requests by path and status, audio streams that failed or whose client left, the queue
-and the batch now (read at scrape time from the engine), the batch size of every step, and per spoken request the
-time to first audio (request received -> first audio bytes handed to the server) and the real-time factor (wall
-time from request to last byte over the audio's duration: under 1 is faster than real time). A registry per app,
-not prometheus_client's global one, so two servers in one process (the tests) count apart.
+What an operator watches: requests by path and status, audio streams that failed or whose client left, the queue,
+the batch now and whether the engine runs (read at scrape time from the engine), the batch size of every step, and
+per spoken request the time to first audio (request received -> first audio bytes handed to the server) and the
+real-time factor (wall time from request to last byte over the audio's duration: under 1 is faster than real
+time). A registry per app, not prometheus_client's global one, so two servers in one process (the tests) count
+apart.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class Metrics:
         Gauge("qtts_batch_utterances", "Utterances in the batch now", registry=r).set_function(
             lambda: len(engine.scheduler.batch))
         Gauge("qtts_max_batch", "The batch's width (--max-batch)", registry=r).set(engine.max_batch)
+        Gauge("qtts_engine_up", "1 while the engine runs, 0 once it has stopped (/health answers 503)",
+              registry=r).set_function(lambda: float(engine.alive))
 
     def answered(self, path: str, status: int) -> None:
         self.requests.labels(path if path in PATHS else "other", str(status)).inc()

@@ -1,22 +1,27 @@
-"""`qtts serve`'s API as data: pydantic models of the speech request and of every JSON answer, the OpenAPI document
-built from them (served at /openapi.json), and pydantic's validation errors turned into OpenAI-style 400s.
-Introduced in 14.
+"""`qtts serve`'s API as data, and its HTTP parsing: pydantic models of the speech request and of every JSON answer,
+the OpenAPI document built from them (served at /openapi.json), the body read within its limit (`read_body`) and
+checked into a `Speech` (`parse_speech`), every refusal an OpenAI-style error (`RequestError`). Introduced in 14.
 
 The models check what a request means on its own (types, lengths, the format, the sampling ranges of
 `pipeline.sampling.Sampling`); what depends on the loaded checkpoint (does this voice, language or model exist, can
-it follow `instructions`) `server.Engine.parse` checks after them, since the checkpoint is only known at run time.
+it follow `instructions`) `parse_speech` checks after them against the `Served` checkpoint, known only at run time.
 Validation is strict, as JSON is typed: `"5"` is not a number, `2.0` is not a whole number, `NaN` is no number.
 Imported only when serving (pydantic is in the serve extra).
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..audio.encode import FORMATS
 from ..audio.wav import SAMPLE_RATE
+from ..errors import InputError
+from ..pipeline.sampling import Sampling
 
+MAX_BODY_BYTES = 64 * 1024
 MAX_INPUT_CHARS = 4096   # OpenAI's limit for `input`
 MAX_INSTRUCTIONS_CHARS = 4096
 VOICE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # a built-in speaker or a file stem in --voices, never a path
@@ -104,7 +109,8 @@ class ModelList(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "error"] = Field("ok", description="error: the engine stopped (answered 503)")
+    error: str | None = Field(None, description="Why the engine stopped.")
     model: str
     busy: bool = Field(description="A request is being spoken.")
     speaking: int = Field(description="Requests in progress.")
@@ -114,6 +120,101 @@ class Health(BaseModel):
     waiting: int = Field(description="Requests queued beside the batch.")
     served: int = Field(description="Requests spoken to the end.")
     auth: bool = Field(description="Whether /v1/ needs a bearer token (--api-key).")
+
+
+class RequestError(Exception):
+    """A request the server refuses: its HTTP status, an OpenAI-style error body and headers (Retry-After)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a request is checked against: the served checkpoint (`server.Engine.served`)."""
+    model_id: str
+    kind: str
+    size: str | None
+    languages: list[str]
+    speakers: list[str]
+    follows_instructions: bool
+    sampling: Sampling
+
+
+@dataclass
+class Speech:
+    """A speech request, read and checked: what the engine speaks and how the answer is encoded."""
+    text: str
+    format: str
+    language: str
+    voice: str
+    sampling: Sampling
+    instructions: str | None
+
+
+async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request's body, refused (413) past `limit` bytes before it is read: at once from its Content-Length,
+    else as soon as the bytes read pass it."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise RequestError(413, f"request body over {limit} bytes" if length.isdigit() else
+                           "the Content-Length header is not a number")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, f"request body over {limit} bytes")
+    return bytes(body)
+
+
+def parse_speech(body: bytes, served: Served, voices: list[str]) -> Speech:
+    """The speech request in `body`, validated (`SpeechRequest`, then against the `served` checkpoint and its
+    `voices`); a `RequestError` (4xx) for anything wrong."""
+    try:
+        obj = json.loads(body)
+    except RecursionError:
+        raise RequestError(400, "the body is nested too deeply to be a speech request") from None
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError(400, "the body is not JSON") from None
+    if not isinstance(obj, dict):
+        raise RequestError(400, "the body must be a JSON object")
+    try:
+        req = SpeechRequest.model_validate(obj)
+    except ValidationError as e:
+        raise RequestError(400, *first_error(e)) from None
+    if req.model is not None and req.model not in (served.model_id, *OPENAI_MODELS):
+        raise RequestError(404, f"the model {req.model!r} does not exist here; this server speaks "
+                                f"{served.model_id!r} (also accepted: {', '.join(OPENAI_MODELS)})", "model",
+                           code="model_not_found")
+    instructions = (req.instructions or "").strip() or None
+    if instructions and not served.follows_instructions:
+        raise RequestError(400, f"this checkpoint ({served.kind}, {served.size}) cannot follow `instructions`: "
+                                "Base checkpoints clone a voice and 0.6B CustomVoice ones ignore style prompts; the "
+                                "1.7B CustomVoice and VoiceDesign checkpoints follow them", "instructions")
+    if req.language.lower() not in served.languages:
+        raise RequestError(400, f"unknown language {shown(req.language)}; valid: {', '.join(served.languages)}",
+                           "language")
+    if req.voice not in voices and req.voice.lower() not in served.speakers:
+        raise RequestError(400, f"unknown voice {shown(req.voice)}; valid: "
+                                f"{', '.join(voices) or '(none: pass --voices DIR)'}", "voice")
+    given = {k: getattr(req, k) for k in SAMPLING_FIELDS if getattr(req, k) is not None}
+    try:
+        sampling = served.sampling.replace(**given)
+    except InputError as e:
+        raise RequestError(400, str(e), next(iter(given), None)) from None
+    return Speech(req.input, req.response_format, req.language.lower(), req.voice, sampling, instructions)
+
+
+def shown(v) -> str:
+    """A value for an error message, short and printable whatever it is."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def first_error(e: ValidationError) -> tuple[str, str]:
@@ -162,14 +263,19 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                                       "content": audio},
                               "400": error("Invalid request"), "401": error("Missing or wrong API key"),
                               "404": error("Unknown model"), "413": error("Body too large"),
-                              "503": error("Batch and queue full: retry later")}, **secured}},
+                              "500": error("The engine failed before any audio (a stream that fails later is cut "
+                                           "off: its chunked body never ends)"),
+                              "503": error("Batch and queue full (Retry-After says when to try again), or the "
+                                           "engine stopped")}, **secured}},
             "/v1/models": {"get": {"operationId": "listModels", "summary": "The served checkpoint and what it can do",
                                    "responses": {"200": {"description": "One model", "content": {
                                        "application/json": {"schema": ref("ModelList")}}},
                                        "401": error("Missing or wrong API key")}, **secured}},
             "/health": {"get": {"operationId": "health", "summary": "Liveness and the batch in flight",
                                 "responses": {"200": {"description": "Healthy", "content": {
-                                    "application/json": {"schema": ref("Health")}}}}}},
+                                    "application/json": {"schema": ref("Health")}}},
+                                    "503": {"description": "The engine stopped", "content": {
+                                        "application/json": {"schema": ref("Health")}}}}}},
             "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics (text format)",
                                  "responses": {"200": {"description": "Metrics", "content": {
                                      "text/plain": {"schema": {"type": "string"}}}}}, **secured}},

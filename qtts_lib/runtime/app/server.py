@@ -13,28 +13,35 @@ on a 1.7B CustomVoice checkpoint, the voice itself on a VoiceDesign one, whose o
 (`temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing ones take the checkpoint's
 generation_config, so the server samples as the reference does. A `voice` is a built-in speaker (CustomVoice
 checkpoints) or the name of `<name>.wav` in the voices folder (Base checkpoints: x-vector cloning; with
-`<name>.txt` beside it holding the clip's transcript, ICL). Audio is 24 kHz mono, encoded piece by piece as frames
-are generated and sent as it is encoded (chunked transfer, `audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind
-a header of unknown length, mp3, Ogg Opus, ADTS AAC and FLAC through FFmpeg. A long `input` is spoken segment by
-segment with short pauses (`pipeline.longform.stream_long`, chapter 15), each segment capped by its own length and
-by `--max-frames`.
+`<name>.txt` beside it holding the clip's transcript, ICL); `Voices` holds them all, built when the server starts.
+Audio is 24 kHz mono, encoded piece by piece as frames are generated and sent as it is encoded (chunked transfer,
+`audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind a header of unknown length, mp3, Ogg Opus, ADTS AAC and
+FLAC through FFmpeg. A long `input` is spoken segment by segment with short pauses (`pipeline.longform.LongText`,
+chapter 15), each segment capped by its own length and by `--max-frames`.
 
 One thread runs every piece of ncnn work (`Engine`): OpenMP keeps a worker pool per thread that ran ncnn, so ncnn
 called from whichever thread the event loop lends would starve on a machine with few cores (chapter 14). Up to
-`--max-batch` requests are decoded together in one batch (`pipeline.synthesizer.Scheduler`, chapter 16): each
-frame's graph calls serve all of them, a request joins between two frames and leaves the frame it ends, and each
-response still streams as its own frames come. More wait in a FIFO of `--queue` places; past that the answer is
-503 at once. `/health` shows the batch in flight. Every bad request gets a 4xx with an OpenAI-style JSON error body
-before any audio is sent. With `--api-key` (or $QTTS_API_KEY) every /v1/ request and /metrics need
-`Authorization: Bearer KEY` (what OpenAI's clients send), else 401. Built on Starlette + uvicorn, pydantic,
-prometheus_client and PyAV (`pip install qtts[serve]`), imported only when serving.
+`--max-batch` requests are decoded together (`pipeline.scheduler.Scheduler`, chapter 16): each frame's graph calls
+serve all of them, and each response streams as its own frames come. A request keeps its place from its first
+segment to its last; one that joins is prefilled a piece per frame, so the streams already running never wait for a
+whole prompt.
+
+Every request's work is bounded: the body (64 KiB, refused from its Content-Length or as soon as more is read), the
+text (`--frame-budget` frames at most, else a 400 before any work), the places (`--max-batch` speaking and `--queue`
+waiting; past that a 503 with Retry-After at once; `--max-connections` for uvicorn), and the audio a client has not
+read yet: past `--backlog` seconds its text is held (no next segment), and a client that takes no audio for
+`--send-timeout` seconds is dropped. Failures are seen: every bad request gets a 4xx with an OpenAI-style JSON error
+before any audio; an engine that stopped makes `/health` answer 503 and every request a 5xx JSON error; a stream
+that fails after its first audio is cut off (its chunked body never ends), never ended as if complete; a client that
+leaves, queued or speaking, frees its place at once. With `--api-key` (or $QTTS_API_KEY) every /v1/ request and
+/metrics need `Authorization: Bearer KEY` (what OpenAI's clients send), else 401. Built on Starlette + uvicorn,
+pydantic, prometheus_client and PyAV (`pip install qtts[serve]`), imported only when serving.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import hmac
-import json
 import os
 import queue
 import re
@@ -48,58 +55,131 @@ from ..audio.encode import FORMATS, Encoder
 from ..audio.wav import SAMPLE_RATE, load_wav
 from ..binding.net import release_threads
 from ..errors import AudioError, InputError
-from ..pipeline.longform import LongText
-from ..pipeline.synthesizer import DEFAULT_MAX_BATCH, Scheduler
+from ..pipeline.longform import BudgetError, LongText, check_budget, plan
+from ..pipeline.scheduler import DEFAULT_MAX_BATCH, Scheduler
 from .options import add_batch_option, add_model_options, load_synthesizer, max_batch_of, model_dir, positive_int
 
-MAX_BODY_BYTES = 64 * 1024
 DESIGNED = "design"  # a VoiceDesign checkpoint's one voice: the one its `instructions` describe
 API_KEY_ENV = "QTTS_API_KEY"
 PROTECTED = ("/v1/", "/metrics")  # what --api-key guards; the page, /health and /openapi.json stay open
 STATIC = Path(__file__).parent / "static"
+FRAME_BUDGET = 9000      # frames a request may take (12 minutes: a 4096-character English text fits)
+BACKLOG_SECONDS = 20.0   # audio a client may leave unread before its text is held
+SEND_TIMEOUT = 30.0      # seconds a client may take no audio at all before it is dropped
 
 
-class RequestError(Exception):
-    """A request the server refuses: its HTTP status and an OpenAI-style error body."""
+class Voices:
+    """Every voice the server speaks, in one place: the checkpoint's built-in speakers, `<name>.wav` clips in the
+    voices folder (`<name>.txt` beside one: its transcript, ICL), or a VoiceDesign checkpoint's `design`. `names`
+    lists them (the folder read again each time); `build` runs the encoders on a clip once (at start, for those
+    already there: `preload`) and `get` hands back the built `Voice` with a request's instructions."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+    def __init__(self, synth, folder: Path | None):
+        self.synth, self.folder = synth, folder
+        self.built: dict = {}
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+    def names(self) -> list[str]:
+        from .schema import VOICE_PATTERN  # a name, never a path
+
+        if self.synth.kind == "voice_design":
+            return [DESIGNED]
+        files = sorted(self.folder.glob("*.wav")) if self.folder else []
+        return self.synth.speakers + [f.stem for f in files if re.match(VOICE_PATTERN, f.stem)]
+
+    def preload(self, log: Callable[[str], None]) -> None:
+        """Build every clip in the folder now (the encoders run once per clip, before any request waits)."""
+        for name in self.names():
+            try:
+                self.build(name)
+            except (AudioError, InputError) as e:
+                log(f"voice {name!r} cannot be used: {e}")
+
+    def build(self, name: str):
+        if name not in self.built:
+            if name.lower() in self.synth.speakers:
+                self.built[name] = self.synth.voice(speaker=name.lower())
+            else:
+                clip = self.folder / f"{name}.wav"
+                transcript = clip.with_suffix(".txt")
+                text = transcript.read_text(encoding="utf-8").strip() if transcript.is_file() else None
+                self.built[name] = self.synth.voice(wav=load_wav(clip, strict=True, quiet=True), text=text or None)
+        return self.built[name]
+
+    def get(self, name: str, instructions: str | None = None):
+        """The `Voice` for `name` with `instructions` (on the engine thread: a clip added since the start is built
+        here, once)."""
+        if self.synth.kind == "voice_design":
+            return self.synth.voice(instruct=instructions)
+        voice = self.build(name)
+        return dataclasses.replace(voice, instruct=instructions) if instructions else voice
 
 
 class Job:
-    """One request on its way through the engine: `start()` (run on the engine thread) gives its `LongText`;
-    what comes out (pieces, then the end, or an error) is put on `out` through the event loop."""
+    """One request in the engine: its `speech` and planned segments go in; what comes out (audio pieces, then
+    "done", or "refused"/"error") is put on `out` through the event loop. `backlog`: samples sent and not yet
+    taken by the response (the client's reading, felt through the event loop's flow control)."""
 
-    def __init__(self, start: Callable, loop: asyncio.AbstractEventLoop):
-        self.start, self.loop = start, loop
+    def __init__(self, speech, planned: list, loop: asyncio.AbstractEventLoop):
+        self.speech, self.planned, self.loop = speech, planned, loop
         self.out: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.released = False
+        self.long: LongText | None = None  # the engine thread's
+        self._backlog, self._lock = 0, threading.Lock()
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
 
     def send(self, kind: str, value=None) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
+        """From the engine thread."""
+        if kind == "audio":
+            with self._lock:
+                self._backlog += len(value)
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop has closed: the server is going down
+            self.cancelled.set()
+
+    async def take(self):
+        """The next (kind, value), on the event loop."""
+        kind, value = await self.out.get()
+        if kind == "audio":
+            with self._lock:
+                self._backlog -= len(value)
+        return kind, value
+
+
+class Unavailable(Exception):
+    """The engine cannot take a request now: overloaded (retry later) or stopped."""
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Engine:
-    """The synthesizer behind the one thread that runs ncnn, its scheduler (the batch), the voices it has built
-    and the queue in front of it."""
+    """The synthesizer behind the one thread that runs ncnn: its voices, its scheduler (the batch), the requests
+    it speaks and the inbox in front of it. `submit` and `release` are the event loop's; the rest runs on the
+    engine's thread. An exception there stops the engine: every request is told, `/health` answers 503, new requests
+    are refused at once (a supervisor restarts the process; nothing is hidden)."""
 
-    def __init__(self, synth, voices_dir: Path | None, max_frames: int, chunk_frames: int, queue_places: int,
-                 max_batch: int = DEFAULT_MAX_BATCH):
-        self.synth, self.voices_dir = synth, voices_dir
-        self.max_frames, self.chunk_frames, self.queue_places = max_frames, chunk_frames, queue_places
+    def __init__(self, synth, voices_dir: Path | None, max_frames: int = 600, chunk_frames: int = 4,
+                 queue_places: int = 8, max_batch: int = DEFAULT_MAX_BATCH, budget: int | None = FRAME_BUDGET,
+                 backlog_seconds: float = BACKLOG_SECONDS, log: Callable[[str], None] | None = None):
+        self.synth, self.voices = synth, Voices(synth, voices_dir)
+        self.max_frames, self.chunk_frames, self.queue_places, self.budget = max_frames, chunk_frames, \
+            queue_places, budget
+        self.backlog = int(backlog_seconds * SAMPLE_RATE)
         self.scheduler = Scheduler(synth, max_batch)
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.pending = 0   # jobs queued or running (changed on the event loop only)
-        self.active = 0    # requests the engine is speaking (their segments running or waiting in the scheduler)
-        self.largest_batch = 0
-        self.served = 0
+        self.inbox: queue.Queue[Job | None] = queue.Queue()
+        self.speaking: list[Job] = []  # the engine thread's
+        self.pending = 0               # requests holding a place, queued or speaking (the event loop's)
+        self.active = 0                # requests the engine is speaking
+        self.largest_batch = self.served = 0
+        self.failure: BaseException | None = None
         self.on_step: Callable[[int], None] | None = None  # told each step's batch size (the metrics), on this thread
-        self.voices: dict = {}
+        self.voices.preload(log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr)))
         release_threads()  # loading ran ncnn in this thread; from now on only the engine's thread does
         self.thread = threading.Thread(target=self._work, name="qtts-engine", daemon=True)
         self.thread.start()
@@ -112,292 +192,376 @@ class Engine:
     def running(self) -> bool:
         return self.active > 0
 
-    # ------------------------------------------------------------ voices
+    @property
+    def alive(self) -> bool:
+        return self.failure is None and self.thread.is_alive()
+
     def voice_names(self) -> list[str]:
-        from .schema import VOICE_PATTERN
+        return self.voices.names()
 
-        if self.synth.kind == "voice_design":
-            return [DESIGNED]
-        files = sorted(self.voices_dir.glob("*.wav")) if self.voices_dir else []
-        return self.synth.speakers + [f.stem for f in files if re.match(VOICE_PATTERN, f.stem)]
+    def served_model(self, model_id: str):
+        """What requests are checked against (`schema.Served`)."""
+        from .schema import Served
 
-    def voice(self, name: str, instructions: str | None = None):
-        """A built `Voice` for `name` (cached) with the request's `instructions`; on the engine thread: building runs
-        the encoders."""
-        if self.synth.kind == "voice_design":
-            return self.synth.voice(instruct=instructions)
-        if name not in self.voices:
-            if name.lower() in self.synth.speakers:
-                self.voices[name] = self.synth.voice(speaker=name.lower())
-            else:
-                clip = self.voices_dir / f"{name}.wav"
-                transcript = clip.with_suffix(".txt")
-                text = transcript.read_text(encoding="utf-8").strip() if transcript.is_file() else None
-                self.voices[name] = self.synth.voice(wav=load_wav(clip, strict=True, quiet=True), text=text or None)
-        return dataclasses.replace(self.voices[name], instruct=instructions) if instructions else self.voices[name]
+        s = self.synth
+        return Served(model_id, s.kind, s.config.config.get("tts_model_size"), s.languages, s.speakers,
+                      s.follows_instructions, s.sampling)
 
-    # ------------------------------------------------------------ the engine thread
-    def _work(self) -> None:
-        speaking: dict[Job, object] = {}   # job -> its LongText
-        while True:
-            # new requests: wait for one when idle, else take what has come without waiting
-            incoming = []
-            try:
-                incoming.append(self.jobs.get(block=not speaking))
-                while True:
-                    incoming.append(self.jobs.get_nowait())
-            except queue.Empty:
-                pass
-            if None in incoming:
-                for job, long in speaking.items():
-                    long.cancel()
-                    job.send("done")
-                return
-            for job in incoming:
-                if job.cancelled.is_set():
-                    job.send("done")
-                    continue
-                try:
-                    speaking[job] = job.start()
-                    job.send("started")
-                except (InputError, AudioError) as e:
-                    job.send("refused", e)
-                except BaseException as e:  # noqa: BLE001 - handed to the request, answered there
-                    job.send("error", e)
-            for job in [j for j in speaking if j.cancelled.is_set()]:  # the client left
-                speaking.pop(job).cancel()
-                self.active = len(speaking)
-                job.send("done")
-            self.active = len(speaking)
-            if not speaking:
-                continue
-            try:
-                events = self.scheduler.step()
-            except BaseException as e:  # noqa: BLE001 - every request in the batch is told
-                failed = list(speaking.items())
-                speaking.clear()
-                self.active = 0  # before the clients hear of it, as below
-                for job, long in failed:
-                    long.cancel()
-                    job.send("error", e)
-                continue
-            self.largest_batch = max(self.largest_batch, len(events))  # one event per utterance in the batch
-            if self.on_step is not None:
-                self.on_step(len(events))
-            for job, long in list(speaking.items()):
-                for piece in long.take(events):
-                    job.send("audio", piece)
-                if long.done:  # not counted as speaking once its client can hear it is done (`/health`)
-                    del speaking[job]
-                    self.active = len(speaking)
-                    job.send("done")
+    def plan(self, speech) -> list:
+        """The request's segments and their caps (the tokenizer only: no ncnn), refused past the budget."""
+        segments = plan(self.synth, speech.text, max_frames=self.max_frames)
+        check_budget(segments, self.budget)
+        return segments
 
-    def submit(self, start: Callable) -> Job:
-        job = Job(start, asyncio.get_running_loop())
+    # ------------------------------------------------------------ the event loop's side
+    def submit(self, speech, planned: list) -> Job:
+        """A place for the request, or `Unavailable` at once."""
+        if not self.alive:
+            raise Unavailable(f"the engine stopped: {self.failure!r}")
+        if self.pending >= self.max_batch + self.queue_places:
+            raise Unavailable(f"server busy: {self.max_batch} requests speaking and {self.queue_places} queued; "
+                              "retry later", retry_after=max(1, round(self.pending / self.max_batch)))
+        job = Job(speech, planned, asyncio.get_running_loop())
         self.pending += 1
-        self.jobs.put(job)
+        self.inbox.put(job)
         return job
 
+    def release(self, job: Job) -> None:
+        """The request is over, however it ended: its place is free (once), its work stops at the next step."""
+        if not job.released:
+            job.released = True
+            self.pending -= 1
+            job.cancelled.set()
+            self.inbox.put(None)  # wakes an idle engine, which drops the job if it has not started it yet
+
     def stop(self) -> None:
-        self.jobs.put(None)
+        self.inbox.put(False)
 
-    # ------------------------------------------------------------ requests
-    def parse(self, body: bytes, model_id: str) -> dict:
-        """The request's fields, validated (`schema.SpeechRequest`, then what depends on the checkpoint); a
-        `RequestError` (4xx) for anything wrong."""
-        from pydantic import ValidationError
-
-        from .schema import OPENAI_MODELS, SAMPLING_FIELDS, SpeechRequest, first_error
-
-        if len(body) > MAX_BODY_BYTES:
-            raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    # ------------------------------------------------------------ the engine's thread
+    def _work(self) -> None:
         try:
-            obj = json.loads(body)
-        except RecursionError:
-            raise RequestError(400, "the body is nested too deeply to be a speech request") from None
-        except (ValueError, UnicodeDecodeError):
-            raise RequestError(400, "the body is not JSON") from None
-        if not isinstance(obj, dict):
-            raise RequestError(400, "the body must be a JSON object")
+            while self._take_inbox():
+                if self.speaking:
+                    self._step()
+        except BaseException as e:  # noqa: BLE001 - the engine stops, and says why to everyone
+            self.failure = e
+            print(f"qtts serve: the engine stopped: {e!r}", file=sys.stderr)
+            for job in self.speaking:
+                job.send("error", e)
+            self.speaking, self.active = [], 0
+            while True:
+                try:
+                    job = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if job:
+                    job.send("error", e)
+
+    def _take_inbox(self) -> bool:
+        """Start the requests that came (wait for one when idle); drop those whose clients left; False: stop."""
+        incoming = []
         try:
-            req = SpeechRequest.model_validate(obj)
-        except ValidationError as e:
-            raise RequestError(400, *first_error(e)) from None
-        if req.model is not None and req.model not in (model_id, *OPENAI_MODELS):
-            raise RequestError(404, f"the model {req.model!r} does not exist here; this server speaks {model_id!r} "
-                                    f"(also accepted: {', '.join(OPENAI_MODELS)})", "model", code="model_not_found")
-        instructions = (req.instructions or "").strip() or None
-        if instructions and not self.synth.follows_instructions:
-            size = self.synth.config.config.get("tts_model_size")
-            raise RequestError(400, f"this checkpoint ({self.synth.kind}, {size}) cannot follow `instructions`: "
-                                    "Base checkpoints clone a voice and 0.6B "
-                                    "CustomVoice ones ignore style prompts; the 1.7B CustomVoice and VoiceDesign "
-                                    "checkpoints follow them", "instructions")
-        if req.language.lower() not in self.synth.languages:
-            raise RequestError(400, f"unknown language {_shown(req.language)}; valid: "
-                                    f"{', '.join(self.synth.languages)}", "language")
-        valid = self.voice_names()
-        if req.voice not in valid and req.voice.lower() not in self.synth.speakers:
-            raise RequestError(400, f"unknown voice {_shown(req.voice)}; valid: "
-                                    f"{', '.join(valid) or '(none: pass --voices DIR)'}", "voice")
-        given = {k: getattr(req, k) for k in SAMPLING_FIELDS if getattr(req, k) is not None}
+            incoming.append(self.inbox.get(block=not self.speaking))
+            while True:
+                incoming.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+        if False in incoming:
+            for job in self.speaking:
+                job.long.cancel()
+                job.send("done")
+            return False
+        for job in incoming:
+            if job and not job.cancelled.is_set():
+                self._start(job)
+        for job in [j for j in self.speaking if j.cancelled.is_set()]:  # the client left
+            self._end(job)
+        return True
+
+    def _start(self, job: Job) -> None:
+        s = job.speech
         try:
-            sampling = self.synth.sampling.replace(**given)
-        except InputError as e:
-            raise RequestError(400, str(e), next(iter(given), None)) from None
-        return {"text": req.input, "format": req.response_format, "language": req.language.lower(),
-                "voice": req.voice, "sampling": sampling, "instructions": instructions}
+            voice = self.voices.get(s.voice, s.instructions)
+            job.long = LongText(self.synth, self.scheduler, s.text, s.language, voice, s.sampling,
+                                max_frames=self.max_frames, chunk_frames=self.chunk_frames, planned=job.planned)
+        except (InputError, AudioError) as e:
+            job.send("refused", e)
+            return
+        self.speaking.append(job)
+        self.active = len(self.speaking)
 
-    def speak(self, req: dict) -> LongText:
-        """What the engine runs for a request (on its thread): the voice, then its text's segments one after
-        another on the shared scheduler, streamed in pieces (bad input raises here, before any audio)."""
-        voice = self.voice(req["voice"], req["instructions"])
-        return LongText(self.synth, self.scheduler, req["text"], req["language"], voice, req["sampling"],
-                        max_frames=self.max_frames, chunk_frames=self.chunk_frames)
+    def _step(self) -> None:
+        events = self.scheduler.step()
+        self.largest_batch = max(self.largest_batch, len(events))  # one event per utterance in the batch
+        if self.on_step is not None:
+            self.on_step(len(events))
+        for job in list(self.speaking):
+            for piece in job.long.take(events):
+                job.send("audio", piece)
+            if job.long.done:  # not counted as speaking once its client can hear it is done (`/health`)
+                self._end(job, "done")
+            else:
+                job.long.hold(job.backlog > self.backlog)  # a client far behind: no next segment for now
+
+    def _end(self, job: Job, message: str | None = None) -> None:
+        job.long.cancel()
+        self.speaking.remove(job)
+        self.active = len(self.speaking)
+        if message:
+            job.send(message)
 
 
-def _shown(v) -> str:
-    """A value for an error message, short and printable whatever it is."""
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+class Reply:
+    """One speech request's answer, on the event loop: wait for its first audio (or its client leaving), then
+    stream the rest (`AudioResponse`). However it ends, `close` frees its place once and counts its outcome."""
+
+    def __init__(self, engine: Engine, job: Job, metrics, received: float, send_timeout: float):
+        self.engine, self.job, self.metrics, self.received = engine, job, metrics, received
+        self.send_timeout, self.outcome = send_timeout, "abandoned"
+        self.encoder = Encoder(job.speech.format)
+        self.samples = 0
+
+    async def first(self, request):
+        """("audio", piece), ("refused"/"error", exception), or None when the client left first. An engine that
+        stops while the request waits is noticed within a second, whatever it managed to tell."""
+        taken = asyncio.ensure_future(self.job.take())
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            while not (taken.done() or gone.done()):
+                await asyncio.wait({taken, gone}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                if not (taken.done() or gone.done() or self.engine.alive):
+                    return "error", self.engine.failure
+            return taken.result() if taken.done() else None
+        finally:
+            for task in (taken, gone):
+                task.cancel()
+
+    async def chunks(self, kind: str, value):
+        """The encoded stream from the first message on; raises `BrokenStream` on an engine error."""
+        first = True
+        while kind == "audio":
+            self.samples += len(value)
+            chunk = self.encoder.write(value)
+            if chunk:
+                if first:
+                    self.metrics.time_to_first_audio.observe(time.monotonic() - self.received)
+                    first = False
+                yield chunk
+            kind, value = await self.job.take()
+        if kind != "done":
+            self.outcome = "error"
+            raise BrokenStream(value)
+        rest = self.encoder.close()
+        self.outcome = "done"
+        self.engine.served += 1
+        audio_s = self.encoder.samples / SAMPLE_RATE
+        self.metrics.audio_seconds.inc(audio_s)
+        if audio_s > 0:
+            self.metrics.real_time_factor.observe((time.monotonic() - self.received) / audio_s)
+        self.engine.release(self.job)  # before the last chunk goes out: the client's next request finds it free
+        if rest:
+            yield rest
+
+    def close(self) -> None:
+        self.engine.release(self.job)
+        if self.outcome != "done":
+            self.encoder.discard()
+        self.metrics.streams.labels(self.job.speech.format, self.outcome).inc()
 
 
-def build_app(engine: Engine, model_id: str, api_key: str | None = None):
-    """The Starlette app over one `Engine`; with `api_key`, the PROTECTED paths need it as a bearer token."""
+class BrokenStream(Exception):
+    """The engine failed after the stream's first audio: the response is cut off, not ended."""
+
+
+async def _disconnected(receive) -> None:
+    """Returns when the client has gone (its body already read, the next ASGI message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def build_app(engine: Engine, model_id: str, api_key: str | None = None, send_timeout: float = SEND_TIMEOUT):
+    """The Starlette app over one `Engine` (its endpoints: `Api`); with `api_key`, the PROTECTED paths need it as a
+    bearer token."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from . import schema
-    from .metrics import Metrics
+    api = Api(engine, model_id, api_key is not None, send_timeout)
+    routes = [Route("/v1/audio/speech", api.speech, methods=["POST"]),
+              Route("/v1/models", api.models, methods=["GET"]), Route("/health", api.health, methods=["GET"]),
+              Route("/metrics", api.scrape, methods=["GET"]), Route("/openapi.json", api.openapi, methods=["GET"]),
+              Route("/", api.index, methods=["GET"])]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: api.http_error, Exception: api.server_error})
+    return Gate(app, api.metrics, api_key)
 
-    metrics = Metrics(engine)
-    engine.on_step = metrics.batch_size.observe
-    page = (STATIC / "index.html").read_text(encoding="utf-8")
 
-    def error(e: RequestError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+def _json(body: dict, status: int = 200, headers: dict | None = None):
+    from starlette.responses import JSONResponse
 
-    async def speech(request):
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _refusal(e) -> object:
+    """A `schema.RequestError` as its JSON answer."""
+    return _json(e.body(), e.status, e.headers)
+
+
+class Api:
+    """The server's endpoints over one `Engine`, one method each (`build_app` routes them); the speech request's
+    parsing is `schema`'s, its answer a `Reply`."""
+
+    def __init__(self, engine: Engine, model_id: str, auth: bool, send_timeout: float):
+        from .metrics import Metrics
+
+        self.engine, self.model_id, self.auth, self.send_timeout = engine, model_id, auth, send_timeout
+        self.metrics = Metrics(engine)
+        engine.on_step = self.metrics.batch_size.observe
+        self.served = engine.served_model(model_id)
+        self.page = (STATIC / "index.html").read_text(encoding="utf-8")
+        self._openapi: tuple[list, dict] | None = None
+
+    async def speech(self, request):
+        """Read, check and admit the request (a 4xx or 503 at once), wait for its first audio, then stream."""
+        from . import schema
+
         received = time.monotonic()
         try:
-            req = engine.parse(await request.body(), model_id)
-        except RequestError as e:
-            return error(e)
-        if engine.pending >= engine.max_batch + engine.queue_places:  # a full batch + `queue` waiting
-            return error(RequestError(503, f"server busy: {engine.max_batch} requests speaking and "
-                                           f"{engine.queue_places} queued; retry later", kind="server_error",
-                                      code="overloaded"))
-        job = engine.submit(lambda: engine.speak(req))
-        ended = False
-
-        def end() -> None:
-            nonlocal ended
-            if not ended:
-                ended = True
-                job.cancelled.set()
-                engine.pending -= 1
-
+            job = await self.admit(request)
+        except schema.RequestError as e:
+            return _refusal(e)
         try:
-            kind, value = await job.out.get()
-            while kind == "started":
-                kind, value = await job.out.get()
-        except BaseException:  # the client left while queued
-            end()
-            raise
-        if kind == "refused":
-            end()
-            return error(RequestError(400, str(value), "voice" if isinstance(value, AudioError) else None))
-        if kind == "error":
-            end()
-            raise value
-        fmt = req["format"]
-        try:
-            encoder = Encoder(fmt)
+            reply = Reply(self.engine, job, self.metrics, received, self.send_timeout)
         except InputError as e:  # PyAV missing: the server was installed without the serve extra
-            end()
-            return error(RequestError(501, str(e), "response_format", kind="server_error"))
+            self.engine.release(job)
+            return _refusal(schema.RequestError(501, str(e), "response_format", kind="server_error"))
+        try:
+            first = await reply.first(request)
+        except BaseException:
+            reply.close()
+            raise
+        if first is not None and first[0] == "audio":
+            return AudioResponse(reply, first, FORMATS[job.speech.format].content_type)
+        reply.outcome = "error" if first and first[0] == "error" else "abandoned"
+        reply.close()
+        if first is None:
+            from starlette.responses import Response
 
-        async def body():
-            nonlocal kind, value
-            outcome = "abandoned"  # unless the stream reaches its end or fails: the client hung up
-            try:
-                first = True
-                while kind == "audio":
-                    chunk = encoder.write(value)
-                    if chunk:
-                        if first:
-                            metrics.time_to_first_audio.observe(time.monotonic() - received)
-                            first = False
-                        yield chunk
-                    kind, value = await job.out.get()
-                if kind == "error":
-                    outcome = "error"
-                    print(f"qtts serve: error while streaming: {value!r}", file=sys.stderr)
-                    return
-                rest = encoder.close()
-                outcome = "done"
-                engine.served += 1
-                audio_s = encoder.samples / SAMPLE_RATE
-                metrics.audio_seconds.inc(audio_s)
-                if audio_s > 0:
-                    metrics.real_time_factor.observe((time.monotonic() - received) / audio_s)
-                end()  # before the last chunk goes out: the client's next request finds the server free
-                if rest:
-                    yield rest
-            finally:
-                end()
-                if outcome != "done":
-                    encoder.discard()
-                metrics.streams.labels(fmt, outcome).inc()
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        kind, e = first
+        if kind == "refused":
+            return _refusal(schema.RequestError(400, str(e), "voice" if isinstance(e, AudioError) else None))
+        return _refusal(schema.RequestError(500 if self.engine.alive else 503, f"the engine failed: {e!r}",
+                                            kind="server_error", code="engine_error"))
 
-        return StreamingResponse(body(), media_type=FORMATS[fmt].content_type,
-                                 headers={"X-Sample-Rate": str(SAMPLE_RATE)})
+    async def admit(self, request) -> Job:
+        """The request read (`schema.read_body`), checked (`schema.parse_speech`), planned against the budget and
+        given a place; any refusal a `schema.RequestError`."""
+        from .schema import RequestError, parse_speech, read_body
 
-    def capabilities() -> schema.ModelCapabilities:
-        s = engine.synth
-        return schema.ModelCapabilities(kind=s.kind, clone=s.kind == "base", speakers=s.speakers,
-                                        languages=s.languages, voices=engine.voice_names(),
-                                        instructions=s.follows_instructions, formats=list(FORMATS),
-                                        aliases=list(schema.OPENAI_MODELS))
+        speech = parse_speech(await read_body(request), self.served, self.engine.voices.names())
+        try:
+            planned = await asyncio.to_thread(self.engine.plan, speech)  # the tokenizer, off the event loop
+            job = self.engine.submit(speech, planned)
+        except BudgetError as e:
+            raise RequestError(400, str(e), "input", code="over_budget") from None
+        except InputError as e:
+            raise RequestError(400, str(e)) from None
+        except Unavailable as e:
+            raise RequestError(503, str(e), kind="server_error", code="overloaded" if e.retry_after else
+                               "engine_stopped", headers={"Retry-After": str(e.retry_after)} if e.retry_after
+                               else None) from None
+        return job
 
-    async def models(request):
-        listed = schema.ModelList(data=[schema.Model(id=model_id, qtts=capabilities())])
-        return JSONResponse(listed.model_dump())
+    async def models(self, request):
+        from . import schema
 
-    async def health(request):
-        return JSONResponse(schema.Health(
-            model=model_id, busy=engine.running, speaking=engine.active, batch=len(engine.scheduler.batch),
-            max_batch=engine.max_batch, largest_batch=engine.largest_batch,
-            waiting=max(engine.pending - engine.active, 0), served=engine.served, auth=api_key is not None,
-        ).model_dump())
+        s = self.engine.synth
+        capabilities = schema.ModelCapabilities(
+            kind=s.kind, clone=s.kind == "base", speakers=s.speakers, languages=s.languages,
+            voices=self.engine.voices.names(), instructions=s.follows_instructions, formats=list(FORMATS),
+            aliases=list(schema.OPENAI_MODELS))
+        return _json(schema.ModelList(data=[schema.Model(id=self.model_id, qtts=capabilities)]).model_dump())
 
-    async def openapi(request):
-        return JSONResponse(schema.openapi(model_id, engine.voice_names(), engine.synth.languages,
-                                           api_key is not None))
+    async def health(self, request):
+        from .schema import Health
 
-    async def scrape(request):
-        text, content_type = metrics.scrape()
+        e = self.engine
+        return _json(Health(
+            status="ok" if e.alive else "error", error=None if e.alive else repr(e.failure), model=self.model_id,
+            busy=e.running, speaking=e.active, batch=len(e.scheduler.batch), max_batch=e.max_batch,
+            largest_batch=e.largest_batch, waiting=max(e.pending - e.active, 0), served=e.served, auth=self.auth,
+        ).model_dump(), 200 if e.alive else 503)
+
+    async def openapi(self, request):
+        from .schema import openapi
+
+        voices = self.engine.voices.names()
+        if self._openapi is None or self._openapi[0] != voices:  # built again only when the voices changed
+            self._openapi = voices, openapi(self.model_id, voices, self.engine.synth.languages, self.auth)
+        return _json(self._openapi[1])
+
+    async def scrape(self, request):
+        from starlette.responses import Response
+
+        text, content_type = self.metrics.scrape()
         return Response(text, media_type=content_type)
 
-    async def index(request):
-        return HTMLResponse(page)
+    async def index(self, request):
+        from starlette.responses import HTMLResponse
 
-    async def http_error(request, exc):
-        return JSONResponse({"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None,
-                                       "code": None}}, status_code=exc.status_code)
+        return HTMLResponse(self.page)
 
-    async def server_error(request, exc):
+    async def http_error(self, request, exc):
+        return _json({"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None,
+                                "code": None}}, exc.status_code)
+
+    async def server_error(self, request, exc):
         print(f"qtts serve: error: {exc!r}", file=sys.stderr)
-        return JSONResponse({"error": {"message": "internal error", "type": "server_error", "param": None,
-                                       "code": None}}, status_code=500)
+        return _json({"error": {"message": "internal error", "type": "server_error", "param": None, "code": None}},
+                     500)
 
-    routes = [Route("/v1/audio/speech", speech, methods=["POST"]), Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"]), Route("/metrics", scrape, methods=["GET"]),
-              Route("/openapi.json", openapi, methods=["GET"]), Route("/", index, methods=["GET"])]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
-    return Gate(app, metrics, api_key)
+
+class AudioResponse:
+    """The streamed answer (an ASGI response): the headers, then each encoded chunk as it comes. Every send waits
+    at most the reply's `send_timeout` for the client to take it; a client that does not is dropped. An engine
+    error after the first audio, a client that left or one dropped: the body is cut off (the connection closes
+    with no last chunk), never ended as if complete. `Reply.close` runs however it ends."""
+
+    def __init__(self, reply: Reply, first: tuple, media_type: str):
+        self.reply, self.first, self.media_type = reply, first, media_type
+
+    async def __call__(self, scope, receive, send) -> None:
+        reply = self.reply
+        headers = [(b"content-type", self.media_type.encode()), (b"x-sample-rate", str(SAMPLE_RATE).encode())]
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for chunk in reply.chunks(*self.first):
+                if not await _send_or_leave(send, {"type": "http.response.body", "body": chunk, "more_body": True},
+                                            gone, reply.send_timeout):
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except BrokenStream as e:
+            print(f"qtts serve: error while streaming: {e.args[0]!r}", file=sys.stderr)
+        finally:
+            gone.cancel()
+            reply.close()
+
+
+async def _send_or_leave(send, message: dict, gone: asyncio.Future, timeout: float) -> bool:
+    """Send `message`, unless the client has left or takes nothing for `timeout` seconds: whether the client is
+    still there to take more."""
+    if gone.done():
+        return False
+    sending = asyncio.ensure_future(send(message))
+    done, _ = await asyncio.wait({sending, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    if sending in done:
+        sending.result()
+        return not gone.done()
+    sending.cancel()
+    if gone not in done:
+        print(f"qtts serve: a client took no audio for {timeout:.0f} s: dropped", file=sys.stderr)
+    return False
 
 
 class Gate:
@@ -423,6 +587,8 @@ class Gate:
             if not hmac.compare_digest(given, self.token):
                 from starlette.responses import JSONResponse
 
+                from .schema import RequestError
+
                 why = "a wrong API key" if given else "no API key (Authorization: Bearer KEY)"
                 answer = JSONResponse(RequestError(401, f"this server needs its API key; the request sent {why}",
                                                    code="invalid_api_key").body(), status_code=401,
@@ -442,18 +608,20 @@ def serve(args) -> int:
         raise InputError(f"--queue must be 0 or more, not {args.queue}")
     if args.voices is not None and not args.voices.is_dir():
         raise InputError(f"--voices {args.voices} is not a directory")
-    synth = load_synthesizer(args, log=lambda m: print(f"qtts serve: {m}", file=sys.stderr))
     say = lambda m: print(f"qtts serve: {m}", file=sys.stderr)  # noqa: E731
-    engine = Engine(synth, args.voices, args.max_frames, args.chunk_frames, args.queue, max_batch_of(synth, args, say))
+    synth = load_synthesizer(args, log=say)
+    engine = Engine(synth, args.voices, args.max_frames, args.chunk_frames, args.queue, max_batch_of(synth, args, say),
+                    budget=args.frame_budget, backlog_seconds=args.backlog, log=say)
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
-          f"{', '.join(engine.voice_names()) or 'none'})", file=sys.stderr, flush=True)
+          f"{', '.join(engine.voices.names()) or 'none'})", file=sys.stderr, flush=True)
     try:
         key = api_key_of(args)
         if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
             say(f"warning: listening on {args.host} with no API key: anyone who can reach it may use it "
                 f"(--api-key or ${API_KEY_ENV})")
-        uvicorn.run(build_app(engine, directory.name, api_key=key), host=args.host, port=args.port,
-                    log_level=args.log_level)
+        connections = args.max_connections or engine.max_batch + engine.queue_places + 32
+        uvicorn.run(build_app(engine, directory.name, api_key=key, send_timeout=args.send_timeout), host=args.host,
+                    port=args.port, log_level=args.log_level, limit_concurrency=connections)
     finally:
         engine.stop()
     return 0
@@ -473,9 +641,18 @@ def add_arguments(p) -> None:
     p.add_argument("--api-key", help=f"a key clients must send as a bearer token (default ${API_KEY_ENV}; unset: "
                                      "none needed)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    p.add_argument("--max-connections", type=positive_int, help="connections uvicorn serves at once, past that 503 "
+                                                                "(default: max batch + queue + 32)")
+    p.add_argument("--send-timeout", type=float, default=SEND_TIMEOUT,
+                   help=f"seconds a client may take no audio before it is dropped (default {SEND_TIMEOUT:.0f})")
+    p.add_argument("--backlog", type=float, default=BACKLOG_SECONDS,
+                   help="seconds of audio a client may leave unread before its text's next segment waits "
+                        f"(default {BACKLOG_SECONDS:.0f})")
     add_model_options(p)
     g = p.add_argument_group("generation")
     g.add_argument("--max-frames", type=positive_int, default=600,
                    help="cap on frames per segment (a long input is spoken in segments, each capped by its length too)")
+    g.add_argument("--frame-budget", type=positive_int, default=FRAME_BUDGET,
+                   help=f"frames a request may take at most, its segments' caps added up (default {FRAME_BUDGET}, "
+                        f"{FRAME_BUDGET // 750} minutes); a longer text is refused with a 400")
     g.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece (80 ms each)")
-

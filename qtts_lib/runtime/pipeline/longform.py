@@ -20,7 +20,13 @@ an ICL clip's codes are computed once, by the caller), and joins the pieces:
 The segments are independent generations, so they can run side by side (chapter 16): `LongText` submits up to
 `ahead` of them to a `Scheduler` at once and gives their audio back in order. `synthesize_long` runs
 `DEFAULT_MAX_BATCH` segments at a time; `stream_long` one (the next starts when one ends: a stream's first audio
-comes soonest that way), or `max_batch` when asked.
+comes soonest that way), or `max_batch` when asked. A text is one request to the scheduler (its `Lane`): its next
+segment is admitted before any text that has not started, so a stream never waits for another's whole text between
+two of its segments, and an instruction (the same first positions of every segment's prompt) is prefilled once.
+A text without a seed draws one (`Sampling.resolve`) and segment i samples with seed + i.
+
+Work is bounded before it starts: `plan` gives every segment its frame cap, and a `budget` (frames) refuses a text
+whose caps add up to more (`BudgetError`, an `InputError`), so no request holds a place for longer than its budget.
 """
 from __future__ import annotations
 
@@ -31,14 +37,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..audio.wav import SAMPLE_RATE
+from ..audio.wav import FRAME_RATE, SAMPLE_RATE
+from ..errors import InputError
 from ..text.segment import segments
 from .prompt import FRAMES_PER_TOKEN, MARGIN_FRAMES, Voice, frame_cap
 from .sampling import Sampling
-from .synthesizer import DEFAULT_MAX_BATCH, Scheduler, Utterance
+from .scheduler import DEFAULT_MAX_BATCH, Event, Scheduler, Utterance
 
 if TYPE_CHECKING:
-    from .synthesizer import Event, Synthesizer
+    from .synthesizer import Synthesizer
 
 MAX_SEGMENT_TOKENS = 60     # ~15-20 s of speech: a paragraph's worth, well inside the range the model speaks well
 PAUSE_SECONDS = 0.3
@@ -58,6 +65,21 @@ class TextSegment:
     seconds: float = 0.0     # wall time
     warnings: list[str] = field(default_factory=list)
     codes: np.ndarray | None = None   # (frames, 16)
+
+
+class BudgetError(InputError):
+    """A text whose segments may take more frames than its budget allows."""
+
+
+def check_budget(segments: list[TextSegment], budget: int | None) -> int:
+    """The frames `segments` may take at most (the sum of their caps); a `BudgetError` that says so when that is
+    more than `budget` (None: no budget)."""
+    need = sum(s.cap for s in segments)
+    if budget is not None and need > budget:
+        raise BudgetError(f"this text may take up to {need} frames ({need / FRAME_RATE:.0f} s of audio, "
+                          f"{len(segments)} segments) and a request may take at most {budget} "
+                          f"({budget / FRAME_RATE:.0f} s): send a shorter text")
+    return need
 
 
 @dataclass
@@ -128,19 +150,25 @@ class Fader:
 
 
 class LongText:
-    """One text's segments (`plan`) through a `Scheduler` that may serve others too: up to `ahead` segments in
-    flight, their audio given back in order by `take`, faded, with a pause before every segment but the first.
-    Segment i samples with `sampling.seed + i`. The first segment is submitted (its input checked) on creation."""
+    """One text's segments (`plan`, or `segments` planned before) through a `Scheduler` that may serve others too,
+    as one request (its `Lane`): up to `ahead` segments in flight, their audio given back in order by `take`, faded,
+    with a pause before every segment but the first. Segment i samples with `sampling.seed + i` (a seed drawn now if
+    the sampling has none). The first segment is submitted (its input checked) on creation; `budget` refuses a text
+    that may take more frames (`check_budget`). `held` stops it from submitting more segments (the one running goes
+    on): a reader that fell behind."""
 
     def __init__(self, synth: Synthesizer, scheduler: Scheduler, text: str, language: str, voice: Voice,
                  sampling: Sampling | None = None, max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
                  frames_per_token: float = FRAMES_PER_TOKEN, margin: int = MARGIN_FRAMES,
                  chunk_frames: int | None = None, pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS,
                  ahead: int = 1, on_segment: Callable[[int, int, TextSegment, np.ndarray], None] | None = None,
-                 on_frame: Callable[[int], None] | None = None, on_warning: Callable[[str], None] | None = None):
-        self.segments = plan(synth, text, max_tokens, max_frames, frames_per_token, margin)
+                 on_frame: Callable[[int], None] | None = None, on_warning: Callable[[str], None] | None = None,
+                 budget: int | None = None, planned: list[TextSegment] | None = None):
+        self.segments = plan(synth, text, max_tokens, max_frames, frames_per_token, margin) if planned is None \
+            else planned
+        check_budget(self.segments, budget)
         self.scheduler, self.language, self.voice, self.chunk_frames = scheduler, language, voice, chunk_frames
-        self.sampling = synth.sampling if sampling is None else sampling
+        self.sampling = (synth.sampling if sampling is None else sampling).resolve()
         self.pause_samples = int(round(pause * SAMPLE_RATE))
         fade_samples = int(round(fade_seconds * SAMPLE_RATE))
         self.ahead, self.on_segment, self.on_frame, self.on_warning = max(1, ahead), on_segment, on_frame, on_warning
@@ -151,6 +179,8 @@ class LongText:
         self.finished = [False] * n
         self.tickets: dict[int, tuple[int, object]] = {}              # ticket id -> (segment, ticket)
         self.submitted = self.current = 0
+        self.held = False
+        self.lane = scheduler.lane()
         self.started = time.perf_counter()
         self._fill()
 
@@ -160,15 +190,21 @@ class LongText:
 
     def _fill(self) -> None:
         n = len(self.segments)
-        while self.submitted < n and self.submitted - self.current < self.ahead:
+        while self.submitted < n and self.submitted - self.current < self.ahead and not self.held:
             i, seg = self.submitted, self.segments[self.submitted]
             where = f"segment {i + 1}/{n}"
             warn = (lambda m, w=where: self.on_warning(f"{w}: {m}")) if self.on_warning else None
             ticket = self.scheduler.submit(
                 Utterance(seg.text, self.language, self.voice, self.sampling.replace(seed=self.sampling.seed + i),
-                          max_frames=seg.cap), self.chunk_frames, on_warning=warn, on_frame=self.on_frame)
+                          max_frames=seg.cap), self.chunk_frames, on_warning=warn, on_frame=self.on_frame,
+                lane=self.lane)
             self.tickets[ticket.id] = (i, ticket)
             self.submitted += 1
+
+    def hold(self, held: bool) -> None:
+        """Stop submitting segments (True) or go on (False)."""
+        self.held = held
+        self._fill()
 
     def take(self, events: list[Event]) -> list[np.ndarray]:
         """The audio that is now next in order, from one `Scheduler.step`'s events (other texts' are ignored)."""
@@ -200,6 +236,8 @@ class LongText:
             if not self.done:
                 out.append(np.zeros(self.pause_samples, np.float32))
         self._fill()
+        if self.done:
+            self.lane.close()
         return out
 
     def _record(self, i: int, result) -> None:
@@ -214,6 +252,7 @@ class LongText:
         for i, ticket in self.tickets.values():
             if not self.finished[i]:
                 self.scheduler.cancel(ticket)
+        self.lane.close()
 
 
 def synthesize_long(synth: Synthesizer, text: str, language: str, voice: Voice, sampling: Sampling | None = None,
@@ -223,18 +262,18 @@ def synthesize_long(synth: Synthesizer, text: str, language: str, voice: Voice, 
                     max_batch: int = DEFAULT_MAX_BATCH,
                     on_segment: Callable[[int, int, TextSegment, np.ndarray], None] | None = None,
                     on_frame: Callable[[int], None] | None = None,
-                    on_warning: Callable[[str], None] | None = None) -> LongResult:
+                    on_warning: Callable[[str], None] | None = None, budget: int | None = None) -> LongResult:
     """Speak `text` segment by segment with one `voice` (see the module docstring): `plan`'s segments, each a
     whole utterance with its own frame cap, `max_batch` of them at a time, joined with pauses and fades.
 
     Segment i samples with `sampling` (the checkpoint's defaults unless given) and seed `sampling.seed + i`.
     `on_segment(i, n, segment, wav)` runs as each segment is done, in order, with its faded wav (progress bars;
     streaming); `on_frame(n)` after frame n of any segment; `on_warning` gets the synthesizer's warnings prefixed
-    with "segment i/n"."""
+    with "segment i/n". `budget`: the most frames the text may take (`check_budget`)."""
     scheduler = Scheduler(synth, max_batch)
     long = LongText(synth, scheduler, text, language, voice, sampling, max_tokens, max_frames, frames_per_token,
                     margin, None, pause, fade_seconds, ahead=max_batch, on_segment=on_segment, on_frame=on_frame,
-                    on_warning=on_warning)
+                    on_warning=on_warning, budget=budget)
     pieces = []
     try:
         while not long.done:
@@ -253,7 +292,7 @@ def stream_long(synth: Synthesizer, text: str, language: str, voice: Voice, samp
                 max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
                 frames_per_token: float = FRAMES_PER_TOKEN, margin: int = MARGIN_FRAMES, chunk_frames: int = 4,
                 pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS, max_batch: int = 1,
-                on_frame: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
+                on_frame: Callable[[int], None] | None = None, budget: int | None = None) -> Iterator[np.ndarray]:
     """`synthesize_long`, streamed: float32 pieces as they are generated, each segment decoded in pieces of
     `chunk_frames` frames, the pauses as pieces of silence. Concatenated they equal `synthesize_long`'s wav as
     closely as each segment's stream equals its whole decode. `max_batch` segments run at once (default one: the
@@ -262,7 +301,7 @@ def stream_long(synth: Synthesizer, text: str, language: str, voice: Voice, samp
     scheduler = Scheduler(synth, max_batch)
     try:
         long = LongText(synth, scheduler, text, language, voice, sampling, max_tokens, max_frames, frames_per_token,
-                        margin, chunk_frames, pause, fade_seconds, ahead=max_batch, on_frame=on_frame)
+                        margin, chunk_frames, pause, fade_seconds, ahead=max_batch, on_frame=on_frame, budget=budget)
         while not long.done:
             yield from long.take(scheduler.step())
     finally:
