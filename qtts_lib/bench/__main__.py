@@ -63,6 +63,21 @@ def main(argv: list[str] | None = None) -> int:
     parity = measurement("parity", "greedy parity of the runtime against qwen-tts, every prompt kind", frames=48)
     parity.add_argument("--threads", type=int, default=2)
     parity.add_argument("--cases", help="comma-separated golden case names (default: every case of the kind)")
+    serve = sub.add_parser("serve", help="qtts serve under load: N streaming clients against a server process")
+    serve.add_argument("--checkpoint", default="full-base", help="a name under models/ or a checkpoint directory")
+    serve.add_argument("--threads", type=int, default=2)
+    serve.add_argument("--precision", default="int8")
+    serve.add_argument("--codec-precision", default="fp32")
+    serve.add_argument("--clients", default="1,2,4,8", help="comma-separated: that many clients at once")
+    serve.add_argument("--staggered", default="8", help="comma-separated: that many clients, --stagger s apart")
+    serve.add_argument("--stagger", type=float, default=2.0, help="seconds between two staggered arrivals")
+    serve.add_argument("--max-batch", type=int, default=4)
+    serve.add_argument("--max-frames", type=int, default=100, help="the server's cap on frames per segment")
+    serve.add_argument("--chunk-frames", type=int, default=4)
+    serve.add_argument("--tree", type=Path, help="the source tree whose qtts serve runs (default: this one; a "
+                                                 "worktree of an older commit gives a 'before')")
+    serve.add_argument("--python", help="the interpreter that runs the server (default: this one)")
+    serve.add_argument("-o", "--output", type=Path)
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
     zeros.add_argument("dir")
     profile = sub.add_parser("profile", help="where a Vulkan frame's time goes")
@@ -89,6 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         from .results import merge as merge_results
 
         merge_results(a.output, a.parts, a.note)
+        return 0
+    if a.what == "serve":
+        from .serve import benchmark as serve_benchmark
+        from .serve import table
+
+        ints = lambda s: tuple(int(x) for x in s.split(",") if x.strip())  # noqa: E731
+        result = serve_benchmark(paths.checkpoint_dir(a.checkpoint), a.threads, a.precision, a.codec_precision,
+                                 ints(a.clients), ints(a.staggered), a.stagger, a.max_batch, a.max_frames,
+                                 a.chunk_frames, a.tree, a.python)
+        write_result(result, a.output)
+        print(table(result))
         return 0
     model_dir = paths.checkpoint_dir(a.checkpoint)
     if a.what == "loop":
