@@ -19,7 +19,8 @@ Layers, from the bottom (a module imports only from layers below its own, and fr
     codec/       codes to waveform: the decoder (`decoder`), its CPU form on disk (`cpu_form`) in parts (`parts`),
                  streaming (`stream`)
     pipeline/    the model: config, embeddings, prompt, voices, sampling, precision tiers, the generation loop
-                 (`loop`), the `Synthesizer` façade (`synthesizer`), long texts (`longform`)
+                 (`loop`), continuous batching (`scheduler`), the `Synthesizer` façade (`synthesizer`), long texts
+                 (`longform`)
     app/         the front ends: shared options (`options`), `qtts say` (`cli`), `qtts serve` (`server`, its
                  request and answers `schema`, `metrics`, the page in `static/`)
     experimental/  measured ideas that are not part of the product (`codec_process`)
