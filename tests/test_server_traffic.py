@@ -49,9 +49,17 @@ def speech(text: str = "Hello there.", **fields) -> dict:
 
 
 def response_in_thread(conn) -> dict:
-    """conn.getresponse() on a thread (it returns once the first audio is in): {"response": ...} when it has."""
+    """conn.getresponse() on a thread (it returns once the first audio is in): {"response": ...} when it has, or
+    {"error": ...} when the connection ended first (a client that hung up)."""
     out = {}
-    threading.Thread(target=lambda: out.update(response=conn.getresponse()), daemon=True).start()
+
+    def wait():
+        try:
+            out["response"] = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            out["error"] = e
+
+    threading.Thread(target=wait, daemon=True).start()
     return out
 
 
