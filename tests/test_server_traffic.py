@@ -219,3 +219,17 @@ def server_speech(text: str):
     from qtts_lib.runtime.pipeline.sampling import Sampling
 
     return Speech(text, "pcm", "english", "alice", Sampling(), None)
+
+
+def test_voices_of_every_kind_without_a_folder():
+    """A VoiceDesign checkpoint's one voice is words: nothing to build at start, with or without --voices."""
+    from qtts_lib import checkpoint, export, reference
+    from qtts_lib.runtime import Synthesizer
+
+    ckpt = "tiny-voicedesign"
+    export.ensure(reference.load(checkpoint.ensure(ckpt), threads=2), ckpt)
+    voices = server.Voices(Synthesizer(paths.model_dir(ckpt), threads=2), None)
+    said = []
+    voices.preload(said.append)
+    assert voices.names() == [server.DESIGNED] and not said
+    assert voices.get(server.DESIGNED, "A calm voice.").instruct == "A calm voice."

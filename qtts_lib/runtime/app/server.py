@@ -87,7 +87,10 @@ class Voices:
         return self.synth.speakers + [f.stem for f in files if re.match(VOICE_PATTERN, f.stem)]
 
     def preload(self, log: Callable[[str], None]) -> None:
-        """Build every clip in the folder now (the encoders run once per clip, before any request waits)."""
+        """Build every voice now (the encoders run once per clip, before any request waits); a described voice
+        (VoiceDesign) is only words, built with each request."""
+        if self.synth.kind == "voice_design":
+            return
         for name in self.names():
             try:
                 self.build(name)
