@@ -243,7 +243,7 @@ ax.set_title("how close each greedy decision was");
 # - *A later chapter says a golden is stale* → the checkpoint was rebuilt; re-run this chapter.
 # - *Tokens differ across domains here* → a near tie; the histogram shows which margin was under the change.
 # - *A prompt-rows check fails on another checkpoint kind* → the reference's prompt layout changed (qwen-tts
-#   version); chapter 08 describes the layout the runtime's `pipeline.prompt` follows.
+#   version); chapter 06 draws the layout the runtime's `pipeline.prompt` follows, chapter 08 each kind's.
 
 # %%
 check.table()
