@@ -1,4 +1,4 @@
-"""`qtts serve` under load: N streaming clients against a real server process. Introduced in 14.
+"""`qtts serve` under load: N streaming clients against a real server process. Introduced in 17.
 
     python -m qtts_lib.bench serve --checkpoint full-base --precision int8 --threads 2 -o data/bench/serve/NAME.json
     python -m qtts_lib.bench serve ... --tree /tmp/before     # the same load against another source tree's server
@@ -228,7 +228,7 @@ def table(result: dict) -> str:
 
 
 def load_table(paths: list[Path]) -> list[dict]:
-    """Rows for a figure or a table (chapter 14): one per scenario of each committed result, with its label
+    """Rows for a figure or a table (chapter 17): one per scenario of each committed result, with its label
     ("before"/"after" from the file name, else the commit)."""
     rows = []
     for p in paths:
@@ -247,7 +247,7 @@ def load_table(paths: list[Path]) -> list[dict]:
 
 def plot(paths: list[Path], ax=None):
     """The load table as a figure: per scenario, the p50 and p99 gap of a running stream before and after, against
-    the piece's duration (chapter 14 draws it)."""
+    the piece's duration (chapter 17 draws it)."""
     import matplotlib.pyplot as plt
 
     rows = load_table(paths)
