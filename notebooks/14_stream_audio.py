@@ -12,11 +12,11 @@
 # ---
 
 # %% [markdown]
-# # 14 · Stream speech and serve it over HTTP
+# # 14 · Stream audio
 # > First audio after a few frames, and exactly the waveform of the whole-utterance decode.
 #
 # **You will:** measure how much left context the causal codec decoder needs, stream `Synthesizer` output piece by
-# piece and check it against `synthesize`, time the first audio, and serve it as OpenAI's `/v1/audio/speech`.
+# piece and check it against `synthesize`, time the first audio, and pipe the stream out of `qtts say`.
 #
 # **You will learn:** what "causal" buys (a sample depends on a bounded window of frames) and how to use it well
 # (each frame decoded once: a KV cache for the transformer, kept left context for the convolutions); which decode
@@ -25,13 +25,15 @@
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip.
 # Timings on `tiny-*` are mostly call overhead; the full-size ones are read from `data/bench/stream/`.
-# **Leaves behind:** `data/outputs/<ckpt>/14_stream.wav`, `data/reports/<ckpt>/14_stream_and_serve.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/14_stream.wav`, `data/reports/<ckpt>/14_stream_audio.json`.
 
 # %%
 import inspect
 import json
 import os
 import resource
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,21 +41,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from IPython.display import display
-from starlette.testclient import TestClient
 
 from qtts_lib import check, checkpoint, export, paths, reference, settings
 from qtts_lib.bench import stream as bench_stream
+from qtts_lib.isolation import PRELUDE
 from qtts_lib.runtime import InputError, Synthesizer
-from qtts_lib.runtime.app import server
-from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, pcm16, save_wav
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav, pcm16, save_wav, wav_header
 from qtts_lib.runtime.binding.net import release_threads
 from qtts_lib.runtime.codec import stream
 from qtts_lib.runtime.codec.decoder import CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, IncrementalDecode
-from qtts_lib.runtime.pipeline import longform, precision
+from qtts_lib.runtime.pipeline import precision
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("14_stream_and_serve", ckpt)
+report = check.begin("14_stream_audio", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # chapters 04-05's graphs, reused when current
 synth = Synthesizer(model_dir, threads=THREADS)
@@ -194,16 +195,18 @@ check.at_least("re-decode stream: frames decoded per frame played", "frames per 
 # (the reference's whole decode at the end) or a `StreamDecoder`. `stream` returns a `Stream`; iterating it runs the
 # generation in your thread, a frame at a time, and yields pieces of `chunk_frames` frames; once it is exhausted,
 # `.result` holds the `Result` (codes, why it stopped, seconds per stage; no `wav`). Both sample with
-# `synth.sampling` unless given a `Sampling`, seeded per sequence: the stream makes `synthesize`'s codes and wav.
+# `synth.sampling` unless given a `Sampling`; without a seed each call draws a fresh one, so the comparison below
+# gives both the same seed, and then the stream makes `synthesize`'s codes and wav.
 # With an ICL voice the clip's codes are decoded in front of the new frames and never emitted, as the reference
 # does; one quirk is the reference's: `synthesize` cuts the clip's share by a float ratio, which now and then keeps
 # one sample of the clip in front of the wav, while the stream starts exactly at the first generated frame.
 
 # %%
-print(synth.sampling)
-whole = synth.synthesize(TEXT, "english", voice, max_frames=60)
+seeded = synth.sampling.replace(seed=7)
+print(seeded)
+whole = synth.synthesize(TEXT, "english", voice, seeded, max_frames=60)
 for chunk in (4, 12):
-    streaming = synth.stream(TEXT, "english", voice, max_frames=60, chunk_frames=chunk)
+    streaming = synth.stream(TEXT, "english", voice, seeded, max_frames=60, chunk_frames=chunk)
     pieces = list(streaming)
     check.tokens_equal(f"stream's codes = synthesize's, chunks of {chunk}", streaming.result.codes, whole.codes)
     check.snr(f"stream = synthesize, {voice.mode}, chunks of {chunk} frames ({len(pieces)} pieces)",
@@ -218,8 +221,8 @@ except InputError as e:
 check.equal("an unknown language: refused by stream() itself", "raised", refused, "InputError")
 if synth.kind != "custom_voice":
     icl = synth.voice(wav=voice_wav, text=voice_text)
-    whole_icl = synth.synthesize(TEXT, "english", icl, max_frames=30)
-    ours = np.concatenate(list(synth.stream(TEXT, "english", icl, max_frames=30, chunk_frames=4)))
+    whole_icl = synth.synthesize(TEXT, "english", icl, seeded, max_frames=30)
+    ours = np.concatenate(list(synth.stream(TEXT, "english", icl, seeded, max_frames=30, chunk_frames=4)))
     extra = len(whole_icl.wav) - len(ours)
     check.at_most("ICL: synthesize's extra leading samples (float-ratio cut)", "samples", extra, 1)
     check.snr("stream = synthesize, ICL, chunks of 4 frames", ours, whole_icl.wav[extra:], 60.0)
@@ -335,59 +338,31 @@ for r in REFERENCE["runs"]:  # the stream's loop in a worker thread, the caller'
           f"({ms['stream_pool_kept'] / ms['stream']:.2f}x)")
 
 # %% [markdown]
-# ## 8. Pipe it and serve it
+# ## 8. Pipe it from the command line
 # `qtts say --stream -o out.wav` writes a complete wav after each piece; `-o -` writes 16-bit PCM behind a WAV header
-# of unknown length to stdout, for a player reading a pipe. `qtts serve` (the `serve` extra) speaks OpenAI's speech
-# API, streamed: wav, pcm, or mp3, Ogg Opus, AAC and FLAC encoded piece by piece (`audio.encode`). One engine
-# thread runs every ncnn call for a batch of requests (chapter 16); a long input is spoken segment by segment
-# (`longform.stream_long`, chapter 15). Both sample with the checkpoint's sampling unless told otherwise (`--greedy`,
-# `--seed`, `--temperature`, ... on the command line, the same fields in a request). The request is a pydantic
-# model (`app.schema`, described at `/openapi.json`); a bad one gets a 4xx with an OpenAI-style JSON error.
+# of unknown length to stdout as the pieces come, for a player reading a pipe:
 #
 # ```
 # qtts say --checkpoint tiny-base --voice data/inputs/voice.wav --text "Hello." -o - | ffplay -nodisp -autoexit -
-# qtts serve --checkpoint tiny-base --voices voices/ --port 8000       # voices/alice.wav (+ alice.txt: ICL)
-# curl -sN localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \
-#      -d '{"input": "Hello from a stream.", "voice": "alice"}' | ffplay -nodisp -autoexit -
 # ```
 #
-# The same app in process (Starlette's test client instead of a socket). A request that sets `temperature` and
-# `seed` must get `stream_long`'s audio with that sampling, not the audio of the checkpoint's default sampling.
+# Here the command runs in a process where torch cannot be imported, with a seed, so that its take can be compared
+# with `Synthesizer.stream`'s in this process: the pipe carries the same pieces, rounded to 16 bits. Serving the
+# stream over HTTP, to many listeners at once, is chapter 17.
 
 # %%
-voices_dir = paths.outputs_dir(ckpt) / "14_voices"
-voices_dir.mkdir(parents=True, exist_ok=True)
-save_wav(voices_dir / "alice.wav", voice_wav)
-name = synth.speakers[0] if synth.kind == "custom_voice" else "alice"
-engine = server.Engine(synth, voices_dir, max_frames=20, chunk_frames=4, queue_places=4)
-client = TestClient(server.build_app(engine, ckpt))
-answer = client.post("/v1/audio/speech", json={"input": TEXT, "voice": name, "language": "english",
-                                               "temperature": 0.7, "seed": 7})
-served = np.frombuffer(answer.content[44:], "<i2").astype(int)
-print(answer.status_code, answer.headers["content-type"], answer.content[:4], f"{len(served)} samples")
-
-
-def spoken(sampling) -> np.ndarray:
-    """What the server streams for TEXT (longform.stream_long, segments faded), as 16-bit samples."""
-    pieces = longform.stream_long(synth, TEXT, "english", voice, sampling, max_frames=20, chunk_frames=4)
-    return np.frombuffer(pcm16(np.concatenate(list(pieces))), "<i2").astype(int)
-
-
-asked, default = spoken(synth.sampling.replace(temperature=0.7, seed=7)), spoken(synth.sampling)
-check.equal("served wav = stream_long with the request's sampling, 16-bit PCM", "max |diff| (LSB)",
-            int(np.abs(served - asked).max()), 0)
-check.at_least("the request's sampling reached the sampler (vs the default sampling)", "max |diff| (LSB)",
-               int(np.abs(served - default).max()), 1)
-
-# %%
-# two bad requests: an unknown voice, a temperature the sampler refuses; each a 400 naming the field, before any audio
-bad_voice = client.post("/v1/audio/speech", json={"input": TEXT, "voice": "nobody"})
-bad_temperature = client.post("/v1/audio/speech", json={"input": TEXT, "voice": name, "temperature": 0})
-for bad, field in ((bad_voice, "voice"), (bad_temperature, "temperature")):
-    print(bad.status_code, bad.json())
-    check.equal(f"bad {field}: 400 naming `{field}`", "status param",
-                f"{bad.status_code} {bad.json()['error']['param']}", f"400 {field}")
-engine.stop()
+cli = "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))"
+voice_args = ["--speaker", synth.speakers[0]] if synth.kind == "custom_voice" else ["--voice", str(paths.voice_wav())]
+piped = subprocess.run([sys.executable, "-c", PRELUDE + cli, "say", "--checkpoint", str(model_dir), *voice_args,
+                        "--text", TEXT, "--language", "english", "--seed", "7", "--max-frames", "20",
+                        "--threads", str(THREADS), "-o", "-"], capture_output=True)
+print(piped.stderr.decode().strip().splitlines()[-1])
+header, body = piped.stdout[:44], np.frombuffer(piped.stdout[44:], "<i2").astype(int)
+pieces = synth.stream(TEXT, "english", voice, seeded, max_frames=20, chunk_frames=4)
+expected = np.frombuffer(pcm16(np.concatenate(list(pieces))), "<i2").astype(int)
+check.equal("qtts say -o -: a WAV header of unknown length first", "equal", header == wav_header(), True)
+check.equal("qtts say -o - = Synthesizer.stream, same seed, 16-bit PCM", "max |diff| (LSB)",
+            int(np.abs(body - expected).max()) if len(body) == len(expected) else f"{len(body)} samples", 0)
 
 # %% [markdown]
 # ## Summary
@@ -398,10 +373,10 @@ engine.stop()
 # - `Synthesizer.stream` generates in the caller's thread and makes `synthesize`'s codes and wav, x-vector and ICL;
 #   first audio costs the prompt, `chunk` frames and one codec call.
 # - Running ncnn in a second thread needs `release_threads()` in the first, or the two OpenMP pools park each
-#   other's workers; `qtts serve` runs ncnn on one engine thread and takes sampling fields per request.
+#   other's workers (`qtts serve` runs every ncnn call on one engine thread).
+# - `qtts say -o -` pipes the same stream as 16-bit PCM behind a WAV header of unknown length.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/14_stream.wav`, `data/outputs/<ckpt>/14_voices/alice.wav`, the chapter
-# report.
+# **Artifacts left:** `data/outputs/<ckpt>/14_stream.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *Stream far from `Codec.decode` past frame 300* → a context reaching left of `chunk_start − 25`: that is the
@@ -412,6 +387,7 @@ engine.stop()
 # - *Incremental stream off from its second piece on, or the context curve never reaching 60 dB* → mask or rope
 #   positions not absolute across calls (`rope.causal_mask(L, past, window)`), or a part's kept context shorter
 #   than its measured reach (`codec_decoder.json`).
+# - *`qtts say -o -` differs from the stream* → another seed, language (the CLI's default is `auto`) or frame cap.
 # - *Released and kept pools count the same switches* → `release_threads()` found no OpenMP runtime (it returns
 #   False): ncnn without OpenMP, or an OpenMP other than GNU's, which may not park its workers this way.
 
