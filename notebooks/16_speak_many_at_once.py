@@ -50,6 +50,7 @@ from qtts_lib.runtime.binding.net import make_net, net_from_text, to_mat
 from qtts_lib.runtime.binding.param import parse_param
 from qtts_lib.runtime.pipeline.loop import Batch
 from qtts_lib.runtime.pipeline.sampling import Sampler
+from qtts_lib.runtime.pipeline.scheduler import PREFILL_PIECE
 from qtts_lib.runtime.pipeline.synthesizer import Scheduler, Utterance
 from qtts_lib.runtime.rewrites.batch import fold_batch
 
@@ -320,13 +321,16 @@ for tier in ("fp32", "int8"):
 
 # %% [markdown]
 # ## 6. Continuous batching: join between frames, leave at the end
-# A `Scheduler` keeps up to `max_batch` utterances running; a new one is prefilled alone and joins between two
-# frames (its cache merged in), one that ends leaves at once (its channels cut out). Six utterances of different
+# A `Scheduler` keeps up to `max_batch` utterances running. A new one joins between two frames: while others run,
+# its prompt is prefilled a piece at a time between frames (`PREFILL_PIECE` positions per step, so the running
+# sequences wait for a piece, never for a whole prompt), then its cache joins the batch in place; into an empty
+# batch it is prefilled whole. One that ends leaves at once (its channels cut out). Six utterances of different
 # lengths through four places, with the batch width at every step:
 
 # %%
 caps = [30, 12, 22, 8, 26, 16]
 scheduler = Scheduler(synth, max_batch=4)
+print(f"prefill piece: {PREFILL_PIECE} prompt positions per step while others run")
 tickets = [scheduler.submit(Utterance(f"Utterance number {i + 1}.", "english", voices[0], Sampling(seed=i),
                                       max_frames=c)) for i, c in enumerate(caps)]
 widths, spans = [], {}
@@ -406,7 +410,11 @@ display(twins.pivot_table(index=["precision", "B"], columns="codec", values="rtf
 #   results in order; a `Scheduler` to submit utterances at any time (what the server runs).
 # - `qtts say --text-file book.txt --max-batch 4`: a long text's segments, four at a time (the default).
 # - `qtts serve --max-batch 4`: concurrent requests share the batch; each response still streams its own frames as
-#   they come; `/health` shows `batch`, `max_batch` and the `largest_batch` seen.
+#   they come; `/health` shows `batch`, `max_batch` and the `largest_batch` seen. A request is a *lane*
+#   (`Scheduler.lane`): it keeps its place from its first segment to its last, so a long text's next segment goes
+#   before any request that has not started, and a running stream never waits behind a newcomer; a request that
+#   joins is prefilled in pieces of `PREFILL_PIECE` (32) positions between frames. Chapter 17 serves this over HTTP
+#   and reads what it changes for a running stream under load.
 # - On a GPU `--max-batch` defaults to 1: chapter 09's GPU forms take one sequence per call, the fastest for one.
 #   More loads the CPU's folded graphs on the device (`gpu_batches=True`): more round trips per frame, each serving
 #   B sequences, with caches that come back plain (`cache_layout.probe("vulkan")`), so sequences join and leave as
@@ -421,7 +429,8 @@ display(twins.pivot_table(index=["precision", "B"], columns="codec", values="rtf
 # - A batch of different prompts gives each prompt's own hidden states to float32 rounding, so its own greedy codes
 #   (here, and at full size in fp32 over the committed run); a sampled draw can flip where it sits on a boundary;
 #   in int8 the run-time quantizer turns rounding differences into different codes.
-# - Continuous batching (`Scheduler`): prefill alone, join between frames, leave the frame it ends.
+# - Continuous batching (`Scheduler`): prefill in pieces between frames, join, leave the frame it ends; a request
+#   keeps its place from its first segment to its last.
 # - The loop's cost per aggregate frame falls with B; the codec does not batch, so its share of the time grows.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/16_many_*.wav`, the chapter report.
