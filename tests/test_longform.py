@@ -130,13 +130,15 @@ def test_streamed_fades_equal_the_whole_fade(sizes):
 
 
 def test_stream_long_equals_synthesize_long(synth):
-    """Both sample (the checkpoint's defaults), each segment with its own seed: the same audio."""
+    """Both sample (the checkpoint's defaults), each segment with its own seed: the same audio (the stream given the
+    seed the whole text drew)."""
     voice = synth.voice(wav=load_wav(paths.voice_wav()))
     todo = longform.plan(synth, PARAGRAPH, max_tokens=20, max_frames=6)
     assert len(todo) >= 3
-    whole = longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=6).wav
-    pieces = list(longform.stream_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=6,
-                                       chunk_frames=2))
+    long = longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=6)
+    whole = long.wav
+    pieces = list(longform.stream_long(synth, PARAGRAPH, "english", voice, synth.sampling.replace(seed=long.seed),
+                                       max_tokens=20, max_frames=6, chunk_frames=2))
     streamed = np.concatenate(pieces)
     assert len(streamed) == len(whole)
     snr = 10 * np.log10(np.sum(whole.astype(np.float64) ** 2) / max(np.sum((streamed - whole) ** 2), 1e-30))

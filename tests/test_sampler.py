@@ -297,9 +297,9 @@ def test_sampling_defaults_are_the_checkpoints(ckpt):
     assert (s.greedy, s.temperature, s.top_k, s.top_p, s.repetition_penalty) == (
         not gen["do_sample"], gen["temperature"], gen["top_k"], gen["top_p"], gen["repetition_penalty"])
     assert Sampling.from_generation_config({"do_sample": False, "subtalker_dosample": True}).subtalker_greedy is False
-    # qwen_tts's hard defaults, which are the class's; the checkpoint's defaults carry CHECKPOINT_SEED
-    assert Sampling.from_generation_config({}) == Sampling(seed=sampler.CHECKPOINT_SEED)
-    assert Sampling.from_generation_config({}, seed=None) == Sampling()
+    # qwen_tts's hard defaults, which are the class's; no seed: every request draws afresh
+    assert Sampling.from_generation_config({}) == Sampling() and s.seed is None
+    assert Sampling.from_generation_config({}, seed=3) == Sampling(seed=3)
 
 
 def test_replace_validates_and_greedy_reaches_the_code_predictor(ckpt):
@@ -315,7 +315,7 @@ def test_no_seed_is_a_fresh_draw_resolved_once_and_replayable(ckpt):
     from an unresolved sampling resolves it itself, never falling back to a fixed seed, and says which seed it
     drew: a sampler built with that seed draws the same codes."""
     gen, cfg = ckpt
-    fresh = Sampling.from_generation_config(gen, seed=None)
+    fresh = Sampling.from_generation_config(gen)
     assert Sampling().seed is None and fresh.seed is None
     seeds = {fresh.resolve().seed for _ in range(8)}
     assert len(seeds) == 8 and all(isinstance(s, int) and 0 <= s < 2**sampler.SEED_BITS for s in seeds)

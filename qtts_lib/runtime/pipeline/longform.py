@@ -84,9 +84,12 @@ def check_budget(segments: list[TextSegment], budget: int | None) -> int:
 
 @dataclass
 class LongResult:
+    """`synthesize_long`'s answer: the joined wav, its segments, the pause between them and the text's seed
+    (segment i sampled with seed + i; `Sampling(seed=...)` replays the text)."""
     wav: np.ndarray
     segments: list[TextSegment]
     pause_samples: int
+    seed: int | None = None
 
 
 def plan(synth: Synthesizer, text: str, max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
@@ -285,7 +288,7 @@ def synthesize_long(synth: Synthesizer, text: str, language: str, voice: Voice, 
     for seg in long.segments:
         seg.start = at
         at += seg.samples + long.pause_samples
-    return LongResult(wav, long.segments, long.pause_samples)
+    return LongResult(wav, long.segments, long.pause_samples, long.sampling.seed)
 
 
 def stream_long(synth: Synthesizer, text: str, language: str, voice: Voice, sampling: Sampling | None = None,

@@ -56,7 +56,6 @@ CONTROL_SPAN = 1024  # the top 1024 talker ids are control tokens, suppressed ex
 
 NEG_INF = np.float32(-np.inf)  # HF's filter_value and its suppress/min-length value
 SEED_BITS = 32                # a fresh seed is below 2**32: short enough to read out and type back
-CHECKPOINT_SEED = 0           # `from_generation_config`'s seed, until every caller resolves a fresh one per request
 GREEDY_SEED = 0               # the seed of a sampling that draws nothing (any seed gives its codes)
 
 
@@ -124,8 +123,9 @@ class Sampling:
 
     @classmethod
     def from_generation_config(cls, gen_cfg: dict, **overrides) -> Sampling:
-        """A checkpoint's defaults (its generation_config.json, with qwen_tts's defaults for missing keys), seeded
-        with CHECKPOINT_SEED unless `overrides` give a seed (None: a fresh draw per request)."""
+        """A checkpoint's defaults (its generation_config.json, with qwen_tts's defaults for missing keys), with no
+        seed unless `overrides` give one: each request draws afresh (`resolve`), as the reference and OpenAI's API
+        do."""
         talker_greedy = not bool(_pick(gen_cfg, "do_sample"))
         sub_greedy = not bool(_pick(gen_cfg, "subtalker_dosample"))
         values = dict(greedy=talker_greedy, temperature=float(_pick(gen_cfg, "temperature")),
@@ -134,7 +134,7 @@ class Sampling:
                       subtalker_greedy=None if sub_greedy == talker_greedy else sub_greedy,
                       subtalker_temperature=float(_pick(gen_cfg, "subtalker_temperature")),
                       subtalker_top_k=int(_pick(gen_cfg, "subtalker_top_k")),
-                      subtalker_top_p=float(_pick(gen_cfg, "subtalker_top_p")), seed=CHECKPOINT_SEED)
+                      subtalker_top_p=float(_pick(gen_cfg, "subtalker_top_p")))
         return cls(**(values | overrides))
 
     def replace(self, **changes) -> Sampling:

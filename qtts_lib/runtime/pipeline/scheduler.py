@@ -73,13 +73,15 @@ class Result:
     codes: (T, 16) int64, the frames; tokens: every codebook-0 token sampled (EOS included if it came);
     stopped: "eos" or "cap" (the frame cap was reached); wav: float32 at 24 kHz (None for a stream, whose audio
     went out in pieces); seconds: wall time of "prefill", "talker", "predictor" and "codec"; warnings: problems
-    found on the way (also told to `on_warning` as soon as they are known)."""
+    found on the way (also told to `on_warning` as soon as they are known); seed: the seed it sampled with (drawn
+    afresh when its sampling had none: `Sampling(seed=result.seed)` replays it bit for bit)."""
     codes: np.ndarray
     tokens: list[int]
     stopped: str
     wav: np.ndarray | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    seed: int | None = None
 
     @property
     def eos_step(self) -> int:
@@ -141,7 +143,7 @@ class Jobs:
         for w in warnings:
             if on_warning:
                 on_warning(w)
-        sampling = self.default if sampling is None else sampling
+        sampling = (self.default if sampling is None else sampling).resolve()  # no seed: this utterance draws one
         shared = len(self.prompts.tokenizer.encode_template(INSTRUCT, voice.instruct)) if voice.instruct and \
             follows else 0
         return Job(prompt, sampling, Sampler(sampling, self.config.talker), cap, warnings,
@@ -335,6 +337,7 @@ class Scheduler:
         result = Result.of(seq, self.jobs.groups)
         result.warnings = ticket.job.warnings
         result.seconds["codec"] = ticket.codec_s
+        result.seed = ticket.job.sampler.seed
         ticket.result = result
 
     def close(self) -> None:
