@@ -52,9 +52,10 @@ def test_speech_wav_and_pcm(server, voice):
     status, headers, wav = request(url, "/v1/audio/speech", {"input": "Hello there.", "voice": voice})
     assert status == 200 and headers["content-type"] == "audio/wav"
     pcm = check_wav(wav)
-    status, headers, raw = request(url, "/v1/audio/speech",
-                                   {"input": "Hello there.", "voice": voice, "response_format": "pcm"})
-    assert status == 200 and headers["content-type"] == "audio/pcm"
+    seed = int(headers["x-seed"])  # a fresh take: the answer names its seed
+    status, headers, raw = request(url, "/v1/audio/speech", {"input": "Hello there.", "voice": voice,
+                                                             "response_format": "pcm", "seed": seed})
+    assert status == 200 and headers["content-type"] == "audio/pcm" and int(headers["x-seed"]) == seed
     assert np.array_equal(np.frombuffer(raw, "<i2"), pcm)  # same request, same seed: same audio
 
 
@@ -65,7 +66,8 @@ BAD = [  # (body or None for GET, path, expected status, what the error names)
     ({"input": "hi", "voice": "../alice"}, "/v1/audio/speech", 400, "voice"),
     ({"input": "hi", "voice": "alice", "response_format": "ogg"}, "/v1/audio/speech", 400, "response_format"),
     ({"input": "hi", "voice": "alice", "language": "klingon"}, "/v1/audio/speech", 400, "language"),
-    ({"input": "hi", "voice": "alice", "speed": 2}, "/v1/audio/speech", 400, "speed"),
+    ({"input": "hi", "voice": "alice", "speed": 5}, "/v1/audio/speech", 400, "speed"),
+    ({"input": "hi", "voice": "alice", "stream_format": "json"}, "/v1/audio/speech", 400, "stream_format"),
     ({"input": "x" * 5000, "voice": "alice"}, "/v1/audio/speech", 400, "input"),
     (b"[" * 70000, "/v1/audio/speech", 413, "body"),
     ([1, 2], "/v1/audio/speech", 400, "object"),
@@ -227,7 +229,9 @@ MALFORMED = [  # every one a 4xx with an OpenAI-style error body; the server hea
     {"input": "hi", "voice": "alice", "seed": -1}, {"input": "hi", "voice": "alice", "greedy": "yes"},
     {"input": "hi", "voice": "alice", "repetition_penalty": 0}, {"input": "hi", "voice": "alice", "instructions": "x"},
     {"input": "hi", "voice": "alice", "model": "gpt-5"}, {"input": "hi", "voice": "alice", "foo": 1},
-    {"input": "hi", "voice": "alice", "stream_format": "sse"}, {"input": " " * 10, "voice": "alice"},
+    {"input": "hi", "voice": "alice", "stream_format": "ndjson"}, {"input": " " * 10, "voice": "alice"},
+    {"input": "hi", "voice": "alice", "speed": 0.1}, {"input": "hi", "voice": "alice", "speed": True},
+    {"input": "hi", "voice": "alice", "stream_format": None}, {"input": "hi", "voice": "alice", "seed": 2.5},
 ]
 
 
@@ -245,7 +249,8 @@ def test_fuzz_malformed_bodies_get_a_4xx_json_error_and_the_server_stays_healthy
 
 
 def test_the_server_samples_by_default_and_takes_sampling_fields(server):
-    """No sampling fields: the checkpoint's sampling (the library's default, seed 0), not greedy; fields change it."""
+    """No sampling fields: the checkpoint's sampling (the library's default) with a fresh seed, which the answer
+    names (X-Seed), not greedy; fields change it."""
     from qtts_lib.runtime import Sampling, Synthesizer, load_wav
     from qtts_lib.runtime.audio.wav import pcm16
     from qtts_lib.runtime.pipeline import longform
@@ -255,23 +260,26 @@ def test_the_server_samples_by_default_and_takes_sampling_fields(server):
     voice = synth.voice(wav=load_wav(paths.voice_wav()))
     text = "Hello there."
 
+    seeds = []
+
     def served(**fields) -> bytes:
-        status, _, raw = request(url, "/v1/audio/speech", {"input": text, "voice": "alice", "language": "english",
-                                                           "response_format": "pcm",
-                                                           **fields})
+        status, headers, raw = request(url, "/v1/audio/speech", {"input": text, "voice": "alice",
+                                                                 "language": "english", "response_format": "pcm",
+                                                                 **fields})
         assert status == 200
+        seeds.append(int(headers["x-seed"]))
         return raw
 
     def library(sampling) -> bytes:  # what the server runs, in this process: the same arithmetic, the same bits
         return b"".join(pcm16(p) for p in longform.stream_long(synth, text, "english", voice, sampling,
                                                                max_frames=MAX_FRAMES))
 
-    assert not synth.sampling.greedy
-    assert served() == library(synth.sampling)
+    assert not synth.sampling.greedy and synth.sampling.seed is None
+    assert served() == library(synth.sampling.replace(seed=seeds[-1]))
     assert served(greedy=True) == library(Sampling(greedy=True))
     assert served(seed=7, temperature=0.5, top_k=10) == library(synth.sampling.replace(seed=7, temperature=0.5,
                                                                                        top_k=10))
-    assert served() != served(greedy=True) and served() != served(seed=7)
+    assert served(seed=7) != served(greedy=True) and served(seed=7) != served(seed=8)
 
 
 def test_instructions_on_checkpoints_that_follow_them(tmp_path):
@@ -291,6 +299,7 @@ def test_instructions_on_checkpoints_that_follow_them(tmp_path):
         assert calm[0] == plain[0] == 200 and calm[2] != plain[2]
         status, _, answer = request(url, "/v1/audio/speech", body | {"voice": "alice"})
         assert status == 400 and "design" in json.loads(answer)["error"]["message"]
+        refuses_voices(url, "design")
     finally:
         stop_server(proc)
     proc, url = start_server(tmp_path, "--max-frames", "4", ckpt="tiny-1.7b-customvoice")
@@ -298,8 +307,25 @@ def test_instructions_on_checkpoints_that_follow_them(tmp_path):
         body = {"input": "Hello.", "voice": "serena", "response_format": "pcm", "greedy": True}
         styled = request(url, "/v1/audio/speech", body | {"instructions": "Speak cheerfully."})
         assert styled[0] == 200 and styled[2] != request(url, "/v1/audio/speech", body)[2]
+        refuses_voices(url, "serena")
     finally:
         stop_server(proc)
+
+
+def refuses_voices(url: str, builtin: str) -> None:
+    """A checkpoint that does not clone: its own voices listed as built in, an upload refused (400, saying only
+    Base checkpoints clone), a built-in voice never deleted."""
+    import httpx
+
+    listed = {v["name"]: v for v in json.loads(request(url, "/v1/voices")[2])["voices"]}
+    assert listed[builtin]["builtin"] and listed[builtin]["mode"] in ("speaker", "design")
+    assert "alice" not in listed  # the clips in --voices are not this checkpoint's to speak
+    clip = paths.voice_wav().read_bytes()
+    answer = httpx.post(url + "/v1/voices", data={"name": "carol"}, files={"audio": ("c.wav", clip)})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "cannot_clone"
+    assert "Base" in answer.json()["error"]["message"]
+    status, _, body = request(url, f"/v1/voices/{builtin}", method="DELETE")
+    assert status == 400 and json.loads(body)["error"]["code"] == "builtin_voice"
 
 
 def test_four_concurrent_clients_are_served_in_one_batch(tts, tmp_path):

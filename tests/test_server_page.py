@@ -131,3 +131,36 @@ def saved(driver, path: Path) -> bytes:
 
     WebDriverWait(driver, 30).until(lambda d: path.exists())
     return path.read_bytes()
+
+
+def test_the_page_adds_a_voice_speaks_with_it_and_deletes_it(page, tmp_path):
+    """The upload form: a name, a clip file and its transcript go to POST /v1/voices; the voice list is asked again
+    and the new voice chosen; it speaks (without a seed: the page shows the seed the answer named); the delete
+    button removes it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from qtts_lib import paths
+
+    driver, url, _ = page
+    driver.get(url + "/")
+    wait_for(driver, "document.body.dataset.state === 'ready'")
+    assert driver.find_element(By.ID, "upload").is_displayed()  # a Base checkpoint clones
+    driver.find_element(By.ID, "new-name").send_keys("carol")
+    driver.find_element(By.ID, "new-audio").send_keys(str(paths.voice_wav()))
+    driver.find_element(By.ID, "new-text").send_keys((paths.INPUTS / "voice.txt").read_text().strip())
+    driver.find_element(By.ID, "add-voice").click()
+    wait_for(driver, "['added:carol', 'error'].includes(document.body.dataset.voiceState)")
+    assert data_of(driver)["voiceState"] == "added:carol", driver.find_element(By.ID, "upload-status").text
+    assert "icl" in driver.find_element(By.ID, "upload-status").text
+    voice = Select(driver.find_element(By.ID, "voice"))
+    assert [o.text for o in voice.options] == ["alice", "bob", "carol"]
+    assert voice.first_selected_option.text == "carol"
+    driver.find_element(By.ID, "play").click()
+    wait_for(driver, "['done', 'error'].includes(document.body.dataset.state)")
+    data = data_of(driver)
+    assert data["state"] == "done" and int(data["samples"]) > 0, driver.find_element(By.ID, "status").text
+    assert data["seed"].isdigit() and f"seed {data['seed']}" in driver.find_element(By.ID, "status").text
+    driver.find_element(By.ID, "delete-voice").click()
+    wait_for(driver, "document.body.dataset.voiceState === 'deleted:carol'")
+    assert [o.text for o in Select(driver.find_element(By.ID, "voice")).options] == ["alice", "bob"]

@@ -228,8 +228,9 @@ def test_voices_of_every_kind_without_a_folder():
 
     ckpt = "tiny-voicedesign"
     export.ensure(reference.load(checkpoint.ensure(ckpt), threads=2), ckpt)
-    voices = server.Voices(Synthesizer(paths.model_dir(ckpt), threads=2), None)
     said = []
-    voices.preload(said.append)
+    voices = server.Voices(Synthesizer(paths.model_dir(ckpt), threads=2), None, said.append)
+    voices.preload()
     assert voices.names() == [server.DESIGNED] and not said
     assert voices.get(server.DESIGNED, "A calm voice.").instruct == "A calm voice."
+    voices.close()

@@ -1,6 +1,7 @@
 """`qtts serve`'s API as data, and its HTTP parsing: pydantic models of the speech request and of every JSON answer,
 the OpenAPI document built from them (served at /openapi.json), the body read within its limit (`read_body`) and
-checked into a `Speech` (`parse_speech`), every refusal an OpenAI-style error (`RequestError`). Introduced in 14.
+checked into a `Speech` (`parse_speech`) or, for a voice upload, a `VoiceForm` (`parse_voice_form`), every refusal
+an OpenAI-style error (`RequestError`). Introduced in 14.
 
 The models check what a request means on its own (types, lengths, the format, the sampling ranges of
 `pipeline.sampling.Sampling`); what depends on the loaded checkpoint (does this voice, language or model exist, can
@@ -11,20 +12,26 @@ Imported only when serving (pydantic is in the serve extra).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..audio.encode import FORMATS
+from ..audio.tempo import MAX_SPEED, MIN_SPEED
 from ..audio.wav import SAMPLE_RATE
 from ..errors import InputError
 from ..pipeline.sampling import Sampling
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a voice upload: a minute of 48 kHz stereo 16-bit wav fits (15 s are used)
 MAX_INPUT_CHARS = 4096   # OpenAI's limit for `input`
 MAX_INSTRUCTIONS_CHARS = 4096
 VOICE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # a built-in speaker or a file stem in --voices, never a path
+NEW_VOICE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # an uploaded voice's name: a safe file stem
+SEED_HEADER = "X-Seed"   # every speech answer says the seed it sampled with
+STREAM_FORMATS = ("audio", "sse")
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # what OpenAI clients send: all mean the loaded model
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "greedy")
 ResponseFormat = Literal[tuple(FORMATS)]  # one list of formats: the encoder's
@@ -52,22 +59,29 @@ class SpeechRequest(BaseModel):
     response_format: ResponseFormat = Field("wav", description="mp3, opus (Ogg Opus), aac (ADTS), flac, wav (16-bit, "
                                             "length unknown) or pcm (16-bit little-endian); all 24 kHz mono, "
                                             "streamed as generated.")
-    speed: float = Field(1.0, ge=1.0, le=1.0, description="Only 1.0.")
+    speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED, description="Tempo, at the same pitch (FFmpeg's atempo): "
+                         "0.5 takes twice as long, 2.0 half; applied piece by piece as the audio streams.")
     language: str = Field("auto", max_length=64, description="A language of the checkpoint, or auto.")
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS,
                                      description="A style for a speaker (1.7B CustomVoice) or the voice itself "
                                                  "(VoiceDesign); other checkpoints refuse it with a 400.")
-    stream_format: Literal["audio"] = Field("audio", description="Only audio (no server-sent events).")
+    stream_format: Literal[STREAM_FORMATS] = Field(
+        "audio", description="audio: the bytes of `response_format`, chunked; sse: server-sent events, each "
+                             "`speech.audio.delta` holding the next bytes of `response_format` in base64, then one "
+                             "`speech.audio.done` with the usage (input text tokens, output audio frames).")
     temperature: float | None = Field(None, gt=0, description="Talker temperature.")
     top_k: int | None = Field(None, ge=0, description="Talker top-k (0: off).")
     top_p: float | None = Field(None, gt=0, le=1, description="Talker top-p.")
     repetition_penalty: float | None = Field(None, gt=0)
-    seed: int | None = Field(None, ge=0, description="Seeds the sampling: equal seeds give equal audio.")
+    seed: int | None = Field(None, ge=0, description="Seeds the sampling: equal seeds give equal audio, bit for "
+                             "bit. Unset: a fresh seed for every request; the answer's X-Seed header says which, so "
+                             "any take can be replayed.")
     greedy: bool | None = Field(None, description="Argmax decoding instead of sampling.")
 
 
 REQUEST_FIELDS = tuple(SpeechRequest.model_fields)
-HINTS = {"speed": "only speed 1.0 is supported", "stream_format": "only stream_format 'audio' is supported"}
+HINTS = {"speed": f"speed is a number from {MIN_SPEED} to {MAX_SPEED} (1.0: as generated)",
+         "stream_format": f"stream_format is one of {', '.join(STREAM_FORMATS)}"}
 
 
 class ErrorDetail(BaseModel):
@@ -106,6 +120,52 @@ class Model(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[Model]
+
+
+class VoiceInfo(BaseModel):
+    """One voice of `GET /v1/voices`."""
+    name: str = Field(description="What a speech request's `voice` names.")
+    builtin: bool = Field(description="The checkpoint's own (a CustomVoice speaker, VoiceDesign's `design`): it "
+                                      "cannot be deleted.")
+    mode: Literal["speaker", "design", "xvector", "icl"] = Field(
+        description="speaker: built in; design: described by `instructions`; xvector or icl: cloned from a clip "
+                    "(icl: with its transcript).")
+    error: str | None = Field(None, description="Why a clip in the voices folder cannot be used (requests for it "
+                                                "get this in a 400).")
+
+
+class VoiceList(BaseModel):
+    voices: list[VoiceInfo]
+
+
+class VoiceCreated(VoiceInfo):
+    """The answer to `POST /v1/voices` (201)."""
+    seconds: float = Field(description="The clip's length as used (a long clip without a transcript is trimmed).")
+    messages: list[str] = Field(description="What the clip checks said: notes (converted, trimmed), warnings "
+                                            "(clipped).")
+
+
+class VoiceDeleted(BaseModel):
+    deleted: str
+
+
+class Usage(BaseModel):
+    input_tokens: int = Field(description="The input's text tokens (the model's BPE).")
+    output_tokens: int = Field(description="Audio frames generated (12.5 a second, 16 codes each).")
+    total_tokens: int
+
+
+class SpeechAudioDelta(BaseModel):
+    """A server-sent event of a `stream_format: "sse"` answer (OpenAI's), as `data: {...}`."""
+    type: Literal["speech.audio.delta"] = "speech.audio.delta"
+    audio: str = Field(description="The next bytes of the answer in `response_format`, base64; joined, the deltas "
+                                   "are the body `stream_format: \"audio\"` sends.")
+
+
+class SpeechAudioDone(BaseModel):
+    """The last event of a `stream_format: "sse"` answer."""
+    type: Literal["speech.audio.done"] = "speech.audio.done"
+    usage: Usage
 
 
 class Health(BaseModel):
@@ -149,13 +209,16 @@ class Served:
 
 @dataclass
 class Speech:
-    """A speech request, read and checked: what the engine speaks and how the answer is encoded."""
+    """A speech request, read and checked: what the engine speaks (its sampling resolved: the seed it will use is
+    known before any work) and how the answer is encoded and sent."""
     text: str
     format: str
     language: str
     voice: str
     sampling: Sampling
     instructions: str | None
+    speed: float = 1.0
+    stream_format: str = "audio"
 
 
 async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -205,10 +268,69 @@ def parse_speech(body: bytes, served: Served, voices: list[str]) -> Speech:
                                 f"{', '.join(voices) or '(none: pass --voices DIR)'}", "voice")
     given = {k: getattr(req, k) for k in SAMPLING_FIELDS if getattr(req, k) is not None}
     try:
-        sampling = served.sampling.replace(**given)
+        sampling = served.sampling.replace(**given).resolve()  # no seed: this request's fresh one
     except InputError as e:
         raise RequestError(400, str(e), next(iter(given), None)) from None
-    return Speech(req.input, req.response_format, req.language.lower(), req.voice, sampling, instructions)
+    return Speech(req.input, req.response_format, req.language.lower(), req.voice, sampling, instructions,
+                  float(req.speed), req.stream_format)
+
+
+@dataclass
+class VoiceForm:
+    """A voice upload, read and checked as a form (`parse_voice_form`): its name, the clip file's bytes and the
+    optional transcript (ICL)."""
+    name: str
+    audio: bytes
+    filename: str | None
+    text: str | None
+
+
+VOICE_FORM_FIELDS = ("name", "audio", "text")
+
+
+async def parse_voice_form(body: bytes, headers) -> VoiceForm:
+    """The fields of a `POST /v1/voices` body (multipart/form-data: `name`, the file `audio`, optional `text`), or
+    a `RequestError` (400) saying what is wrong. A blank `text` is no transcript."""
+    from starlette.datastructures import UploadFile
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    if not headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise RequestError(400, "a voice upload is a multipart/form-data form with the fields name, audio (the "
+                                "clip file) and text (its transcript, optional)")
+
+    async def stream():
+        yield body
+        yield b""
+
+    try:
+        form = await MultiPartParser(headers, stream(), max_files=1, max_fields=2,
+                                     max_part_size=MAX_INSTRUCTIONS_CHARS * 4).parse()
+    except MultiPartException as e:
+        raise RequestError(400, f"the form cannot be read: {e}") from None
+    try:
+        unknown = sorted(set(form) - set(VOICE_FORM_FIELDS))
+        if unknown:
+            raise RequestError(400, f"unrecognized form field(s): {', '.join(map(repr, unknown))}; valid: "
+                                    f"{', '.join(VOICE_FORM_FIELDS)}", unknown[0])
+        name, audio, text = form.get("name"), form.get("audio"), form.get("text")
+        if not isinstance(name, str) or not name:
+            raise RequestError(400, "`name` is required: the voice's name (letters, digits, - and _)", "name")
+        if not re.match(NEW_VOICE_PATTERN, name):
+            raise RequestError(400, f"`name` {shown(name)} is not a voice name: 1 to 64 letters, digits, - and _ "
+                                    "(starting with a letter or digit)", "name")
+        if not isinstance(audio, UploadFile):
+            raise RequestError(400, "`audio` is required: the voice clip, sent as a file (wav, flac, ogg or mp3)",
+                               "audio")
+        if text is not None and not isinstance(text, str):
+            raise RequestError(400, "`text` is the clip's transcript, a plain field, not a file", "text")
+        if text is not None and len(text) > MAX_INSTRUCTIONS_CHARS:
+            raise RequestError(400, f"`text` is over {MAX_INSTRUCTIONS_CHARS} characters", "text")
+        data = await audio.read()
+        if not data:
+            raise RequestError(400, "`audio` is an empty file", "audio")
+        return VoiceForm(name, data, audio.filename, text.strip() if text and text.strip() else None)
+    finally:
+        await form.close()
 
 
 def shown(v) -> str:
@@ -241,7 +363,8 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
     languages as examples)."""
     from pydantic.json_schema import models_json_schema
 
-    models = [SpeechRequest, ErrorResponse, ModelList, Health]
+    models = [SpeechRequest, ErrorResponse, ModelList, Health, VoiceList, VoiceCreated, VoiceDeleted, SpeechAudioDelta,
+              SpeechAudioDone]
     _, defs = models_json_schema([(m, "validation" if m is SpeechRequest else "serialization") for m in models],
                                  ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
@@ -250,7 +373,21 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
     ref = lambda name: {"$ref": f"#/components/schemas/{name}"}  # noqa: E731
     error = lambda why: {"description": why, "content": {"application/json": {"schema": ref("ErrorResponse")}}}  # noqa: E731
     audio = {f.content_type: {"schema": {"type": "string", "format": "binary"}} for f in FORMATS.values()}
+    audio["text/event-stream"] = {"schema": {"description": "stream_format sse: one `data: {json}` line per event, "
+                                             "each event ended by a blank line", "oneOf": [
+                                                 ref("SpeechAudioDelta"), ref("SpeechAudioDone")]}}
+    headers = {SEED_HEADER: {"description": "The seed the request sampled with (drawn afresh when it gave none): send "
+                                            "it as `seed` to hear this take again, bit for bit",
+                             "schema": {"type": "integer", "minimum": 0}},
+               "X-Sample-Rate": {"description": "Always 24000", "schema": {"type": "integer"}}}
     secured = {"security": [{"bearer": []}]} if auth else {}
+    voice_form = {"type": "object", "required": ["name", "audio"], "properties": {
+        "name": {"type": "string", "pattern": NEW_VOICE_PATTERN, "description": "The new voice's name (a file stem)"},
+        "audio": {"type": "string", "format": "binary", "description": "The voice clip: wav, flac, ogg or mp3, any "
+                  "rate and channels (converted to 24 kHz mono); 1 s at least, at most 15 s used (a longer clip is "
+                  "trimmed at a quiet point, or refused with a transcript)"},
+        "text": {"type": "string", "maxLength": MAX_INSTRUCTIONS_CHARS, "description": "What the clip says: the "
+                 "voice then clones in ICL mode (else from the x-vector alone)"}}}
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "qtts serve", "version": "1", "description": f"Qwen3-TTS on ncnn, serving {model_id}: "
@@ -259,8 +396,9 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
             "/v1/audio/speech": {"post": {
                 "operationId": "createSpeech", "summary": "Speak text, streamed as it is generated",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": ref("SpeechRequest")}}},
-                "responses": {"200": {"description": "The audio, chunked (header X-Sample-Rate: 24000)",
-                                      "content": audio},
+                "responses": {"200": {"description": "The audio, chunked as it is generated: the bytes of "
+                                                     "response_format, or with stream_format sse server-sent events",
+                                      "headers": headers, "content": audio},
                               "400": error("Invalid request"), "401": error("Missing or wrong API key"),
                               "404": error("Unknown model"), "413": error("Body too large"),
                               "500": error("The engine failed before any audio (a stream that fails later is cut "
@@ -271,6 +409,31 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                                    "responses": {"200": {"description": "One model", "content": {
                                        "application/json": {"schema": ref("ModelList")}}},
                                        "401": error("Missing or wrong API key")}, **secured}},
+            "/v1/voices": {
+                "get": {"operationId": "listVoices", "summary": "The voices a speech request may name",
+                        "responses": {"200": {"description": "Every voice", "content": {
+                            "application/json": {"schema": ref("VoiceList")}}},
+                            "401": error("Missing or wrong API key")}, **secured},
+                "post": {"operationId": "createVoice", "summary": "Add a voice from a clip (Base checkpoints), saved "
+                                                                  "in the --voices folder",
+                         "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": voice_form}}},
+                         "responses": {"201": {"description": "Built and saved", "content": {
+                             "application/json": {"schema": ref("VoiceCreated")}}},
+                             "400": error("A clip that cannot be used (NaN, silent, too short, too long with a "
+                                          "transcript, unreadable), a bad name, a checkpoint that does not clone, "
+                                          "or no --voices folder"), "401": error("Missing or wrong API key"),
+                             "409": error("A voice of that name exists"), "413": error("Upload too large")},
+                         **secured}},
+            "/v1/voices/{name}": {"delete": {
+                "operationId": "deleteVoice", "summary": "Remove a cloned voice and its files",
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "Deleted", "content": {
+                    "application/json": {"schema": ref("VoiceDeleted")}}},
+                    "400": error("A built-in voice (it cannot be deleted)"), "401": error("Missing or wrong API key"),
+                    "404": error("No such voice")}, **secured}},
+            "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
+                                      "responses": {"200": {"description": "OpenAPI 3.1", "content": {
+                                          "application/json": {"schema": {"type": "object"}}}}}, **secured}},
             "/health": {"get": {"operationId": "health", "summary": "Liveness and the batch in flight",
                                 "responses": {"200": {"description": "Healthy", "content": {
                                     "application/json": {"schema": ref("Health")}}},

@@ -4,20 +4,30 @@
     curl -sN localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
          -d '{"input": "Hello.", "voice": "alice"}' | ffplay -nodisp -autoexit -
 
-Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus, `app.metrics`),
-`GET /openapi.json` (the API as data, `app.schema`) and `GET /`, a page to try the voices (`app/static/`). The
-request is `schema.SpeechRequest`: `input`, `voice`, optional `model`, `response_format` (mp3 | opus | aac | flac |
-wav | pcm), `speed` (1.0 only), `language`, `instructions` (OpenAI's style prompt: a style for a built-in speaker
-on a 1.7B CustomVoice checkpoint, the voice itself on a VoiceDesign one, whose one voice is `design`; refused with a
-400 where the checkpoint cannot follow it), and the sampling parameters of `pipeline.sampling.Sampling`
-(`temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing ones take the checkpoint's
-generation_config, so the server samples as the reference does. A `voice` is a built-in speaker (CustomVoice
-checkpoints) or the name of `<name>.wav` in the voices folder (Base checkpoints: x-vector cloning; with
-`<name>.txt` beside it holding the clip's transcript, ICL); `Voices` holds them all, built when the server starts.
+Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET|POST /v1/voices`, `DELETE /v1/voices/{name}`,
+`GET /health`, `GET /metrics` (Prometheus, `app.metrics`), `GET /openapi.json` (the API as data, `app.schema`) and
+`GET /`, a page to try the voices and add one (`app/static/`). The request is `schema.SpeechRequest`: `input`,
+`voice`, optional `model`, `response_format` (mp3 | opus | aac | flac | wav | pcm), `stream_format` (audio | sse),
+`speed` (0.25 to 4.0: the tempo, at the same pitch, `audio.tempo`), `language`, `instructions` (OpenAI's style
+prompt: a style for a built-in speaker on a 1.7B CustomVoice checkpoint, the voice itself on a VoiceDesign one,
+whose one voice is `design`; refused with a 400 where the checkpoint cannot follow it), and the sampling parameters
+of `pipeline.sampling.Sampling` (`temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing
+ones take the checkpoint's generation_config, so the server samples as the reference does. Without a `seed` every
+request draws a fresh one, and every answer says the seed it used in its `X-Seed` header: a request with that seed
+gives the same audio again, bit for bit (greedy decoding needs none and says 0).
+
+A `voice` is a built-in speaker (CustomVoice checkpoints) or the name of `<name>.wav` in the voices folder (Base
+checkpoints: x-vector cloning; with `<name>.txt` beside it holding the clip's transcript, ICL); `Voices` holds them
+all, each built once. On a Base checkpoint `POST /v1/voices` (a form: `name`, the clip file `audio`, its transcript
+`text` if any) adds one while the server runs: the clip passes `audio.clips`'s checks (a 400 that says why not),
+its voice is built off the engine's thread and saved in the folder, so a restart finds it; `DELETE` removes it.
+
 Audio is 24 kHz mono, encoded piece by piece as frames are generated and sent as it is encoded (chunked transfer,
 `audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind a header of unknown length, mp3, Ogg Opus, ADTS AAC and
-FLAC through FFmpeg. A long `input` is spoken segment by segment with short pauses (`pipeline.longform.LongText`,
-chapter 15), each segment capped by its own length and by `--max-frames`.
+FLAC through FFmpeg. With `stream_format: "sse"` the same bytes come as OpenAI's server-sent events: a
+`speech.audio.delta` event per chunk (its bytes in base64, in any response_format), then `speech.audio.done` with
+the usage (the input's text tokens, the audio frames generated). A long `input` is spoken segment by segment with
+short pauses (`pipeline.longform.LongText`, chapter 15), each segment capped by its own length and by `--max-frames`.
 
 One thread runs every piece of ncnn work (`Engine`): OpenMP keeps a worker pool per thread that ran ncnn, so ncnn
 called from whichever thread the event loop lends would starve on a machine with few cores (chapter 14). Up to
@@ -33,15 +43,20 @@ read yet: past `--backlog` seconds its text is held (no next segment), and a cli
 `--send-timeout` seconds is dropped. Failures are seen: every bad request gets a 4xx with an OpenAI-style JSON error
 before any audio; an engine that stopped makes `/health` answer 503 and every request a 5xx JSON error; a stream
 that fails after its first audio is cut off (its chunked body never ends), never ended as if complete; a client that
-leaves, queued or speaking, frees its place at once. With `--api-key` (or $QTTS_API_KEY) every /v1/ request and
-/metrics need `Authorization: Bearer KEY` (what OpenAI's clients send), else 401. Built on Starlette + uvicorn,
-pydantic, prometheus_client and PyAV (`pip install qtts[serve]`), imported only when serving.
+leaves, queued or speaking, frees its place at once. With an API key ($QTTS_API_KEY, or `--api-key`, which other
+users see in `ps`) every /v1/ request (the voices too), /metrics and /openapi.json need `Authorization: Bearer KEY`
+(what OpenAI's clients send; the scheme in any case), else 401; the page and /health stay open.
+
+Built on Starlette + uvicorn, pydantic, prometheus_client, PyAV and python-multipart (`pip install qtts[serve]`),
+imported only when serving.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import hmac
+import json
 import os
 import queue
 import re
@@ -49,10 +64,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..audio.clips import read_voice_clip
 from ..audio.encode import FORMATS, Encoder
-from ..audio.wav import SAMPLE_RATE, load_wav
+from ..audio.tempo import Tempo
+from ..audio.wav import SAMPLE_RATE, save_wav
 from ..binding.net import release_threads
 from ..errors import AudioError, InputError
 from ..pipeline.longform import BudgetError, LongText, check_budget, plan
@@ -61,7 +79,8 @@ from .options import add_batch_option, add_model_options, load_synthesizer, max_
 
 DESIGNED = "design"  # a VoiceDesign checkpoint's one voice: the one its `instructions` describe
 API_KEY_ENV = "QTTS_API_KEY"
-PROTECTED = ("/v1/", "/metrics")  # what --api-key guards; the page, /health and /openapi.json stay open
+PROTECTED = ("/v1/", "/metrics", "/openapi.json")  # what an API key guards (the voices too); the page and /health
+#                                                    stay open
 STATIC = Path(__file__).parent / "static"
 FRAME_BUDGET = 9000      # frames a request may take (12 minutes: a 4096-character English text fits)
 BACKLOG_SECONDS = 20.0   # audio a client may leave unread before its text is held
@@ -69,52 +88,169 @@ SEND_TIMEOUT = 30.0      # seconds a client may take no audio at all before it i
 
 
 class Voices:
-    """Every voice the server speaks, in one place: the checkpoint's built-in speakers, `<name>.wav` clips in the
-    voices folder (`<name>.txt` beside one: its transcript, ICL), or a VoiceDesign checkpoint's `design`. `names`
-    lists them (the folder read again each time); `build` runs the encoders on a clip once (at start, for those
-    already there: `preload`) and `get` hands back the built `Voice` with a request's instructions."""
+    """Every voice the server speaks, in one place: the checkpoint's built-in speakers, the clips in the voices folder
+    (`<name>.wav`; `<name>.txt` beside one holds its transcript: ICL), or a VoiceDesign checkpoint's `design`.
+    `names` lists them (the folder read again each time: a clip copied in is seen). Every clip passes
+    `audio.clips.read_voice_clip`'s checks (NaN, silent, too short; a long one trimmed, or refused with a
+    transcript), and its `Voice` (the x-vector, for ICL the clip's codes) is built once and kept: at start for the
+    clips already there (`preload`), when one is uploaded (`add`, which writes its files into the folder, so a
+    restart finds it), or before the first request for one copied in since (`ready`).
 
-    def __init__(self, synth, folder: Path | None):
+    After the start every build runs on one thread of its own (`builder`), never on the engine's: a running stream
+    never waits for the voice encoders (they share the CPU meanwhile), and the builder's OpenMP workers are released
+    after each build (`binding.net.release_threads`). `get`, on the engine's thread, only hands out what is built."""
+
+    def __init__(self, synth, folder: Path | None, log: Callable[[str], None] | None = None):
         self.synth, self.folder = synth, folder
+        self.log = log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr))
         self.built: dict = {}
+        self.broken: dict[str, str] = {}  # a clip in the folder that cannot be used: why
+        self.builder = ThreadPoolExecutor(1, thread_name_prefix="qtts-voices")
+
+    @property
+    def clones(self) -> bool:
+        """Whether voices can be added (Base checkpoints clone clips; the others have their own voices)."""
+        return self.synth.kind == "base"
 
     def names(self) -> list[str]:
         from .schema import VOICE_PATTERN  # a name, never a path
 
         if self.synth.kind == "voice_design":
             return [DESIGNED]
-        files = sorted(self.folder.glob("*.wav")) if self.folder else []
+        files = sorted(self.folder.glob("*.wav")) if self.folder and self.clones else []
         return self.synth.speakers + [f.stem for f in files if re.match(VOICE_PATTERN, f.stem)]
 
-    def preload(self, log: Callable[[str], None]) -> None:
-        """Build every voice now (the encoders run once per clip, before any request waits); a described voice
-        (VoiceDesign) is only words, built with each request."""
+    def builtin(self, name: str) -> bool:
+        """A voice of the checkpoint's own (a speaker, or `design`): never a file, never deleted."""
+        return name == DESIGNED if self.synth.kind == "voice_design" else name.lower() in self.synth.speakers
+
+    def exists(self, name: str) -> bool:
+        return self.builtin(name) or (self.folder is not None and (self.folder / f"{name}.wav").exists())
+
+    def _key(self, name: str) -> str:
+        return name.lower() if self.builtin(name) else name
+
+    def info(self) -> list[dict]:
+        """`schema.VoiceInfo` of every voice."""
+        out = []
+        for name in self.names():
+            if self.builtin(name):
+                mode = "design" if name == DESIGNED else "speaker"
+            else:
+                built = self.built.get(name)
+                mode = built.mode if built is not None else \
+                    "icl" if (self.folder / f"{name}.txt").is_file() else "xvector"
+            out.append({"name": name, "builtin": self.builtin(name), "mode": mode, "error": self.broken.get(name)})
+        return out
+
+    def preload(self) -> None:
+        """Build every voice now (the encoders run once per clip, before any request waits); a clip that cannot be
+        used is logged and kept in `broken` (a request for it gets why). A described voice (VoiceDesign) is only
+        words, built with each request."""
         if self.synth.kind == "voice_design":
             return
         for name in self.names():
             try:
                 self.build(name)
             except (AudioError, InputError) as e:
-                log(f"voice {name!r} cannot be used: {e}")
+                self.log(f"voice {name!r} cannot be used: {e}")
 
     def build(self, name: str):
-        if name not in self.built:
-            if name.lower() in self.synth.speakers:
-                self.built[name] = self.synth.voice(speaker=name.lower())
+        """The `Voice` of `name`, built now if it is not yet (its clip read and checked); an `AudioError` or
+        `InputError` for one that cannot be used, also kept in `broken`."""
+        key = self._key(name)
+        if key in self.built:
+            return self.built[key]
+        try:
+            if self.builtin(name):
+                voice = self.synth.voice(speaker=key)
             else:
-                clip = self.folder / f"{name}.wav"
-                transcript = clip.with_suffix(".txt")
-                text = transcript.read_text(encoding="utf-8").strip() if transcript.is_file() else None
-                self.built[name] = self.synth.voice(wav=load_wav(clip, strict=True, quiet=True), text=text or None)
-        return self.built[name]
+                path = self.folder / f"{name}.wav" if self.folder else None
+                if path is None or not path.is_file():
+                    raise AudioError(f"the voice {name!r} is gone: no {name}.wav in the voices folder")
+                transcript = path.with_suffix(".txt")
+                text = (transcript.read_text(encoding="utf-8").strip() or None) if transcript.is_file() else None
+                clip = read_voice_clip(path, text, name=f"{name}.wav", keep_long_option=None)
+                for message in clip.messages:
+                    self.log(f"voice {name!r}: {message}")
+                voice = self.synth.voice(wav=clip.wav, text=text)
+        except (AudioError, InputError) as e:
+            self.broken[name] = str(e)
+            raise
+        self.broken.pop(name, None)
+        self.built[key] = voice
+        return voice
+
+    async def ready(self, name: str) -> None:
+        """`name` built, on the builder's thread when it is not yet (the event loop's; errors as `build`)."""
+        if self.synth.kind != "voice_design" and self._key(name) not in self.built:
+            await asyncio.get_running_loop().run_in_executor(self.builder, self._released, self.build, name)
+
+    async def add(self, name: str, audio: bytes, text: str | None, filename: str | None = None) -> dict:
+        """A new voice from an uploaded clip (its file's bytes) and optional transcript: checked, built, and saved
+        as `<name>.wav` (the clip as used: 24 kHz mono, trimmed) and `<name>.txt` in the folder. Returns its
+        `schema.VoiceCreated` fields; a `FileExistsError` for a name taken, an `AudioError` or `InputError` for a
+        clip that cannot be used. On the builder's thread: one build at a time, none on the engine's."""
+        return await asyncio.get_running_loop().run_in_executor(self.builder, self._released, self._add, name, audio,
+                                                                text, filename)
+
+    def _add(self, name: str, audio: bytes, text: str | None, filename: str | None) -> dict:
+        if self.exists(name):
+            raise FileExistsError(name)
+        clip = read_voice_clip(audio, text, name=f"the uploaded clip {filename!r}" if filename else "the uploaded clip",
+                               keep_long_option=None)
+        voice = self.synth.voice(wav=clip.wav, text=text)
+        wav, txt = self.folder / f"{name}.wav", self.folder / f"{name}.txt"
+        if text is not None:
+            _write_atomically(txt, lambda part: part.write_text(text, encoding="utf-8"))
+        else:
+            txt.unlink(missing_ok=True)  # a transcript left behind would make the clip an ICL voice at the next start
+        _write_atomically(wav, lambda part: save_wav(part, clip.wav))  # float32: the samples as checked, exactly
+        self.built[name] = voice
+        self.broken.pop(name, None)
+        return {"name": name, "builtin": False, "mode": voice.mode, "error": None, "seconds": round(clip.seconds, 3),
+                "messages": list(clip.messages)}
+
+    async def delete(self, name: str) -> None:
+        """Forget a clip's voice and remove its files (after any build in progress)."""
+        await asyncio.get_running_loop().run_in_executor(self.builder, self._delete, name)
+
+    def _delete(self, name: str) -> None:
+        (self.folder / f"{name}.wav").unlink(missing_ok=True)
+        (self.folder / f"{name}.txt").unlink(missing_ok=True)
+        self.built.pop(name, None)
+        self.broken.pop(name, None)
+
+    @staticmethod
+    def _released(work, *args):
+        try:
+            return work(*args)
+        finally:
+            release_threads()  # this thread's OpenMP workers: gone until the next build
 
     def get(self, name: str, instructions: str | None = None):
-        """The `Voice` for `name` with `instructions` (on the engine thread: a clip added since the start is built
-        here, once)."""
+        """The `Voice` for `name` with `instructions`, on the engine's thread: only what is built (`ready` ran
+        first); an `AudioError` for a voice deleted since."""
         if self.synth.kind == "voice_design":
             return self.synth.voice(instruct=instructions)
-        voice = self.build(name)
+        voice = self.built.get(self._key(name))
+        if voice is None:
+            raise AudioError(self.broken.get(name) or f"the voice {name!r} is gone (deleted while the request waited)")
         return dataclasses.replace(voice, instruct=instructions) if instructions else voice
+
+    def close(self) -> None:
+        self.builder.shutdown(wait=False, cancel_futures=True)
+
+
+def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(part)` to a file beside `path` that no listing takes for a voice (a dot first), then renamed to `path`:
+    a reader sees the whole file or none."""
+    part = path.with_name(f".{path.stem}.part{path.suffix}")
+    try:
+        write(part)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 class Job:
@@ -170,7 +306,8 @@ class Engine:
     def __init__(self, synth, voices_dir: Path | None, max_frames: int = 600, chunk_frames: int = 4,
                  queue_places: int = 8, max_batch: int = DEFAULT_MAX_BATCH, budget: int | None = FRAME_BUDGET,
                  backlog_seconds: float = BACKLOG_SECONDS, log: Callable[[str], None] | None = None):
-        self.synth, self.voices = synth, Voices(synth, voices_dir)
+        log = log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr))
+        self.synth, self.voices = synth, Voices(synth, voices_dir, log)
         self.max_frames, self.chunk_frames, self.queue_places, self.budget = max_frames, chunk_frames, \
             queue_places, budget
         self.backlog = int(backlog_seconds * SAMPLE_RATE)
@@ -182,7 +319,7 @@ class Engine:
         self.largest_batch = self.served = 0
         self.failure: BaseException | None = None
         self.on_step: Callable[[int], None] | None = None  # told each step's batch size (the metrics), on this thread
-        self.voices.preload(log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr)))
+        self.voices.preload()
         release_threads()  # loading ran ncnn in this thread; from now on only the engine's thread does
         self.thread = threading.Thread(target=self._work, name="qtts-engine", daemon=True)
         self.thread.start()
@@ -239,6 +376,7 @@ class Engine:
 
     def stop(self) -> None:
         self.inbox.put(False)
+        self.voices.close()
 
     # ------------------------------------------------------------ the engine's thread
     def _work(self) -> None:
@@ -316,13 +454,25 @@ class Engine:
 
 class Reply:
     """One speech request's answer, on the event loop: wait for its first audio (or its client leaving), then
-    stream the rest (`AudioResponse`). However it ends, `close` frees its place once and counts its outcome."""
+    stream the rest (`AudioResponse`): each piece through the tempo filter (`audio.tempo.Tempo`, the request's
+    `speed`) and the encoder of its format, as it comes. However it ends, `close` frees its place once and counts
+    its outcome. Raises `InputError` when PyAV is missing for the format or the speed."""
 
     def __init__(self, engine: Engine, job: Job, metrics, received: float, send_timeout: float):
         self.engine, self.job, self.metrics, self.received = engine, job, metrics, received
         self.send_timeout, self.outcome = send_timeout, "abandoned"
         self.encoder = Encoder(job.speech.format)
+        self.tempo = Tempo(job.speech.speed)
         self.samples = 0
+
+    @property
+    def seed(self) -> int:
+        return self.job.speech.sampling.seed
+
+    def usage(self) -> dict:
+        """OpenAI's usage of the request: the input's text tokens in, the audio frames out (once done)."""
+        tokens, frames = sum(s.tokens for s in self.job.planned), sum(s.frames for s in self.job.planned)
+        return {"input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}
 
     async def first(self, request):
         """("audio", piece), ("refused"/"error", exception), or None when the client left first. An engine that
@@ -344,7 +494,7 @@ class Reply:
         first = True
         while kind == "audio":
             self.samples += len(value)
-            chunk = self.encoder.write(value)
+            chunk = self.encoder.write(self.tempo.write(value))
             if chunk:
                 if first:
                     self.metrics.time_to_first_audio.observe(time.monotonic() - self.received)
@@ -354,7 +504,7 @@ class Reply:
         if kind != "done":
             self.outcome = "error"
             raise BrokenStream(value)
-        rest = self.encoder.close()
+        rest = self.encoder.write(self.tempo.close()) + self.encoder.close()
         self.outcome = "done"
         self.engine.served += 1
         audio_s = self.encoder.samples / SAMPLE_RATE
@@ -391,7 +541,10 @@ def build_app(engine: Engine, model_id: str, api_key: str | None = None, send_ti
 
     api = Api(engine, model_id, api_key is not None, send_timeout)
     routes = [Route("/v1/audio/speech", api.speech, methods=["POST"]),
-              Route("/v1/models", api.models, methods=["GET"]), Route("/health", api.health, methods=["GET"]),
+              Route("/v1/models", api.models, methods=["GET"]),
+              Route("/v1/voices", api.voices, methods=["GET"]), Route("/v1/voices", api.add_voice, methods=["POST"]),
+              Route("/v1/voices/{name}", api.delete_voice, methods=["DELETE"]),
+              Route("/health", api.health, methods=["GET"]),
               Route("/metrics", api.scrape, methods=["GET"]), Route("/openapi.json", api.openapi, methods=["GET"]),
               Route("/", api.index, methods=["GET"])]
     app = Starlette(routes=routes, exception_handlers={HTTPException: api.http_error, Exception: api.server_error})
@@ -436,14 +589,16 @@ class Api:
             reply = Reply(self.engine, job, self.metrics, received, self.send_timeout)
         except InputError as e:  # PyAV missing: the server was installed without the serve extra
             self.engine.release(job)
-            return _refusal(schema.RequestError(501, str(e), "response_format", kind="server_error"))
+            return _refusal(schema.RequestError(501, str(e), "speed" if "speed" in str(e) else "response_format",
+                                                kind="server_error"))
         try:
             first = await reply.first(request)
         except BaseException:
             reply.close()
             raise
         if first is not None and first[0] == "audio":
-            return AudioResponse(reply, first, FORMATS[job.speech.format].content_type)
+            return AudioResponse(reply, first, FORMATS[job.speech.format].content_type,
+                                 sse=job.speech.stream_format == "sse")
         reply.outcome = "error" if first and first[0] == "error" else "abandoned"
         reply.close()
         if first is None:
@@ -462,6 +617,10 @@ class Api:
         from .schema import RequestError, parse_speech, read_body
 
         speech = parse_speech(await read_body(request), self.served, self.engine.voices.names())
+        try:
+            await self.engine.voices.ready(speech.voice)  # a clip copied in since the start: built now, once
+        except (AudioError, InputError) as e:
+            raise RequestError(400, str(e), "voice", code="bad_voice") from None
         try:
             planned = await asyncio.to_thread(self.engine.plan, speech)  # the tokenizer, off the event loop
             job = self.engine.submit(speech, planned)
@@ -503,6 +662,54 @@ class Api:
             self._openapi = voices, openapi(self.model_id, voices, self.engine.synth.languages, self.auth)
         return _json(self._openapi[1])
 
+    async def voices(self, request):
+        from .schema import VoiceInfo, VoiceList
+
+        return _json(VoiceList(voices=[VoiceInfo(**v) for v in self.engine.voices.info()]).model_dump())
+
+    async def add_voice(self, request):
+        """A voice from an uploaded clip (`schema.parse_voice_form`), built off the engine's thread
+        (`Voices.add`) and saved in the voices folder: 201, or a 4xx saying why not."""
+        from .schema import MAX_UPLOAD_BYTES, RequestError, VoiceCreated, parse_voice_form, read_body
+
+        voices, kind = self.engine.voices, self.engine.synth.kind
+        try:
+            if not voices.clones:
+                raise RequestError(400, f"this checkpoint ({kind.replace('_', ' ')}) cannot clone a voice: only "
+                                        "Base checkpoints clone a clip; its voices are "
+                                        f"{', '.join(voices.names())}", code="cannot_clone")
+            if voices.folder is None:
+                raise RequestError(400, "this server keeps no voices: start it with --voices DIR, the folder where "
+                                        "uploaded voices are saved (and read again at the next start)",
+                                   code="no_voices_folder")
+            form = await parse_voice_form(await read_body(request, MAX_UPLOAD_BYTES), request.headers)
+            if voices.exists(form.name):
+                raise RequestError(409, f"a voice named {form.name!r} exists; delete it first "
+                                        f"(DELETE /v1/voices/{form.name}) or choose another name", "name",
+                                   code="voice_exists")
+            created = await voices.add(form.name, form.audio, form.text, form.filename)
+        except RequestError as e:
+            return _refusal(e)
+        except FileExistsError as e:  # uploaded twice at once: the second finds the first's files
+            return _refusal(RequestError(409, f"a voice named {e.args[0]!r} exists", "name", code="voice_exists"))
+        except AudioError as e:
+            return _refusal(RequestError(400, str(e), "audio", code="bad_clip"))
+        except InputError as e:
+            return _refusal(RequestError(400, str(e), "text"))
+        return _json(VoiceCreated(**created).model_dump(), 201)
+
+    async def delete_voice(self, request):
+        from .schema import VOICE_PATTERN, RequestError, VoiceDeleted, shown
+
+        name, voices = request.path_params["name"], self.engine.voices
+        if voices.builtin(name):
+            return _refusal(RequestError(400, f"{name!r} is one of the checkpoint's own voices: it cannot be deleted",
+                                         "name", code="builtin_voice"))
+        if not re.match(VOICE_PATTERN, name) or name not in voices.names():
+            return _refusal(RequestError(404, f"no voice named {shown(name)}", "name", code="voice_not_found"))
+        await voices.delete(name)
+        return _json(VoiceDeleted(deleted=name).model_dump())
+
     async def scrape(self, request):
         from starlette.responses import Response
 
@@ -525,30 +732,47 @@ class Api:
 
 
 class AudioResponse:
-    """The streamed answer (an ASGI response): the headers, then each encoded chunk as it comes. Every send waits
-    at most the reply's `send_timeout` for the client to take it; a client that does not is dropped. An engine
-    error after the first audio, a client that left or one dropped: the body is cut off (the connection closes
-    with no last chunk), never ended as if complete. `Reply.close` runs however it ends."""
+    """The streamed answer (an ASGI response): the headers (the format's content type, X-Sample-Rate, X-Seed: the
+    seed the request sampled with), then each encoded chunk as it comes; with `sse`, each chunk is a server-sent
+    event instead (`speech.audio.delta`, its bytes in base64), and a `speech.audio.done` event with the usage ends
+    the stream (OpenAI's `stream_format: "sse"`). Every send waits at most the reply's `send_timeout` for the client
+    to take it; a client that does not is dropped. An engine error after the first audio, a client that left or one
+    dropped: the body is cut off (the connection closes with no last chunk, and no done event), never ended as if
+    complete. `Reply.close` runs however it ends."""
 
-    def __init__(self, reply: Reply, first: tuple, media_type: str):
-        self.reply, self.first, self.media_type = reply, first, media_type
+    def __init__(self, reply: Reply, first: tuple, media_type: str, sse: bool = False):
+        self.reply, self.first, self.sse = reply, first, sse
+        self.media_type = "text/event-stream" if sse else media_type
 
     async def __call__(self, scope, receive, send) -> None:
+        from .schema import SEED_HEADER
+
         reply = self.reply
-        headers = [(b"content-type", self.media_type.encode()), (b"x-sample-rate", str(SAMPLE_RATE).encode())]
+        headers = [(b"content-type", self.media_type.encode()), (b"x-sample-rate", str(SAMPLE_RATE).encode()),
+                   (SEED_HEADER.lower().encode(), str(reply.seed).encode())]
+        if self.sse:
+            headers.append((b"cache-control", b"no-cache"))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             async for chunk in reply.chunks(*self.first):
-                if not await _send_or_leave(send, {"type": "http.response.body", "body": chunk, "more_body": True},
+                body = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode()}) \
+                    if self.sse else chunk
+                if not await _send_or_leave(send, {"type": "http.response.body", "body": body, "more_body": True},
                                             gone, reply.send_timeout):
                     return
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            last = sse_event({"type": "speech.audio.done", "usage": reply.usage()}) if self.sse else b""
+            await send({"type": "http.response.body", "body": last, "more_body": False})
         except BrokenStream as e:
             print(f"qtts serve: error while streaming: {e.args[0]!r}", file=sys.stderr)
         finally:
             gone.cancel()
             reply.close()
+
+
+def sse_event(data: dict) -> bytes:
+    """One server-sent event holding `data` as JSON (a `data:` line, then the blank line that ends the event)."""
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
 async def _send_or_leave(send, message: dict, gone: asyncio.Future, timeout: float) -> bool:
@@ -569,11 +793,16 @@ async def _send_or_leave(send, message: dict, gone: asyncio.Future, timeout: flo
 
 class Gate:
     """ASGI middleware in front of the app: the API key on PROTECTED paths (OpenAI's 401 body), and every answer
-    counted by path and status for /metrics."""
+    counted by path and status for /metrics. The key comes as `Authorization: Bearer KEY`, the scheme's name in any
+    case (RFC 9110: an authentication scheme is case-insensitive)."""
 
     def __init__(self, app, metrics, api_key: str | None):
         self.app, self.metrics = app, metrics
-        self.token = None if api_key is None else f"Bearer {api_key}".encode()
+        self.key = None if api_key is None else api_key.encode()
+
+    def authorized(self, header: bytes) -> bool:
+        scheme, _, token = header.strip().partition(b" ")
+        return hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -585,9 +814,9 @@ class Gate:
                 self.metrics.answered(path, message["status"])
             await send(message)
 
-        if self.token is not None and path.startswith(PROTECTED):
+        if self.key is not None and path.startswith(PROTECTED):
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.token):
+            if not self.authorized(given):
                 from starlette.responses import JSONResponse
 
                 from .schema import RequestError
@@ -613,6 +842,9 @@ def serve(args) -> int:
         raise InputError(f"--voices {args.voices} is not a directory")
     say = lambda m: print(f"qtts serve: {m}", file=sys.stderr)  # noqa: E731
     synth = load_synthesizer(args, log=say)
+    if args.voices is not None and synth.kind != "base":
+        say(f"--voices {args.voices}: a {synth.kind.replace('_', ' ')} checkpoint speaks its own voices; the clips "
+            "there are not used (only Base checkpoints clone)")
     engine = Engine(synth, args.voices, args.max_frames, args.chunk_frames, args.queue, max_batch_of(synth, args, say),
                     budget=args.frame_budget, backlog_seconds=args.backlog, log=say)
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
@@ -621,7 +853,11 @@ def serve(args) -> int:
         key = api_key_of(args)
         if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
             say(f"warning: listening on {args.host} with no API key: anyone who can reach it may use it "
-                f"(--api-key or ${API_KEY_ENV})")
+                f"(set ${API_KEY_ENV})")
+        elif key is not None:
+            say("API key required (Authorization: Bearer KEY) on /v1/, /metrics and /openapi.json; " +
+                (f"warning: a key given with --api-key shows in `ps` to every user of this machine: set "
+                 f"${API_KEY_ENV} instead" if args.api_key else f"the key comes from ${API_KEY_ENV}"))
         connections = args.max_connections or engine.max_batch + engine.queue_places + 32
         uvicorn.run(build_app(engine, directory.name, api_key=key, send_timeout=args.send_timeout), host=args.host,
                     port=args.port, log_level=args.log_level, limit_concurrency=connections)
@@ -638,11 +874,13 @@ def api_key_of(args) -> str | None:
 def add_arguments(p) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--voices", type=Path, help="folder of NAME.wav voice clips (NAME.txt beside one: ICL)")
+    p.add_argument("--voices", type=Path, help="folder of NAME.wav voice clips (NAME.txt beside one: its transcript, "
+                                               "ICL); voices uploaded with POST /v1/voices are saved here (without "
+                                               "it, uploads are refused)")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait beside the batch; past that, 503")
     add_batch_option(p, "requests")
-    p.add_argument("--api-key", help=f"a key clients must send as a bearer token (default ${API_KEY_ENV}; unset: "
-                                     "none needed)")
+    p.add_argument("--api-key", help=f"a key clients must send as a bearer token; better set ${API_KEY_ENV}: a key "
+                                     "on the command line shows in `ps` (default: none needed)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
     p.add_argument("--max-connections", type=positive_int, help="connections uvicorn serves at once, past that 503 "
                                                                 "(default: max batch + queue + 32)")
