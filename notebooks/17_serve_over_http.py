@@ -26,7 +26,8 @@
 # protects; why a request keeps its place from its first segment to its last.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip, the
-# `serve` extra (installed by `make setup`). The full-size load runs are read from `data/bench/serve/`.
+# server's packages and `openai` (`make setup` installs both). The full-size load runs are read from
+# `data/bench/serve/`.
 # **Leaves behind:** `data/outputs/<ckpt>/17_voices/`, `data/reports/<ckpt>/17_serve_over_http.json`.
 
 # %%
