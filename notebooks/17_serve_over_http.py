@@ -73,7 +73,6 @@ VOICE, voice = {"base": lambda: ("alice", synth.voice(wav=clip)),
                 "custom_voice": lambda: (synth.speakers[0], synth.voice(speaker=synth.speakers[0])),
                 "voice_design": lambda: ("design", synth.voice(instruct=None))}[synth.kind]()
 TEXT, MAX_FRAMES, KEY = "Hello from a speech server.", 24, "sk-chapter-17"
-print(f"{ckpt} ({synth.kind}), voice {VOICE!r}")
 
 # %% [markdown]
 # ## 1. Start the server
@@ -160,7 +159,8 @@ check.at_most("mp3, opus, aac: a decoder's extra samples (priming + padding)", "
 # %% [markdown]
 # What a server streams is the library's own path, `longform.stream_long` (a long input is spoken segment by
 # segment, chapter 15), with the request's sampling. The same request in this process, and one more with another
-# `top_k`, must give the server's samples exactly; and the `top_k` must have reached the sampler:
+# `top_k`, must give the server's samples exactly; the `top_k` must have reached the sampler; and a value the
+# sampler refuses is a 400 naming its field, before any work:
 
 # %%
 def library(voice, sampling) -> np.ndarray:
@@ -175,6 +175,10 @@ for name, changes, got in (("seed 7", {}, pcm), ("seed 7, top_k 5", {"top_k": 5}
     ours = library(voice, synth.sampling.replace(seed=7, **changes))
     check.equal(f"served pcm = stream_long here, {name}", "bitwise equal", bool(np.array_equal(got, ours)), True)
 check.equal("the request's top_k reached the sampler", "same audio", bool(np.array_equal(served, pcm)), False)
+bad = http.post("/v1/audio/speech", json={"input": TEXT, "voice": VOICE, "temperature": 0})
+print(bad.status_code, bad.json()["error"])
+check.equal("temperature 0: a 400 naming `temperature`", "status param",
+            f"{bad.status_code} {bad.json()['error']['param']}", "400 temperature")
 
 # %% [markdown]
 # ## 3. Stream over HTTP
