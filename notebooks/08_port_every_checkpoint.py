@@ -380,7 +380,7 @@ refused = say("refused", "--checkpoint", str(paths.model_dir("tiny-1.7b-base")),
 check.equal("qtts say --instruct on a Base checkpoint", "exit status", refused.returncode, 2)
 
 # %% [markdown]
-# `qtts serve` (chapter 14) takes OpenAI's `instructions` field: a style for a built-in speaker on 1.7B, the voice
+# `qtts serve` (chapter 17) takes OpenAI's `instructions` field: a style for a built-in speaker on 1.7B, the voice
 # itself on VoiceDesign (voice `design`). Where the checkpoint cannot follow one the request is **refused** with a
 # 400 naming `instructions`, before any audio: a server cannot show a client a warning, so it does not drop silently
 # what `synthesize` drops with one. `/v1/models` says which it is. One live request per case, in process:
