@@ -340,8 +340,8 @@ def loop_codes(prompt: Prompt, choice: Sampling, max_frames: int, eos_id: int | 
 check.tokens_equal("runtime Loop = notebook loop (greedy)", loop_codes(main_prompt, greedy, frames), codes)
 check.tokens_equal("runtime Loop = notebook loop (early stop)",
                    loop_codes(main_prompt, greedy, frames, early_id), early_codes)
-check.tokens_equal("runtime Loop = notebook loop (sampled, the checkpoint's defaults, seed 0)",
-                   loop_codes(main_prompt, synth.sampling, 20), generate(main_prompt, synth.sampling, 20)[0])
+check.tokens_equal("runtime Loop = notebook loop (sampled, the checkpoint's defaults, seed 0)", loop_codes(
+    main_prompt, synth.sampling.replace(seed=0), 20), generate(main_prompt, synth.sampling.replace(seed=0), 20)[0])
 
 # %% [markdown]
 # ## 6. Decode the codes the way the reference does
@@ -369,8 +369,8 @@ print(f"frames 300..{T}: chunked vs reference {check.snr_db(ours_long[tail], ref
 check.snr(f"chunked decode of {T} frames vs reference", ours_long, ref_long, 60.0)
 
 # %% [markdown]
-# All of this is one call, `Synthesizer.synthesize(text, language, voice, sampling, max_frames)`: prompt, loop,
-# decode. It is the product's only pipeline; the CLI below runs exactly it.
+# All of this is one call, `Synthesizer.synthesize(text, language, voice, sampling, max_frames)`: prompt, loop, decode,
+# the product's only pipeline (the CLI below runs exactly it).
 
 # %%
 product = synth.synthesize(inputs.TARGET_TEXT, inputs.LANGUAGE, voice, sampling=greedy, max_frames=frames)
@@ -379,18 +379,18 @@ check.snr("synthesize(): waveform vs golden", product.wav, golden["wav"], 60.0)
 
 # %% [markdown]
 # Without `sampling=`, `synthesize` samples with the checkpoint's defaults (`synth.sampling`, the reference's
-# `generate_config`), as `qtts say` and `qtts serve` do. Each sequence draws from its own random stream, seeded by
-# `Sampling.seed`: the same seed repeats its codes exactly, another seed gives others (not the reference's:
-# numpy's random stream is not torch's, so sampled runs are compared by seed, never with a golden).
+# `generate_config`), as `qtts say` and `qtts serve` do: a fresh seed per call, as the reference draws. `result.seed`
+# replays a take exactly (numpy's random stream is not torch's: sampled runs are compared by seed, never to a golden).
 
 # %%
 check.equal("runtime's default sampling = the reference's generate_config", "equal", synth.sampling == defaults, True)
-say = lambda **kw: synth.synthesize(inputs.TARGET_TEXT, inputs.LANGUAGE, voice, max_frames=20, **kw).codes
-runs = [say(), say(), say(sampling=synth.sampling.replace(seed=1))]  # (20, 16) each, or fewer on EOS
+say = lambda **kw: synth.synthesize(inputs.TARGET_TEXT, inputs.LANGUAGE, voice, max_frames=20, **kw)
+first, second = say(), say()  # (20, 16) codes each, or fewer on EOS
+replay = say(sampling=synth.sampling.replace(seed=first.seed))  # the first take's seed, given back
 same = lambda a, b: a.shape == b.shape and bool((a == b).all())
-check.equal("sampled, seed 0 twice: the same codes", "equal", same(runs[0], runs[1]), True)
-check.equal("sampled, seed 0 vs seed 1: other codes", "equal", same(runs[0], runs[2]), False)
-check.equal("sampled vs greedy: other codes", "equal", same(runs[0], product.codes[: len(runs[0])]), False)
+check.equal("sampled twice without a seed: other codes", "equal", same(first.codes, second.codes), False)
+check.equal("sampled with the first take's seed: its codes again", "equal", same(replay.codes, first.codes), True)
+check.equal("sampled vs greedy: other codes", "equal", same(first.codes, product.codes[: len(first.codes)]), False)
 
 # %% [markdown]
 # ## 7. The runtime imports no torch, and the CLI
@@ -428,8 +428,8 @@ for label, extra in [("empty text", ["--text", "   "]),
 #   sequence); the code predictor's prefill and 14 steps (head *s* predicts codebook *s+1*, table *s* embeds it);
 #   the frame's 16 rows plus trailing text feed the next talker step. `max_frames` is the reference's
 #   `max_new_tokens - 1`. The runtime's `Loop` is the same loop over a list of sequences (chapter 16).
-# - Sampling is one `Sampling` object, by default the checkpoint's (it samples, seeded per sequence); parity with
-#   the goldens passes `Sampling(greedy=True)`. Decode in the reference's chunks (300 + 25 left context).
+# - Sampling is one `Sampling` object, by default the checkpoint's (a fresh seed per call, `result.seed` replays it);
+#   parity with the goldens passes `Sampling(greedy=True)`. Decode in the reference's chunks (300 + 25 left context).
 # - `qtts say` runs the whole thing with torch unimportable.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/06_ncnn.wav`, `06_cli.wav`, the chapter report.
