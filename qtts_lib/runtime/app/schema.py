@@ -1,7 +1,7 @@
 """`qtts serve`'s API as data, and its HTTP parsing: pydantic models of the speech request and of every JSON answer,
 the OpenAPI document built from them (served at /openapi.json), the body read within its limit (`read_body`) and
 checked into a `Speech` (`parse_speech`) or, for a voice upload, a `VoiceForm` (`parse_voice_form`), every refusal
-an OpenAI-style error (`RequestError`). Introduced in 14.
+an OpenAI-style error (`RequestError`). Introduced in 17.
 
 The models check what a request means on its own (types, lengths, the format, the sampling ranges of
 `pipeline.sampling.Sampling`); what depends on the loaded checkpoint (does this voice, language or model exist, can
