@@ -17,6 +17,8 @@ NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q
 # Figures vanish from executed notebooks under MPLBACKEND=Agg.
 unexport MPLBACKEND
 export PYTHONHASHSEED := 0
+# Bitwise-repeatable reference runs: MKL chooses kernels by memory alignment unless told not to (qtts_lib.reference).
+export MKL_CBWR := AUTO,STRICT
 
 .PHONY: setup test unit lint notebooks book bench quality lab clean
 

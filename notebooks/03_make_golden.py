@@ -239,7 +239,9 @@ ax.set_title("how close each greedy decision was");
 # chapter 08) and `manifest.json`.
 #
 # **If your numbers differ**
-# - *Rerun not bitwise equal* → another process changed the thread pool, or `QTTS_THREADS` differs between runs.
+# - *Rerun not bitwise equal* → another process changed the thread pool, `QTTS_THREADS` differs between runs, or
+#   `MKL_CBWR` was set to something other than `AUTO,STRICT` before torch's first matrix product (MKL then picks
+#   kernels by memory alignment).
 # - *A later chapter says a golden is stale* → the checkpoint was rebuilt; re-run this chapter.
 # - *Tokens differ across domains here* → a near tie; the histogram shows which margin was under the change.
 # - *A prompt-rows check fails on another checkpoint kind* → the reference's prompt layout changed (qwen-tts

@@ -41,6 +41,9 @@ def load(model_dir: str | Path, threads: int | None = None, attn: str = "sdpa", 
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # MKL (torch's BLAS) may pick another kernel for another memory alignment, so two runs of one process can differ
+    # in the last bits; STRICT makes a rerun bitwise equal (read at MKL's first call; the Makefile also exports it).
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     import transformers
 
     # generate() warns on every call about flags the greedy path ignores (temperature) and pad_token_id.
