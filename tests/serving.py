@@ -136,6 +136,31 @@ class InProcess:
         self.sock.close()
 
 
+class Served:
+    """Engines served in this process, each on an `InProcess` server and paced by a `Paced`: `start` makes one and
+    returns (engine, url, paced); `stop` ends every one made (a fixture's teardown)."""
+
+    def __init__(self, synth):
+        self.synth, self.made = synth, []
+
+    def start(self, voices, send_timeout: float | None = None, send_buffer: int | None = None, **options):
+        from qtts_lib.runtime.app import server
+
+        engine = server.Engine(self.synth, voices, **options)
+        paced = Paced(engine)
+        app = server.build_app(engine, CKPT, send_timeout=server.SEND_TIMEOUT if send_timeout is None else send_timeout)
+        http_server = InProcess(app, send_buffer=send_buffer)
+        self.made.append((engine, paced, http_server))
+        return engine, http_server.url, paced
+
+    def stop(self) -> None:
+        for engine, paced, http_server in self.made:
+            paced.run_free()
+            engine.stop()
+            engine.thread.join(60)
+            http_server.stop()
+
+
 class Paced:
     """Stands in for an engine's `scheduler.step`: each step waits until the test allows it (`allow`), and the test
     can wait until a number of steps are done (`wait_for`) or make the next one raise (`fail_with`)."""

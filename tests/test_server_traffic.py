@@ -8,7 +8,7 @@ import shutil
 import threading
 
 import pytest
-from serving import InProcess, Paced, hang_up, post, request, until
+from serving import Served, hang_up, post, request, until
 
 from qtts_lib import paths
 from qtts_lib.runtime.app import server
@@ -25,23 +25,14 @@ def serve(synth, tmp_path):
     voices = tmp_path / "voices"
     voices.mkdir()
     shutil.copy(paths.voice_wav(), voices / "alice.wav")
-    made = []
+    served = Served(synth)
 
     def start(send_timeout: float = server.SEND_TIMEOUT, send_buffer: int | None = None, **options):
         options = {"max_frames": 6, "chunk_frames": 2, "queue_places": 2, "max_batch": 1} | options
-        engine = server.Engine(synth, voices, **options)
-        paced = Paced(engine)
-        app = server.build_app(engine, "tiny-base", send_timeout=send_timeout)
-        http_server = InProcess(app, send_buffer=send_buffer)
-        made.append((engine, paced, http_server))
-        return engine, http_server.url, paced
+        return served.start(voices, send_timeout=send_timeout, send_buffer=send_buffer, **options)
 
     yield start
-    for engine, paced, http_server in made:
-        paced.run_free()
-        engine.stop()
-        engine.thread.join(60)
-        http_server.stop()
+    served.stop()
 
 
 def speech(text: str = "Hello there.", **fields) -> dict:

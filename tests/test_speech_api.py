@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from serving import InProcess, Paced, decoded, post, request, start_server, stop_server, until
+from serving import Served, decoded, post, request, start_server, stop_server, until
 
 from qtts_lib import paths
 from qtts_lib.runtime.app import server
@@ -344,21 +344,9 @@ def test_the_schema_documents_seed_sse_speed_and_voices(served):
 @pytest.fixture
 def in_process(synth, tmp_path):
     """start(voices folder or None) -> (engine, url, paced); everything stopped afterwards."""
-    made = []
-
-    def start(folder):
-        engine = server.Engine(synth, folder, max_frames=40, chunk_frames=2, queue_places=2, max_batch=1)
-        paced = Paced(engine)
-        http_server = InProcess(server.build_app(engine, "tiny-base"))
-        made.append((engine, paced, http_server))
-        return engine, http_server.url, paced
-
-    yield start
-    for engine, paced, http_server in made:
-        paced.run_free()
-        engine.stop()
-        engine.thread.join(60)
-        http_server.stop()
+    served = Served(synth)
+    yield lambda folder: served.start(folder, max_frames=40, chunk_frames=2, queue_places=2, max_batch=1)
+    served.stop()
 
 
 def test_a_voice_is_built_off_the_engines_thread_and_found_after_a_restart(in_process, synth, tmp_path):
