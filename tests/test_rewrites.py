@@ -424,6 +424,32 @@ def test_tiny_codec_parts_share_one_memory_pool(tiny_ncnn):
         np.testing.assert_array_equal(run_parts(shared.parts[2:], x), run_parts(own[2:], x))
 
 
+def test_tiny_codec_stateful_parts_compute_each_sample_once(tiny_ncnn):
+    """The upsampling parts with their convolutions' states (`rewrites.codec_cpu.stateful_convolutions`): from zero
+    states, one call gives the samples of the part as written bit for bit; fed in pieces of one frame, with no left
+    context, the samples of one call over them all; every state is a causal convolution's left padding."""
+    from qtts_lib.runtime.codec.cpu_form import fast_graph, load_parts, manifest_axes
+    from qtts_lib.runtime.codec.parts import PartChain, run_parts, transformer_output
+    from qtts_lib.runtime.rewrites.codec_cpu import stateful_convolutions
+
+    cfg = json.loads((tiny_ncnn.parent / "speech_tokenizer" / "config.json").read_text())["decoder_config"]
+    directory, desc = fast_graph(tiny_ncnn, cfg)
+    plain, stateful = load_parts(directory, desc, 2), load_parts(directory, desc, 2, stateful=True)
+    assert [len(p.states) for p in plain] == [0] * len(plain)
+    assert all(p.states for p in stateful[2:])
+    text = (directory / desc["parts"][2]["files"][0]).read_text()
+    _, states = stateful_convolutions(text)
+    assert len(states) == text.count("Convolution") - sum(" 4=0" in line for line in text.splitlines()
+                                                             if line.startswith("Convolution"))
+    codes = np.random.default_rng(3).integers(0, cfg["codebook_size"], (24, 16))
+    x = transformer_output(stateful, codes, cfg, manifest_axes(directory / "manifest.json"))
+    whole = run_parts(stateful[2:], x)
+    np.testing.assert_array_equal(whole, run_parts(plain[2:], x))
+    chain = PartChain(stateful[2:])
+    pieces = np.concatenate([chain.push(x[..., t:t + 1]) for t in range(x.shape[-1])], axis=-1)
+    assert 10 * np.log10(np.sum(whole.astype(np.float64) ** 2) / np.sum((pieces - whole) ** 2 + 1e-30)) >= 100
+
+
 # ---------------------------------------------------------------- cutting a graph
 CHAIN = """7767517
 4 4

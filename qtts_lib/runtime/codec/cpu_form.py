@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..binding.net import make_net, net_from_text
-from ..rewrites.codec_cpu import codec_fast_parts
+from ..rewrites.codec_cpu import codec_fast_parts, stateful_convolutions
 from ..rewrites.kv_cache import add_kv_cache
 from .parts import Part, attention_inputs, codes_reach, reach, run_codes
 
@@ -146,11 +146,22 @@ def manifest_axes(manifest: Path) -> list[int]:
 
 
 def load_parts(directory: Path, desc: dict, threads: int, device: str = "cpu", bf16: bool = False,
-               pool=None) -> list[Part]:
+               pool=None, stateful: bool = False) -> list[Part]:
     """The parts `desc` (a `codec_decoder.json`) names, files relative to `directory`, loaded; `bf16`: ncnn's bf16
     storage on the upsampling parts (2..), nearly all of the codec's arithmetic (codebooks and transformer fp32);
-    `pool`: one memory pool for all of them (`binding.net.memory_pool`)."""
-    return [Part(make_net(directory / p["files"][0], directory / p["files"][1], threads, device, bf16=bf16 and i >= 2,
-                          allocator=pool),
-                 p.get("spf", 1), p.get("up", 1), p.get("context", 0), p.get("chunk_frames"), pool)
-            for i, p in enumerate(desc["parts"])]
+    `pool`: one memory pool for all of them (`binding.net.memory_pool`); `stateful`: the upsampling parts with
+    their convolutions' states as inputs and outputs (`rewrites.codec_cpu.stateful_convolutions`, what the codec
+    runs), else as written (left context; what calibration and `reach` measure)."""
+    parts = []
+    for i, p in enumerate(desc["parts"]):
+        param = directory / p["files"][0]
+        states: list = []
+        rewrite = None
+        if stateful and i >= 2:
+            text, states = stateful_convolutions(param.read_text())
+            rewrite = lambda _, text=text: text  # noqa: E731
+        parts.append(Part(make_net(param, directory / p["files"][1], threads, device, rewrite,
+                                   bf16=bf16 and i >= 2, allocator=pool),
+                          p.get("spf", 1), p.get("up", 1), p.get("context", 0), p.get("chunk_frames"), pool,
+                          tuple(states)))
+    return parts

@@ -81,7 +81,7 @@ class Codec:
             self.part_files = [[self.directory / f for f in p["files"]] for p in desc["parts"]]
             # one memory pool for every part: far less fresh memory on the first decode (binding.net.memory_pool)
             self.parts = load_parts(self.directory, desc, threads, device, bf16=precision == "bf16",
-                                    pool=memory_pool() if parse_device(device) is None else None)
+                                    pool=memory_pool() if parse_device(device) is None else None, stateful=True)
             self.transformer_kv = self.directory / desc["transformer_kv"]
             # the transformer's cached form, loaded once: every incremental decode (a stream, one per 300-frame
             # chunk) runs it with a cache of its own

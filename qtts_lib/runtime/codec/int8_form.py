@@ -39,6 +39,7 @@ class _Observed:
     def __init__(self, part: Part, blobs: list[str]):
         self.part, self.blobs = part, blobs
         self.spf, self.up, self.context, self.chunk_frames = part.spf, part.up, part.context, part.chunk_frames
+        self.states = ()  # fed left context, as measured
         self.absmax = dict.fromkeys(blobs, 0.0)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

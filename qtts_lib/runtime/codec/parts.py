@@ -5,6 +5,11 @@ to the pre_conv), part 1 (the transformer), parts 2.. (one upsampling stage each
 are causal convolutions that reach only a few input samples back, so each can run over chunks of a few frames with
 that much left context (`reach` measures how many) and pass a chunk on as soon as it is made (`PartChain`): a decode
 of any length then never holds a stage whole.
+
+The codec loads the upsampling parts stateful (`rewrites.codec_cpu.stateful_convolutions`): each causal convolution
+keeps the last input samples it needs from the call before, so a chunk needs no left context at all and a stream of
+one-frame pieces computes each sample once. Left context (`Part.context`) is what a part without states (the
+int8 tier's calibration, chapter 11's measurements) is fed instead.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..binding import rope
-from ..binding.net import run
+from ..binding.net import run, to_mat
 
 
 def pack_codes(codes: np.ndarray, codebook_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -39,13 +44,15 @@ class Part:
     """One part of the codec's CPU form (`rewrites.codec_cpu.codec_fast_parts`). The upsampling parts (2..) run over
     chunks of `chunk_frames` frames, each with `context` input samples of left context whose output is dropped; `spf`:
     input samples per frame, `up`: output samples per input sample; `pool`: the memory pool the net allocates from,
-    if not its own (`binding.net.memory_pool`), held here so that it outlives the net."""
+    if not its own (`binding.net.memory_pool`), held here so that it outlives the net; `states`: the net's
+    convolution states (`rewrites.codec_cpu.ConvState`), empty for a net without them."""
     net: object
     spf: int = 1
     up: int = 1
     context: int = 0
     chunk_frames: int | None = None
     pool: object = None
+    states: tuple = ()
 
     def __call__(self, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
         """One graph call: `x` as in0 (a (channels, 1, samples) or (channels, samples) array), `inputs` by name."""
@@ -53,14 +60,24 @@ class Part:
 
 
 class PartStream:
-    """A part fed its input piece by piece: `push(x)` returns the part's output for the samples of `x`, exactly
-    what one call over the whole input would give there. The last `context` input samples are kept as the next
-    piece's left context; before the first piece there is none, as at the start of the whole input."""
+    """A part fed its input piece by piece: `push(x)` returns the part's output for the samples of `x`, what one
+    call over the whole input would give there (to float rounding). A stateful part carries its convolutions'
+    states from call to call (Mats in the layer's own layout, as a KV cache is kept: `binding.cached`), zeros
+    before the first. A part without states is fed the last `context` input samples again as the next piece's left
+    context (before the first piece there is none, as at the start of the whole input)."""
 
     def __init__(self, part: Part):
         self.part, self.tail = part, None
+        self.states = {s.input: to_mat(np.zeros((s.channels, 1, s.samples), np.float32)) for s in part.states}
+        self.outputs = [s.output for s in part.states]
 
     def push(self, x: np.ndarray) -> np.ndarray:
+        if self.states:
+            y, *mats = run(self.part.net, {"in0": x} | self.states, ["out0", *self.outputs], raw=self.outputs,
+                           name="codec part")
+            # cloned: the net's Mats come from the codec's memory pool, which a stream must not outlive holding them
+            self.states = {s.input: m.clone() for s, m in zip(self.part.states, mats)}
+            return y
         inp = x if self.tail is None else np.concatenate([self.tail, x], axis=-1)
         y = self.part(inp)
         drop = 0 if self.tail is None else self.tail.shape[-1] * self.part.up

@@ -17,11 +17,16 @@ run it; each is checked equal to the exported graph (tests/test_rewrites.py, cha
 - `self_mul_as_square`: Snake's sin(x)·sin(x) as one square.
 - `conv_split_input` / `conv_tile_time`: wide convolutions cut along input channels, long ones along time (each cut
   computes the same sums; ncnn's im2col matrix and sgemm tiles stay small).
+- `stateful_convolutions`: every causal convolution of an upsampling part takes the last samples of its input from
+  the previous call (a state blob in, a state blob out) instead of zeros: a stream of pieces then computes each
+  sample once (`codec.parts.PartStream`), where left context would compute the context again every piece.
 - `codec_fast_parts`: all of it, cut in parts at the input of each upsampling stage (`binding.graph.cut_graph`).
 - `codec_gpu_parts`: the GPU form (chapter 09): the shared rewrites without the CPU's cuts, in two parts, the codebooks
   (CPU) and the rest (Vulkan), so no layer of the GPU's part lacks a Vulkan kernel.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -434,6 +439,98 @@ def conv_tile_time(text: str, data: bytes, tiles_of) -> tuple[str, bytes]:
         g.layers[i : i + 1] = new
     out_text = g.text()
     return out_text, join_bin(out_text, segs)
+
+
+@dataclass(frozen=True)
+class ConvState:
+    """A causal convolution's state blobs in a `stateful_convolutions` graph: the last `samples` input samples of
+    `channels` channels, fed as `input` (zeros, (channels, 1, samples), before the first call) and read back from
+    `output` for the next call."""
+    input: str
+    output: str
+    channels: int
+    samples: int
+
+
+def _conv_in_channels(layer: ParamLayer) -> int:
+    d = params_dict(layer)
+    out_c, kw, kh = int_param(d, "0", 0), int_param(d, "1", 0), int_param(d, "11", int_param(d, "1", 0))
+    if layer.type == "ConvolutionDepthWise":
+        return out_c
+    return int_param(d, "6", 0) // (out_c * kw * kh) * int_param(d, "7", 1)
+
+
+def stateful_convolutions(text: str) -> tuple[str, list[ConvState]]:
+    """Every left-padded (causal, h = 1) Convolution / ConvolutionDepthWise, and every zero left Padding in front
+    of a time tile (`conv_tile_time`), fed the last P input samples of the previous call (P: its left padding)
+    instead of P zeros: a state Input concatenated in front of its input, and the last P samples of (state, input)
+    cropped out as a state output. With zero states the graph computes what it did (the same sums: zeros in front
+    either way); fed its states back call after call, pieces of any length give the samples of one call over
+    their concatenation, and no sample is computed twice. Weights are untouched (the same .bin)."""
+    g = Graph(text)
+    states: list[ConvState] = []
+
+    def first_conv(blob: str) -> ParamLayer:
+        todo = [blob]
+        while todo:
+            for lyr in g.consumers(todo.pop()):
+                if lyr.type in ("Convolution", "ConvolutionDepthWise"):
+                    return lyr
+                if lyr.type == "Split":
+                    todo += lyr.outputs
+        raise ValueError(f"no convolution reads {blob!r}")
+
+    def add_state(before: ParamLayer, source: str, samples: int, channels: int) -> tuple[str, str]:
+        """State Input, Concat(state, source) and Crop(last samples) -> state output, inserted before `before`;
+        returns (the state blob as the consumer should read it, the concatenation as the consumer should read it)."""
+        k = len(states)
+        s_in, s_out = f"state_in_{k}", f"state_out_{k}"
+        cat, cat_a, cat_b = (g.fresh(f"state{k}_cat"), g.fresh(f"state{k}_cat_a"), g.fresh(f"state{k}_cat_b"))
+        new = [ParamLayer("Input", s_in, [], [s_in], []),
+               ParamLayer("Concat", g.fresh(f"state{k}_concat"), [s_in, source], [cat], ["0=-1"]),
+               ParamLayer("Split", g.fresh(f"state{k}_split"), [cat], [cat_a, cat_b], []),
+               ParamLayer("Crop", g.fresh(f"state{k}_crop"), [cat_b], [s_out],
+                          [f"-23309=1,-{samples}", "-23310=1,-233", "-23311=1,-1"])]
+        i = g.layers.index(before)
+        g.layers[i:i] = new
+        states.append(ConvState(s_in, s_out, channels, samples))
+        return s_in, cat_a
+
+    for layer in list(g.layers):
+        d = params_dict(layer)
+        if layer.type in ("Convolution", "ConvolutionDepthWise"):
+            pad = int_param(d, "4", 0)
+            if pad <= 0 or int_param(d, "11", int_param(d, "1", 0)) != 1 or any(
+                    int_param(d, k, pad) != 0 for k in ("15", "14")) or int_param(d, "16", 0) != 0:
+                continue
+            _, cat = add_state(layer, layer.inputs[0], pad, _conv_in_channels(layer))
+            layer.inputs[0] = cat
+            d["4"], d["15"], d["14"], d["16"] = "0", "0", "0", "0"
+            set_params(layer, d)
+        elif layer.type == "Padding":
+            pad = int_param(d, "2", 0)
+            tiles = g.producer(layer.inputs[0])
+            if (pad <= 0 or any(int_param(d, k, 0) for k in ("0", "1", "3", "4")) or float(d.get("5", "0")) != 0
+                    or tiles is None or tiles.type != "Slice" or tiles.outputs[0] != layer.inputs[0]):
+                continue
+            whole = tiles.inputs[0]  # the state out is the last samples of the whole input, not of the first tile
+            kept, fed = g.fresh("state_whole_a"), g.fresh("state_whole_b")
+            g.layers.insert(g.layers.index(tiles), ParamLayer("Split", g.fresh("state_whole"), [whole], [kept, fed],
+                                                              []))
+            tiles.inputs[0] = kept
+            s_in, _ = add_state(tiles, fed, pad, _conv_in_channels(first_conv(layer.outputs[0])))
+            # the state is read twice (in front of the first tile, and for the next state): a Split of its Input
+            k = len(states) - 1
+            s_a, s_b = g.fresh(f"state{k}_a"), g.fresh(f"state{k}_b")
+            at = next(i for i, lyr in enumerate(g.layers) if lyr.type == "Input" and lyr.name == s_in)
+            g.layers.insert(at + 1, ParamLayer("Split", g.fresh(f"state{k}_in"), [s_in], [s_a, s_b], []))
+            for lyr in g.layers[at + 2:]:
+                if lyr.type == "Concat" and s_in in lyr.inputs:
+                    lyr.inputs[lyr.inputs.index(s_in)] = s_b
+                    break
+            i = g.layers.index(layer)
+            g.layers[i] = ParamLayer("Concat", layer.name, [s_a, layer.inputs[0]], list(layer.outputs), ["0=-1"])
+    return g.text(), states
 
 
 def self_mul_as_square(text: str) -> str:
