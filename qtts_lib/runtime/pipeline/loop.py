@@ -10,7 +10,9 @@ for step. Per frame:
 2. the code predictor prefills [talker hidden, embed(c0)] and reads head 0 for codebook 1, then takes 14 cached
    steps, embedding codebook s with table s-1 and reading head s for codebook s+1 (`CodePredictor.frame`);
 3. the frame is complete only then, so the talker's next input, embed(c0) + Σ tables(c1..c15) + the next row of
-   trailing text (`Prompt.text_at`), is one step late: the talker steps once and the next frame begins.
+   trailing text (`Prompt.text_at`), is one step late: the talker steps once and the next frame begins. The frame
+   is handed out before that step (the sequence keeps the row, `Sequence.pending`, and the step opens its next
+   frame): a stream's first audio does not wait for a talker step whose result only the second frame needs.
 
 Everything one utterance carries from step to step lives in its `Sequence` (its prompt, sampler, hidden state,
 codes so far), so the loop itself holds only the graphs: one `Loop` serves any number of sequences, and `frames`
@@ -62,6 +64,7 @@ class Sequence:
     max_frames: int
     cache: KvCache | None = None              # its talker cache while it runs alone (a `Batch` holds one for all)
     hidden: np.ndarray | None = None          # the talker's last hidden state (H,)
+    pending: np.ndarray | None = None         # the talker's next input row, fed when its next frame begins
     prefilled: int = 0                        # prompt positions in its cache so far (`Loop.prefill`)
     tokens: list[int] = field(default_factory=list)       # every codebook-0 token sampled, EOS included
     codes: list[np.ndarray] = field(default_factory=list)  # the frames so far, (groups,) each
@@ -290,10 +293,12 @@ class Loop:
         on (those not `stopped`), in the order `binding.cached.survivors` gives. Every graph call takes all the
         sequences it concerns at once:
 
-        1. the codec head on every hidden state: codebook 0 of each (EOS ends that sequence);
-        2. the code predictor for the others, together (`CodePredictor.frames`);
-        3. one talker step for those that go on (a sequence that reached its frame cap needs no next state)."""
+        1. the talker step of the last frame's rows (`feed`; none before a sequence's first frame);
+        2. the codec head on every hidden state: codebook 0 of each (EOS ends that sequence);
+        3. the code predictor for the others, together (`CodePredictor.frames`); the row each that goes on feeds
+           the talker next is kept (a sequence that reached its frame cap needs no next state)."""
         t0 = time.perf_counter()
+        self.feed(seqs, cache)
         logits = self.head(np.stack([s.hidden for s in seqs]))[0]
         live = []
         for seq, row in zip(seqs, logits):
@@ -310,26 +315,33 @@ class Loop:
         frames = dict(zip(map(id, live), made))
         going = []
         for seq in live:
-            seq.codes.append(frames[id(seq)].codes)
+            frame = frames[id(seq)]
+            seq.codes.append(frame.codes)
             if len(seq.codes) >= seq.max_frames:
                 seq.stopped = "cap"  # no talker step for a frame that will not come
             else:
+                seq.pending = frame.embed + seq.prompt.text_at(len(seq.codes) - 1)
                 going.append(seq)
         if len(going) < len(seqs) and going:
-            order = survivors([bool(s.stopped) for s in seqs])
-            cache.keep(order)
-            going = [seqs[i] for i in order]
-        if going:
-            x = np.stack([frames[id(s)].embed + s.prompt.text_at(len(s.codes) - 1) for s in going])
-            hidden = self.talker.forward(x[:, None].astype(np.float32), cache)[:, -1]
-            for seq, h in zip(going, hidden):
-                seq.hidden = h
-        t3 = time.perf_counter()
-        stepped = set(map(id, going))
+            cache.keep(survivors([bool(s.stopped) for s in seqs]))
         for seq in seqs:  # each sequence waited for the whole of every call it took part in
-            seq.seconds["talker"] += (t1 - t0) + ((t3 - t2) if id(seq) in stepped else 0.0)
+            seq.seconds["talker"] += t1 - t0
             seq.seconds["predictor"] += (t2 - t1) if id(seq) in frames else 0.0
         return [frames.get(id(s)) for s in seqs]
+
+    def feed(self, seqs: list[Sequence], cache: KvCache) -> bool:
+        """The talker step of `seqs`' pending rows (`Sequence.pending`), all in one call: every sequence of a cache
+        has a row pending, or none has (a `Batch` feeds its sequences before another joins). Whether it stepped."""
+        pending = [s.pending is not None for s in seqs]
+        if not any(pending):
+            return False
+        if not all(pending):
+            raise BatchError("some sequences of this cache have a talker step pending and others not")
+        x = np.stack([s.pending for s in seqs])
+        hidden = self.talker.forward(x[:, None].astype(np.float32), cache)[:, -1]
+        for seq, h in zip(seqs, hidden):
+            seq.hidden, seq.pending = h, None
+        return True
 
     def frames(self, prompt: Prompt, sampler: Sampler, max_frames: int) -> Iterator[Frame]:
         """Every frame of one sequence as it is made; the generator's return value is the ended `Sequence`.
@@ -394,10 +406,15 @@ class Batch:
             raise BatchError(f"the batch is full ({self.max_batch} sequences)")
         if seq.cache is None or seq.prefilled < len(seq.prompt.embeds):
             raise BatchError("only a sequence whose prompt is all prefilled can join")
-        t0 = time.perf_counter()
         if self.cache is None:
+            t0 = time.perf_counter()
             self.cache = seq.cache
         else:
+            t0 = time.perf_counter()
+            if self.loop.feed(self.sequences, self.cache):  # the batch's pending step first: its cache in step
+                for other in self.sequences:
+                    other.seconds["talker"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
             self.cache.join(seq.cache, self.max_batch)
         seq.cache = None
         seq.seconds["prefill"] += time.perf_counter() - t0
@@ -408,6 +425,7 @@ class Batch:
         if len(self.sequences) == 1:
             self.sequences, self.cache = [], None
             return
+        seq.pending = None
         order = survivors([s is seq for s in self.sequences])
         self.cache.keep(order)
         self.sequences = [self.sequences[i] for i in order]
