@@ -141,8 +141,10 @@ check.snr(f"stream (chunks of 36) = Codec.decode, all {T} frames", streamed, chu
 # from the chunk's context start, up to 325 frames, so a stream of small pieces decodes dozens of times more frames
 # than it plays. The codec's CPU form (chapter 11) is cut in parts, and every part can continue where it stopped:
 # part 0 (codebooks, pre_conv) reruns only its 3 frames of left context; the transformer runs the new positions with
-# a KV cache (chapter 05's `add_kv_cache` on its graph, the mask keeping the sliding window); each convolution stage
-# keeps the few input samples of left context it measured (`PartChain`). `Codec.incremental()` returns that decode,
+# a KV cache (chapter 05's `add_kv_cache` on its graph, the mask keeping the sliding window); every causal
+# convolution of the upsampling stages keeps the last input samples it reads from the call before, a state blob in
+# and out of its graph (`rewrites.codec_cpu.stateful_convolutions`), as a KV cache keeps positions, so a stage never
+# computes an output sample twice however small the pieces. `Codec.incremental()` returns that decode,
 # an `IncrementalDecode` fed a few frames at a time. To count what each way decodes, the `StreamDecoder` below gets
 # a codec that hands every call on to the real one and adds up the frames each decode is given.
 
@@ -271,18 +273,25 @@ for chunk in (1, 16):
                 f"{made} / {len(generated)}", f"{chunk} / {chunk}")
 
 # %% [markdown]
-# So the first piece costs the prompt, `chunk` × (talker + code predictor) and one codec call: smaller chunks start
-# sooner but make more codec calls, each rerunning its parts' context. The stream keeps up with playback only if a
-# piece is generated and decoded faster than its audio lasts (RTF < 1). The reference machine's committed run
-# (`python -m qtts_lib.bench stream`) at full size: first audio per chunk size, then whole streams against
-# `synthesize` (other machines are on the [results](results.ipynb) page):
+# So the first piece costs the prompt, its prefill, `chunk` frames and one codec call (the loop hands a frame out
+# before the talker step that feeds the next one, so a one-frame piece does not wait for that step). Smaller chunks
+# start sooner but make more codec calls, and every call reads all of the codec's weights: pieces of one frame read
+# them once a frame. The stream keeps up with playback only if a piece is generated and decoded faster than its audio
+# lasts (RTF < 1). A committed run (`python -m qtts_lib.bench stream`) at full size, medians of fresh processes:
+# first audio and its parts, then whole streams against `synthesize` (ms per frame; 80 ms is real time):
 
 # %%
-for r in REFERENCE["runs"]:
+rows = []
+for r in REFERENCE["rows"]:
     ms = r["ms_per_frame"]
-    first = ", ".join(f"{t['ttfa_ms']:.0f} ms (pieces of {t['chunk_frames']})" for t in r["ttfa"])
-    print(f"{r['threads']} threads: first audio {first}; ms per frame: synthesize {ms['synthesize']:.0f}, stream "
-          f"{ms['stream']:.0f}, of which the codec {ms['codec_pieces_of_4']:.0f} against {ms['codec_whole']:.0f} whole")
+    rows.append({"loop / codec": f"{r['precision']} / {r['codec_precision']}", "threads": r["threads"],
+                 **{f"first audio, pieces of {k}": v for k, v in r["ttfa_ms"].items()},
+                 **{f"first audio: {k}": v for k, v in r["first_audio_parts_ms"].items()},
+                 "synthesize": ms["synthesize"], "stream, pieces of 1": ms["stream_1"],
+                 "stream, pieces of 4": ms["stream_4"], "codec whole": ms["codec_whole"],
+                 "codec, pieces of 1": ms["codec_pieces_of_1"]})
+print(REFERENCE["machine"]["cpu"])
+pd.DataFrame(rows).set_index("loop / codec").T
 
 # %% [markdown]
 # ## 7. Hand ncnn work to another thread

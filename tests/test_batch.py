@@ -60,6 +60,19 @@ def test_the_folded_graph_at_one_sequence_is_the_exported_graph(synth):
     assert np.array_equal(outs[0], outs[1])
 
 
+def test_one_sequence_never_loads_the_folded_graph():
+    """A synthesizer's decoders run one sequence on the graph without the fold; the folded graph is loaded only by a
+    scheduler that may batch (before its first frame)."""
+    from qtts_lib.runtime.pipeline.scheduler import Scheduler
+
+    fresh = Synthesizer(paths.checkpoint_dir(CKPT), precision="int8")
+    decoders = [fresh.loop.talker, fresh.loop.predictor.decoder]
+    fresh.synthesize(TEXTS[0], "english", fresh.voice(wav=load_wav(paths.voice_wav())), max_frames=3)
+    assert [d._batched for d in decoders] == [None, None]
+    Scheduler(fresh, 2)
+    assert all(d._batched is not None for d in decoders)
+
+
 def test_the_fold_refuses_a_graph_it_does_not_know():
     with pytest.raises(ValueError, match="SDPA"):
         fold_batch("7767517\n1 1\nInput in0 0 1 in0\n", 4)

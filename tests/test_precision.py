@@ -124,7 +124,8 @@ def test_int8_files_are_written_once(exported):
 
 def test_int8_heads_stay_apart_and_close_to_fp32(exported):
     """The predictor's heads in the int8 tier: each head its own int8 Gemm (fused, one call would compute all
-    15), each close to its fp32 head, and what the int8 loop loads; the fp32 tier keeps the exported heads."""
+    15), each close to its fp32 head; the loop runs each tier's heads inside the predictor decoder's graph
+    (`precision.predictor_with_heads`), giving what the heads' own graph gives on the decoder's output, bit for bit."""
     from qtts_lib.runtime.binding.net import Net
     from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
@@ -140,10 +141,15 @@ def test_int8_heads_stay_apart_and_close_to_fp32(exported):
         (a,), (b,) = fp32_heads.run([x], [s]), q.run([x], [s])
         rel = np.linalg.norm(b - a) / np.linalg.norm(a)
         assert 1e-4 < rel < 3e-2, (s, rel)
-    with Synthesizer(exported, precision="int8") as synth:
-        assert synth.loop.predictor.heads.param == param
-    with Synthesizer(exported) as synth:
-        assert synth.loop.predictor.heads.param == ncnn_dir / "predictor_heads.param"
+    for tier, own in (("int8", q), ("fp32", fp32_heads)):  # the loop runs them inside the predictor's graph
+        with Synthesizer(exported, precision=tier) as synth:
+            predictor = synth.loop.predictor
+            assert predictor.heads is None and predictor.decoder.logits
+            rows = RNG.standard_normal((1, 2, x.shape[1])).astype(np.float32)
+            hidden, _ = predictor.decoder.prefill(rows)
+            for s in (0, heads - 1):
+                logits, _ = predictor.decoder.prefill(rows, f"logits_{s}")
+                np.testing.assert_array_equal(logits[0], own.run([hidden[0]], [s])[0])
 
 
 def params_of_first_gemm(text: str) -> dict:

@@ -59,26 +59,46 @@ def ttfa_ms(synth, text: str, language: str, voice, chunk_frames: int = 4, repea
 
 
 # ------------------------------------------------------------ whole streams
-def stream_rounds(model_dir: str, frames: int, threads: int, repeats: int = 3, chunks=STREAM_CHUNKS) -> dict:
-    """In this process, one loaded Synthesizer: time to first audio per chunk size (`ttfa_ms`, median of
-    `repeats`), then `repeats` interleaved rounds of `synthesize` vs `stream` (pieces of 4), each `frames` greedy
-    frames, whole ms per frame (loop + decode; the stream's decode is incremental); and, to tell the two apart, the
-    codec alone on the codes made: one whole decode vs an incremental one fed 4 frames at a time."""
+def first_audio_parts(synth, voice, sampling, frames: int) -> dict:
+    """Time to first audio in its parts (ms), each timed alone in the order a stream runs them: the prompt, its
+    prefill, the first frame (codec head + the code predictor: the talker's step after it waits for the second
+    frame), a new incremental decode's first piece of one frame."""
+    t0 = time.perf_counter()
+    job = synth.jobs.build(TEXT, LANGUAGE, voice, sampling, frames)
+    t1 = time.perf_counter()
+    seq = synth.loop.start(job.prompt, job.sampler, frames)
+    t2 = time.perf_counter()
+    frame = synth.loop.step(seq)
+    t3 = time.perf_counter()
+    synth.codec.incremental().push(frame.codes[None])
+    t4 = time.perf_counter()
+    return {"prompt": 1000 * (t1 - t0), "prefill": 1000 * (t2 - t1), "first_frame": 1000 * (t3 - t2),
+            "first_piece_decode": 1000 * (t4 - t3)}
+
+
+def stream_rounds(model_dir: str, frames: int, threads: int, repeats: int = 3, chunks=STREAM_CHUNKS,
+                  precision: str = "fp32", codec_precision: str = "fp32") -> dict:
+    """In this process, one loaded Synthesizer (`precision`, `codec_precision`): after one utterance spoken to warm
+    it, time to first audio per chunk size (`ttfa_ms`, median of `repeats`) and its parts (`first_audio_parts`),
+    then `repeats` interleaved rounds of `synthesize` vs `stream` in pieces of 1 and of 4 frames, each `frames`
+    greedy frames, whole ms per frame (loop + decode; the stream's decode is incremental); and, to tell the two
+    apart, the codec alone on the codes made: one whole decode vs incremental ones fed 1 and 4 frames at a time."""
     from ..runtime import Sampling, Synthesizer
 
-    synth = Synthesizer(model_dir, threads=threads)
+    synth = Synthesizer(model_dir, threads=threads, precision=precision, codec_precision=codec_precision)
     voice = synth.voice(wav=load_wav(voice_wav()))
     greedy = Sampling(greedy=True)
+    codes = synth.synthesize(TEXT, LANGUAGE, voice, greedy, max_frames=frames).codes  # also warms the process
     ttfa = [ttfa_ms(synth, TEXT, LANGUAGE, voice, chunk_frames=c, repeats=repeats, sampling=greedy, max_frames=frames)
             for c in chunks]
-    codes = synth.synthesize(TEXT, LANGUAGE, voice, greedy, max_frames=frames).codes
+    parts = [first_audio_parts(synth, voice, greedy, frames) for _ in range(repeats)]
 
     def timed(kind: str) -> float:
         t0 = time.perf_counter()
         if kind == "synthesize":
             made = len(synth.synthesize(TEXT, LANGUAGE, voice, greedy, max_frames=frames).codes)
-        elif kind == "stream":
-            stream = synth.stream(TEXT, LANGUAGE, voice, greedy, max_frames=frames, chunk_frames=4)
+        elif kind.startswith("stream_"):
+            stream = synth.stream(TEXT, LANGUAGE, voice, greedy, max_frames=frames, chunk_frames=int(kind[7:]))
             for _ in stream:
                 pass
             made = len(stream.result.codes)
@@ -86,29 +106,51 @@ def stream_rounds(model_dir: str, frames: int, threads: int, repeats: int = 3, c
             synth.codec.decode(codes)
             made = len(codes)
         else:
+            piece = int(kind.rsplit("_", 1)[1])
             inc = synth.codec.incremental()
-            for a in range(0, len(codes), 4):
-                inc.push(codes[a:a + 4])
+            for a in range(0, len(codes), piece):
+                inc.push(codes[a:a + piece])
             made = len(codes)
         return (time.perf_counter() - t0) * 1000.0 / made
 
-    kinds = ("synthesize", "stream", "codec_whole", "codec_pieces_of_4")
+    kinds = ("synthesize", "stream_1", "stream_4", "codec_whole", "codec_pieces_of_1", "codec_pieces_of_4")
     rounds = {k: [] for k in kinds}
     for _ in range(repeats):
         for k in kinds:
             rounds[k].append(round(timed(k), 1))
-    return {"threads": threads, "frames": frames,
+    return {"threads": threads, "frames": frames, "precision": precision, "codec_precision": codec_precision,
             "ttfa": [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in t.items() if k != "runs_ms"}
                      | {"runs_ms": [round(x, 1) for x in t["runs_ms"]]} for t in ttfa],
+            "first_audio_parts_ms": {k: round(statistics.median(p[k] for p in parts), 1) for k in parts[0]},
             "ms_per_frame": {k: statistics.median(v) for k, v in rounds.items()}, "rounds_ms_per_frame": rounds}
 
 
-def stream_benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: int = 3) -> dict:
-    """`stream_rounds` per thread count, each in a fresh child process (data/bench/stream/)."""
-    runs = [child.run("stream", "stream_rounds", t, model_dir=str(model_dir), frames=frames, threads=t,
-                      repeats=repeats) for t in thread_counts]
-    return {"what": "streaming with the ncnn runtime, fp32, greedy, x-vector: time to first audio per chunk size "
-                    "(Synthesizer.stream to its first piece; loading and the voice outside), whole ms per frame "
-                    "of synthesize vs stream (pieces of 4), and the codec alone: one whole decode vs incremental "
-                    "pieces of 4 (python -m qtts_lib.bench stream)",
-            "checkpoint": Path(model_dir).name, "machine": describe(thread_counts), "text": TEXT, "runs": runs}
+def stream_benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: int = 3,
+                     tiers=(("fp32", "fp32"),)) -> dict:
+    """`stream_rounds` per thread count and (loop tier, codec tier), each in `repeats` fresh child processes taken
+    in turn (data/bench/stream/); per row the medians over the processes."""
+    runs = {(t, p, c): [] for t in thread_counts for p, c in tiers}
+    for _ in range(repeats):
+        for (t, p, c), done in runs.items():
+            done.append(child.run("stream", "stream_rounds", t, model_dir=str(model_dir), frames=frames, threads=t,
+                                  repeats=repeats, precision=p, codec_precision=c))
+    rows = []
+    for (t, p, c), done in runs.items():
+        ms = {k: statistics.median(r["ms_per_frame"][k] for r in done) for k in done[0]["ms_per_frame"]}
+        ttfa = {str(x["chunk_frames"]): statistics.median(r["ttfa"][i]["ttfa_ms"] for r in done)
+                for i, x in enumerate(done[0]["ttfa"])}
+        parts = {k: statistics.median(r["first_audio_parts_ms"][k] for r in done)
+                 for k in done[0]["first_audio_parts_ms"]}
+        rows.append({"threads": t, "precision": p, "codec_precision": c, "processes": len(done),
+                     "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
+                     "rtf": {k: round(v / 80.0, 3) for k, v in ms.items() if not k.startswith("codec")},
+                     "stream_1_over_synthesize": round(ms["stream_1"] / ms["synthesize"], 3),
+                     "ttfa_ms": {k: round(v, 1) for k, v in ttfa.items()},
+                     "first_audio_parts_ms": {k: round(v, 1) for k, v in parts.items()}})
+    return {"what": "streaming with the ncnn runtime, greedy, x-vector, after one utterance in the process: time to "
+                    "first audio per chunk size (Synthesizer.stream to its first piece; loading and the voice "
+                    "outside) and its parts, whole ms per frame of synthesize vs stream in pieces of 1 and 4 "
+                    "frames, and the codec alone: one whole decode vs incremental pieces of 1 and 4; per row the "
+                    "medians of fresh processes (python -m qtts_lib.bench stream)",
+            "checkpoint": Path(model_dir).name, "machine": describe(thread_counts), "text": TEXT, "frames": frames,
+            "rows": rows, "runs": [r for done in runs.values() for r in done]}

@@ -27,7 +27,7 @@ hands its channels to the last sequence, and the padding all share goes by whole
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import ncnn
 import numpy as np
@@ -242,15 +242,22 @@ def batch_mask(cache: KvCache, length: int, heads: int) -> np.ndarray:
 class KvCacheNet:
     """A cached decoder: `forward(embeds, cache)` runs L new positions after the cache's and grows the cache.
 
-    `prefill` is the graph for any number of positions; `step`, where given, a faster form of the same graph over
-    the same weights for one position after the first call (`pipeline.precision` picks both per tier). `packed`:
-    the graphs take and give every layer's cache as one blob (Vulkan: one download instead of 2·layers). `heads`
-    (query heads of one sequence) is given when the graph takes several sequences at once (`rewrites.batch`);
-    `device` is where the nets run (their caches' layout)."""
+    `prefill` is the graph of one sequence for any number of positions; `step`, where given, a faster form of the
+    same graph over the same weights for one position after the first call (`pipeline.precision` picks both per
+    tier). `packed`: the graphs take and give every layer's cache as one blob (Vulkan: one download instead of
+    2·layers). `batched` makes the graph that takes several sequences at once (`rewrites.batch`, the sequences
+    folded into the attention heads; `heads`: the query heads of one sequence): it is loaded the first time a call
+    has several sequences, or a padded one (`prepare_batches` loads it ahead), and one sequence alone keeps running
+    the graph without the fold, whose reshapes and permutes it does not need (about 2 ms of a full-size talker step).
+    The two graphs give one sequence the same numbers and caches of the same layout. `device` is where the nets run
+    (their caches' layout); `logits`: the graph also has heads (outputs logits_0, logits_1, ...: `forward(output=)`)."""
 
     def __init__(self, prefill: ncnn.Net, layers: int, head_dim: int, theta: float, step: ncnn.Net | None = None,
-                 packed: bool = False, name: str = "decoder", heads: int | None = None, device: str = "cpu"):
+                 packed: bool = False, name: str = "decoder", heads: int | None = None, device: str = "cpu",
+                 logits: bool = False, batched: Callable[[], ncnn.Net] | None = None):
         self.prefill_net, self.step_net, self.layers, self.device = prefill, step, layers, device
+        self.logits = logits
+        self._make_batched, self._batched = batched, None
         self.head_dim, self.theta, self.name, self.heads = head_dim, theta, name, heads
         self.cache_outputs = ["cache_all_out"] if packed else layer_cache_outputs(layers)
         self._positions: dict[tuple[int, int], dict[str, ncnn.Mat]] = {}
@@ -273,14 +280,29 @@ class KvCacheNet:
     @property
     def batches(self) -> bool:
         """Whether one call can take several sequences."""
-        return self.heads is not None
+        return self.heads is not None and self._make_batched is not None
+
+    @property
+    def batched_net(self) -> ncnn.Net:
+        """The graph for several sequences (loaded on first use)."""
+        if self._batched is None:
+            if not self.batches:
+                raise ValueError(f"{self.name}: this graph takes one unpadded sequence at a time")
+            self._batched = self._make_batched()
+        return self._batched
+
+    def prepare_batches(self) -> None:
+        """Load the graph for several sequences now (a server, before its first batch: not between two frames)."""
+        if self.batches:
+            self.batched_net  # noqa: B018
 
     def new_cache(self, sequences: int = 1) -> KvCache:
         return KvCache(self.layers, sequences, self.device)
 
-    def forward(self, embeds: np.ndarray, cache: KvCache) -> np.ndarray:
-        """embeds (B, L, hidden), L new positions for each of the cache's B sequences -> hidden (B, L, hidden);
-        the cache grows by L."""
+    def forward(self, embeds: np.ndarray, cache: KvCache, output: str = "out0") -> np.ndarray:
+        """embeds (B, L, hidden), L new positions for each of the cache's B sequences -> hidden (B, L, hidden), or
+        another per-position output of the graph (`output`: a head's `logits_s` where the graph has them,
+        (B, L, vocab)); the cache grows by L."""
         sequences, length = embeds.shape[:2]
         if sequences != cache.sequences:
             raise ValueError(f"{self.name}: {sequences} sequences of embeddings for a cache of {cache.sequences}")
@@ -289,19 +311,21 @@ class KvCacheNet:
         cache.ensure(length)
         if sequences == 1 and cache.lengths[0] == cache.past:
             positions = self.position_inputs(cache.past, length)
+            net = self.step_net if self.step_net is not None and length == 1 and cache.past > 0 else self.prefill_net
         else:
             tables = [rope.tables(self.head_dim, self.theta, n, length) for n in cache.lengths]
             cos, sin = (np.concatenate(t) for t in zip(*tables))
             positions = {"in1": batch_mask(cache, length, self.heads), "in2": cos, "in3": sin}
-        stepping = self.step_net is not None and sequences * length == 1 and cache.past > 0
+            net = self.batched_net
         rows = embeds.reshape(1, sequences * length, embeds.shape[2])
         inputs = {"in0": rows} | positions | cache.blobs
-        out, *mats = run(self.step_net if stepping else self.prefill_net, inputs, ["out0", *self.cache_outputs],
+        out, *mats = run(net, inputs, [output, *self.cache_outputs],
                          axes={"in0": 0, "out0": 0}, raw=self.cache_outputs, name=self.name)
         cache.grow(self.cache_outputs, mats, length)
         return out.reshape(sequences, length, -1)
 
-    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, KvCache]:
-        """embeds (B, L, hidden) from an empty cache -> (hidden (B, L, hidden), the cache of B sequences)."""
+    def prefill(self, embeds: np.ndarray, output: str = "out0") -> tuple[np.ndarray, KvCache]:
+        """embeds (B, L, hidden) from an empty cache -> (hidden (B, L, hidden) or `output`, the cache of B
+        sequences)."""
         cache = self.new_cache(embeds.shape[0])
-        return self.forward(embeds, cache), cache
+        return self.forward(embeds, cache, output), cache

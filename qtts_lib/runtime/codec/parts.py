@@ -55,8 +55,13 @@ class Part:
     states: tuple = ()
 
     def __call__(self, x: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        """One graph call: `x` as in0 (a (channels, 1, samples) or (channels, samples) array), `inputs` by name."""
-        return run(self.net, {"in0": x} | inputs, ["out0"], name="codec part")[0]
+        """One graph call: `x` as in0 (a (channels, 1, samples) or (channels, samples) array), `inputs` by name; a
+        stateful part from zero states (what the part as written computes)."""
+        return run(self.net, {"in0": x} | self.zero_states() | inputs, ["out0"], name="codec part")[0]
+
+    def zero_states(self) -> dict:
+        """The state inputs before the first call: zeros, as the convolutions' own padding."""
+        return {s.input: to_mat(np.zeros((s.channels, 1, s.samples), np.float32)) for s in self.states}
 
 
 class PartStream:
@@ -68,7 +73,7 @@ class PartStream:
 
     def __init__(self, part: Part):
         self.part, self.tail = part, None
-        self.states = {s.input: to_mat(np.zeros((s.channels, 1, s.samples), np.float32)) for s in part.states}
+        self.states = part.zero_states() if part.states else {}
         self.outputs = [s.output for s in part.states]
 
     def push(self, x: np.ndarray) -> np.ndarray:

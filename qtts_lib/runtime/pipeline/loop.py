@@ -73,9 +73,13 @@ class Sequence:
 
 
 class CodePredictor:
-    """Codebooks 1..15 of a frame on the CPU: a cached decoder, its 15 heads and the acoustic tables."""
+    """Codebooks 1..15 of a frame on the CPU: a cached decoder, its 15 heads and the acoustic tables. The heads are
+    in the decoder's graph where the tier allows (`precision.predictor_with_heads`: `heads` None), so a step is one
+    graph call; else a graph of their own, called after each decoder call."""
 
-    def __init__(self, decoder: KvCacheNet, heads: Net, embeddings: Embeddings):
+    def __init__(self, decoder: KvCacheNet, heads: Net | None, embeddings: Embeddings):
+        if heads is None and not decoder.logits:
+            raise ValueError("a code predictor needs heads: in its decoder's graph or a graph of their own")
         self.decoder, self.heads, self.embed = decoder, heads, embeddings
 
     @property
@@ -89,16 +93,19 @@ class CodePredictor:
         groups = self.embed.groups
         codes = [[c] for c in c0]
         embed = self.embed.codec(c0)
-        h, cache = self.decoder.prefill(np.stack([hidden, embed], axis=1).astype(np.float32))
-        h = h[:, -1]
+        fused = self.heads is None
+        out, cache = self.decoder.prefill(np.stack([hidden, embed], axis=1).astype(np.float32),
+                                          "logits_0" if fused else "out0")
+        out = out[:, -1]
         for s in range(groups - 1):
-            logits = self.heads.run([h], [s])[0]
+            logits = out if fused else self.heads.run([out], [s])[0]
             for b, sampler in enumerate(samplers):
                 codes[b].append(sampler.code(logits[b], codes[b][1:], s))
             e = np.stack([self.embed.acoustic(s, c[-1]) for c in codes])
             embed = embed + e
             if s < groups - 2:
-                h = self.decoder.forward(e[:, None].astype(np.float32), cache)[:, -1]
+                out = self.decoder.forward(e[:, None].astype(np.float32), cache,
+                                           f"logits_{s + 1}" if fused else "out0")[:, -1]
         return [Frame(np.array(c, np.int64), x) for c, x in zip(codes, embed)]
 
     def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
@@ -230,15 +237,26 @@ class Loop:
                        gemv_predictor(d, p, t["hidden_size"], threads, device, embeddings, log))
         talker = precision.decoder(d, "talker_decoder", t["head_dim"], t["rope_theta"], threads, device,
                                    precision_tier, log=log, heads=t["num_attention_heads"])
-        decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
-                                    precision_tier, log=log, heads=p["num_attention_heads"])
-        heads = precision.head(d, "predictor_heads", threads, device, precision_tier, log=log)
+        decoder = precision.predictor_with_heads(d, p["head_dim"], p["rope_theta"], threads, device, precision_tier,
+                                                 log=log, heads=p["num_attention_heads"])
+        heads = None
+        if decoder is None:
+            decoder = precision.decoder(d, "predictor_decoder", p["head_dim"], p["rope_theta"], threads, device,
+                                        precision_tier, log=log, heads=p["num_attention_heads"])
+            heads = precision.head(d, "predictor_heads", threads, device, precision_tier, log=log)
         return cls(talker, head, CodePredictor(decoder, heads, embeddings))
 
     @property
     def batches(self) -> bool:
         """Whether sequences can share graph calls (the CPU's graphs, on any device; the GPU forms take one)."""
         return self.talker.batches and self.predictor.batches
+
+    def prepare_batches(self) -> None:
+        """Load the graphs for several sequences at once now (`binding.cached.KvCacheNet.batched_net`), before a
+        scheduler that may batch makes its first frame."""
+        for decoder in (self.talker, getattr(self.predictor, "decoder", None)):
+            if isinstance(decoder, KvCacheNet):
+                decoder.prepare_batches()
 
     @property
     def copies_caches(self) -> bool:

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import mmap
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -38,10 +40,11 @@ from pathlib import Path
 import numpy as np
 
 from ..binding.cached import KvCacheNet
-from ..binding.net import Net, make_net
+from ..binding.net import Net, make_net, parse_device
 from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
 from ..rewrites.decode_step import decode_step, fp16_step
+from ..rewrites.gpu import fused_predictor_param
 from ..rewrites.int8 import int8_graph
 
 TIERS = ("fp32", "fp16", "int8")
@@ -171,20 +174,59 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
     whether steps run the step graph (the lab notes time fp32 both ways). On a GPU, fp32 only, the exported graph.
 
-    `heads` (the config's num_attention_heads) makes the graph take several sequences at once
-    (`rewrites.batch.fold_batch`; at one sequence it computes what the exported graph does), on the CPU and on a
-    GPU alike. fp16's step graph stays one sequence, one position: a batch runs the fp32-storage graph."""
+    `heads` (the config's num_attention_heads) lets calls take several sequences at once: the graph folded by
+    `rewrites.batch.fold_batch` (at one sequence it computes what the exported graph does), on the CPU and on a GPU
+    alike, loaded when a call first needs it (`KvCacheNet.batched_net`: its weights are held a second time). fp16's
+    step graph stays one sequence, one position: a batch runs the fp32-storage graph."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     layers = cached_layers(ncnn_dir, name)
     param = ncnn_dir / f"{name}_kv.param"
     if not param.is_file():
         raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
-    fold = partial(fold_batch, heads=heads) if heads is not None else None
     if tier == "int8":
         graph = step_graph(ncnn_dir, name, "int8", log)
-        return KvCacheNet(make_net(graph.param, graph.bin, threads, device, fold), layers, head_dim, theta,
-                          name=name, heads=heads, device=device)
-    prefill = make_net(param, ncnn_dir / f"{name}.bin", threads, device, fold)
+        param, bin_ = graph.param, graph.bin
+    else:
+        bin_ = ncnn_dir / f"{name}.bin"
+    batched = None if heads is None else partial(make_net, param, bin_, threads, device,
+                                                 partial(fold_batch, heads=heads))
     fast = tier == "fp16" if fast_steps is None else fast_steps
-    step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast else None
-    return KvCacheNet(prefill, layers, head_dim, theta, step=step, name=name, heads=heads, device=device)
+    step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast and tier != "int8" else None
+    return KvCacheNet(make_net(param, bin_, threads, device), layers, head_dim, theta, step=step, name=name,
+                      heads=heads, device=device, batched=batched)
+
+
+def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, threads: int = 2, device: str = "cpu",
+                         precision: str = "fp32", log=None, heads: int | None = None) -> KvCacheNet | None:
+    """The code predictor's cached decoder with its 15 heads in the same graph (`rewrites.gpu.fused_predictor_param`
+    over `predictor_decoder_kv.param`): a call extracts `logits_s` (head s on the positions fed) and the caches, so
+    each predictor step is one graph call, not a decoder call and a head call. The CPU's fp32 and int8 tiers (one
+    graph for prefill and steps); None elsewhere (fp16's step graph, a GPU: `decoder` and `head` apart). The .bin
+    is the decoder's followed by the heads' (weights are read in layer order), copied into a temporary file for the
+    load (the binding cannot load weights from memory safely)."""
+    ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
+    if tier == "fp16" or parse_device(device) is not None:
+        return None
+    if tier == "int8":
+        (param, dec_bin), (heads_param, heads_bin) = (ensure_int8(ncnn_dir, n, log) for n in
+                                                      ("predictor_decoder", "predictor_heads"))
+    else:
+        param, dec_bin = ncnn_dir / "predictor_decoder_kv.param", ncnn_dir / "predictor_decoder.bin"
+        heads_param, heads_bin = ncnn_dir / "predictor_heads.param", ncnn_dir / "predictor_heads.bin"
+    for f in (param, dec_bin, heads_param, heads_bin):
+        if not f.is_file():
+            raise MissingArtifact(f"{f} not found; run notebooks/05_inject_kv_cache.py")
+    fused = fused_predictor_param(param.read_text(), heads_param.read_text())
+
+    def load(text: str):
+        with tempfile.TemporaryDirectory() as tmp:
+            merged = Path(tmp) / "predictor_decoder_heads.bin"
+            with merged.open("wb") as out:
+                for part in (dec_bin, heads_bin):
+                    with part.open("rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 24)
+            return make_net(param, merged, threads, device, lambda _: text)
+
+    batched = None if heads is None else (lambda: load(fold_batch(fused, heads)))
+    return KvCacheNet(load(fused), cached_layers(ncnn_dir, "predictor_decoder"), head_dim, theta,
+                      name="predictor_decoder", heads=heads, device=device, logits=True, batched=batched)

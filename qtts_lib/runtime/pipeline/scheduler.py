@@ -212,6 +212,8 @@ class Scheduler:
     def __init__(self, parts: Parts, max_batch: int = DEFAULT_MAX_BATCH, prefill_piece: int = PREFILL_PIECE):
         self.loop, self.decoders, self.jobs = parts.loop, parts.decoders, parts.jobs
         self.batch = Batch(self.loop, max_batch)
+        if max_batch > 1:
+            self.loop.prepare_batches()  # the graphs for several sequences, loaded before the first frame
         self.prefill_piece = max(1, prefill_piece)
         self.waiting: deque[Ticket] = deque()
         self.prefilling: list[Ticket] = []     # admitted, their prompts going in a piece a step
