@@ -483,3 +483,28 @@ def test_reach_of_a_causal_convolution(tmp_path):
     (tmp_path / "c.bin").write_bytes(_tagged(w) + np.zeros(co, np.float32).tobytes())
     part = Part(make_net(tmp_path / "c.param", tmp_path / "c.bin", 1), spf=1, up=1)
     assert reach(part, RNG.standard_normal((ci, 1, 200)).astype(np.float32)) == dil * (k - 1) + 1
+
+
+def test_small_layers_run_on_one_thread_and_compute_the_same(tiny_ncnn):
+    """`one_thread_small_layers`: ncnn's one-thread bit (128) joins each small layer's featmask (an fp16 mask kept),
+    projections and attention keep every thread; the talker's cached graph gives the same numbers either way."""
+    from qtts_lib.runtime.binding.cached import KvCacheNet
+    from qtts_lib.runtime.binding.graph import Graph, params_dict
+    from qtts_lib.runtime.binding.net import make_net
+    from qtts_lib.runtime.rewrites.decode_step import ONE_THREAD, SMALL_LAYERS, one_thread_small_layers
+
+    text = "7767517\n3 3\nInput in0 0 1 in0\nRMSNorm n 1 1 in0 a 0=4 31=2\nGemm g 1 1 a out0 7=4\n"
+    masks = {lyr.type: params_dict(lyr).get("31") for lyr in Graph(one_thread_small_layers(text)).layers}
+    assert masks == {"Input": None, "RMSNorm": str(2 | ONE_THREAD), "Gemm": None}
+    param, bin_ = tiny_ncnn / "talker_decoder_kv.param", tiny_ncnn / "talker_decoder.bin"
+    kinds = {lyr.type for lyr in Graph(param.read_text()).layers}
+    assert {"RMSNorm", "Permute", "Split"} <= kinds & set(SMALL_LAYERS)
+    cfg = json.loads((tiny_ncnn.parent / "config.json").read_text())["talker_config"]
+    x = np.random.default_rng(5).standard_normal((1, 9, cfg["hidden_size"])).astype(np.float32)
+    outs = []
+    for rewrite in (None, one_thread_small_layers):
+        net = KvCacheNet(make_net(param, bin_, 2, rewrite=rewrite), cfg["num_hidden_layers"], cfg["head_dim"],
+                         cfg["rope_theta"])
+        h, cache = net.prefill(x[:, :6])
+        outs.append(np.concatenate([h] + [net.forward(x[:, t:t + 1], cache) for t in range(6, 9)], axis=1))
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -43,7 +43,7 @@ from ..binding.cached import KvCacheNet
 from ..binding.net import Net, make_net, parse_device
 from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
-from ..rewrites.decode_step import decode_step, fp16_step
+from ..rewrites.decode_step import decode_step, fp16_step, one_thread_small_layers
 from ..rewrites.gpu import fused_predictor_param
 from ..rewrites.int8 import int8_graph
 
@@ -174,6 +174,7 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
     whether steps run the step graph (the lab notes time fp32 both ways). On a GPU, fp32 only, the exported graph.
 
+    One sequence's graph runs its small layers on one thread (`rewrites.decode_step.one_thread_small_layers`).
     `heads` (the config's num_attention_heads) lets calls take several sequences at once: the graph folded by
     `rewrites.batch.fold_batch` (at one sequence it computes what the exported graph does), on the CPU and on a GPU
     alike, loaded when a call first needs it (`KvCacheNet.batched_net`: its weights are held a second time). fp16's
@@ -192,8 +193,8 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
                                                  partial(fold_batch, heads=heads))
     fast = tier == "fp16" if fast_steps is None else fast_steps
     step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast and tier != "int8" else None
-    return KvCacheNet(make_net(param, bin_, threads, device), layers, head_dim, theta, step=step, name=name,
-                      heads=heads, device=device, batched=batched)
+    return KvCacheNet(make_net(param, bin_, threads, device, one_thread_small_layers), layers, head_dim, theta,
+                      step=step, name=name, heads=heads, device=device, batched=batched)
 
 
 def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, threads: int = 2, device: str = "cpu",
@@ -228,5 +229,6 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
             return make_net(param, merged, threads, device, lambda _: text)
 
     batched = None if heads is None else (lambda: load(fold_batch(fused, heads)))
-    return KvCacheNet(load(fused), cached_layers(ncnn_dir, "predictor_decoder"), head_dim, theta,
+    return KvCacheNet(load(one_thread_small_layers(fused)), cached_layers(ncnn_dir, "predictor_decoder"), head_dim,
+                      theta,
                       name="predictor_decoder", heads=heads, device=device, logits=True, batched=batched)

@@ -7,10 +7,14 @@
   `pipeline.precision`); fp16 does, because x86 Gemm ignores fp16 storage.
 - `fp16_step` (chapter 12's fp16 tier): the same step graph with every layer but the InnerProducts masked out of
   ncnn's fp16 storage (`31=2`), so that only the weights are rounded.
+- `one_thread_small_layers`: the layers that do little work at a few positions (norms, reshapes, permutes, splits,
+  element-wise ops, rope) run on one thread (`31=128`, ncnn's per-layer "no threading" bit): at one position the
+  fork and join of a second thread costs more than the work it shares. The projections and attention keep every
+  thread. The same numbers (no sum changes order).
 """
 from __future__ import annotations
 
-from ..binding.graph import Graph, int_param, params_dict
+from ..binding.graph import Graph, int_param, params_dict, set_params
 from ..binding.param import ParamLayer
 
 
@@ -55,4 +59,19 @@ def fp16_step(text: str) -> str:
     for layer in g.layers:
         if layer.type not in ("InnerProduct", "Input"):
             layer.params = [p for p in layer.params if not p.startswith("31=")] + ["31=2"]
+    return g.text()
+
+
+SMALL_LAYERS = ("RMSNorm", "Reshape", "Permute", "Split", "BinaryOp", "Slice", "RotaryEmbed", "Swish")
+ONE_THREAD = 1 << 7  # ncnn's featmask bit for "this layer runs on one thread" (src/net.cpp, get_masked_option)
+
+
+def one_thread_small_layers(text: str, types=SMALL_LAYERS) -> str:
+    """Every layer of `types` with ncnn's one-thread bit added to its featmask (`31=`; module docstring)."""
+    g = Graph(text)
+    for layer in g.layers:
+        if layer.type in types:
+            d = params_dict(layer)
+            d["31"] = str(int_param(d, "31", 0) | ONE_THREAD)
+            set_params(layer, d)
     return g.text()
