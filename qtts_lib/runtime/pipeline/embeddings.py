@@ -14,6 +14,8 @@ import numpy as np
 from ..binding.net import Net
 from .config import ModelConfig
 
+SHORT, KEPT = 8, 256  # `Embeddings.text`: lists of at most SHORT ids are kept, KEPT of them at most
+
 
 def read_table(ncnn_dir, name: str, rows: int, threads: int = 2) -> np.ndarray:
     """Every row of an embedding graph, (rows, hidden) float32, computed once on the CPU."""
@@ -24,12 +26,24 @@ class Embeddings:
     def __init__(self, cfg: ModelConfig, threads: int = 2, device: str = "cpu"):
         self.codebook, self.groups = cfg.codebook, cfg.groups
         self.text_net = Net(cfg.ncnn_dir, "talker_text_embed", threads, device)
+        self._kept: dict[bytes, np.ndarray] = {}
         self.codec_table = read_table(cfg.ncnn_dir, "talker_codec_embed", int(cfg.talker["vocab_size"]), threads)
         self.acoustic_table = read_table(cfg.ncnn_dir, "predictor_embeds", (self.groups - 1) * self.codebook, threads)
 
     def text(self, ids) -> np.ndarray:
-        """Text token ids -> (n, hidden)."""
-        return self.text_net(np.asarray(ids, np.int32))[0]
+        """Text token ids -> (n, hidden). A short list of ids (every prompt's special tokens and role prefix) is
+        computed once and kept (`KEPT` of them): each call runs the projection MLP, whose weights it reads whole."""
+        ids = np.asarray(ids, np.int32)
+        if len(ids) > SHORT:
+            return self.text_net(ids)[0]
+        key = ids.tobytes()
+        rows = self._kept.get(key)
+        if rows is None:
+            rows = self.text_net(ids)[0]
+            if len(self._kept) >= KEPT:
+                del self._kept[next(iter(self._kept))]
+            self._kept[key] = rows
+        return rows.copy()
 
     def codec(self, ids) -> np.ndarray:
         """Codec ids (codebook 0, or a special id, or a speaker's) -> (n, hidden)."""
