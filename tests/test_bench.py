@@ -75,8 +75,27 @@ def test_stream_rounds_reports_first_audio_and_whole_streams(tts):
     export.ensure(tts, "tiny-base")
     out = stream.stream_rounds(str(paths.model_dir("tiny-base")), frames=3, threads=1, repeats=1, chunks=(1, 2))
     assert [t["chunk_frames"] for t in out["ttfa"]] == [1, 2] and all(t["ttfa_ms"] > 0 for t in out["ttfa"])
-    assert set(out["ms_per_frame"]) == {"synthesize", "stream", "codec_whole", "codec_pieces_of_4"}
+    assert set(out["ms_per_frame"]) == {"synthesize", "stream_1", "stream_4", "codec_whole", "codec_pieces_of_1",
+                                        "codec_pieces_of_4"}
     assert all(len(v) == 1 for v in out["rounds_ms_per_frame"].values())
+    assert set(out["first_audio_parts_ms"]) == {"prompt", "prefill", "first_frame", "first_piece_decode"}
+
+
+def test_calls_profile_times_every_loop_graph(tts):
+    """The per-call harness on tiny, int8: every graph of the loop is timed (the predictor's heads inside its
+    decoder), the int8 projections alone beside them; the report splits a frame into weights, rest and glue."""
+    from qtts_lib import export
+    from qtts_lib.bench import calls
+
+    export.ensure(tts, "tiny-base")
+    model = paths.model_dir("tiny-base")
+    run = calls.profile(str(model), frames=4, threads=1, precision="int8")
+    assert set(run["calls"]) == {"talker_decoder", "talker_codec_head", "predictor_decoder"}
+    assert run["calls"]["predictor_decoder"]["calls_per_frame"] == 15
+    assert set(run["projections_ms_per_call"]) == {"talker_decoder", "predictor_decoder"}
+    rep = calls.report([run], calls.weight_bytes_per_call(model / "ncnn", "int8"))
+    assert rep["graphs"]["predictor_decoder"]["projections_ms_per_call"] is not None
+    assert abs(rep["frame_ms"] - rep["weights_ms"] - rep["rest_ms"]) < 0.11
 
 
 def test_weight_bytes_shrink_with_the_tier(exported):

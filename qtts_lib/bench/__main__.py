@@ -41,10 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     stream.add_argument("--threads", default="1,2")
     stream.add_argument("--repeats", type=int, default=3)
     stream.add_argument("--precision", default="fp32", help="comma-separated tier:codec-tier pairs, e.g. int8:int8")
+    stream.add_argument("--against", type=Path, help="another source tree (holding this bench) measured in turn")
     calls = measurement("calls", "the loop's graph calls against their weight reads")
     calls.add_argument("--threads", type=int, default=2)
     calls.add_argument("--repeats", type=int, default=3)
     calls.add_argument("--precision", default="int8")
+    calls.add_argument("--against", type=Path, help="another source tree (holding this bench) measured in turn")
     quality = measurement("quality", "what a precision tier costs against fp32", frames=200)
     quality.add_argument("--precision", default="fp32,fp16,int8")
     quality.add_argument("--threads", type=int, default=2)
@@ -154,11 +156,11 @@ def main(argv: list[str] | None = None) -> int:
 
         tiers = [tuple((t.strip() + ":" + t.strip()).split(":")[:2]) if ":" not in t else tuple(t.strip().split(":"))
                  for t in a.precision.split(",")]
-        result = stream_benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats, tiers)
+        result = stream_benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats, tiers, a.against)
     elif a.what == "calls":
         from .calls import calls_benchmark
 
-        result = calls_benchmark(model_dir, a.frames, a.threads, a.repeats, a.precision)
+        result = calls_benchmark(model_dir, a.frames, a.threads, a.repeats, a.precision, against=a.against)
     elif a.what == "parity":
         from .parity import measure as parity_measure
 

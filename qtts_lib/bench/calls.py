@@ -159,24 +159,38 @@ def report(runs: list[dict], weights: dict[str, int]) -> dict:
 
 
 def calls_benchmark(model_dir: Path, frames: int, threads: int, repeats: int = 3, precision: str = "int8",
-                    progress: bool = True) -> dict:
-    """`profile` in `repeats` fresh processes and their `report` (data/bench/calls/)."""
+                    progress: bool = True, against: Path | None = None) -> dict:
+    """`profile` in `repeats` fresh processes and their `report` (data/bench/calls/). `against`: another source tree
+    (a worktree of an older commit holding this module) measured the same way, its processes taken in turn with
+    this tree's, reported beside it (`against`)."""
     from tqdm.auto import tqdm
 
     from ..runtime.pipeline.precision import ensure_int8_tier
+    from .serve import tree_commit
 
     ncnn_dir = Path(model_dir) / "ncnn"
     if precision == "int8":
         ensure_int8_tier(ncnn_dir, log=print)
-    runs = [child.run("calls", "profile", threads, model_dir=str(model_dir), frames=frames, threads=threads,
-                      precision=precision)
-            for _ in tqdm(range(repeats), desc="calls", unit="run", disable=not progress)]
-    return {"what": "the generation loop's graph calls, one position each (the talker's step, its codec head, the "
-                    "predictor's 15 steps, with their heads or apart), against the time their weights take to "
-                    "read: the int8 decoders' projections alone (same weights, same kernels, one graph), else the "
-                    "weight bytes at the numpy read bandwidth measured while they ran; rest = a call's time beyond "
-                    "that; weights_ms = a frame's sum of those; glue = a frame less its calls "
-                    "(python -m qtts_lib.bench calls)",
-            "checkpoint": Path(model_dir).name, "precision": precision, "threads": threads, "frames": frames,
-            "machine": describe([threads]), "text": TEXT,
-            "per_frame": report(runs, weight_bytes_per_call(ncnn_dir, precision)), "runs": runs}
+    trees = [None] + ([str(Path(against).resolve())] if against else [])
+    runs: dict = {t: [] for t in trees}
+    with tqdm(total=repeats * len(trees), desc="calls", unit="run", disable=not progress) as bar:
+        for _ in range(repeats):
+            for tree in trees:
+                runs[tree].append(child.run("calls", "profile", threads, tree=tree, model_dir=str(Path(model_dir)
+                                            .resolve()), frames=frames, threads=threads, precision=precision))
+                bar.update(1)
+    weights = weight_bytes_per_call(ncnn_dir, precision)
+    here = Path(__file__).resolve().parents[2]
+    result = {"what": "the generation loop's graph calls, one position each (the talker's step, its codec head, the "
+                      "predictor's 15 steps, with their heads or apart), against the time their weights take to "
+                      "read: the int8 decoders' projections alone (same weights, same kernels, one graph), else the "
+                      "weight bytes at the numpy read bandwidth measured while they ran; rest = a call's time beyond "
+                      "that; weights_ms = a frame's sum of those; glue = a frame less its calls "
+                      "(python -m qtts_lib.bench calls)",
+              "checkpoint": Path(model_dir).name, "precision": precision, "threads": threads, "frames": frames,
+              "machine": describe([threads]), "text": TEXT, "commit": tree_commit(here),
+              "per_frame": report(runs[None], weights), "runs": runs[None]}
+    if against:
+        result["against"] = {"tree": trees[1], "commit": tree_commit(Path(trees[1])),
+                             "per_frame": report(runs[trees[1]], weights), "runs": runs[trees[1]]}
+    return result

@@ -20,13 +20,17 @@ def _command(module: str, name: str, kwargs: dict) -> list[str]:
     return [sys.executable, "-m", "qtts_lib.bench.child", module, name, json.dumps(kwargs)]
 
 
-def _env(threads: int) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+def _env(threads: int, tree: str | None = None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    return env | ({"PYTHONPATH": tree} if tree else {})
 
 
-def run(module: str, name: str, threads: int, /, **kwargs) -> dict:
-    """`qtts_lib.bench.<module>.<name>(**kwargs)` in a fresh Python; raises with its stderr if the child fails."""
-    proc = subprocess.run(_command(module, name, kwargs), capture_output=True, text=True, env=_env(threads))
+def run(module: str, name: str, threads: int, /, tree: str | None = None, **kwargs) -> dict:
+    """`qtts_lib.bench.<module>.<name>(**kwargs)` in a fresh Python; raises with its stderr if the child fails.
+    `tree`: the source tree whose `qtts_lib` the child imports (a worktree of an older commit that holds this
+    module: the "before" of a change), else this one."""
+    proc = subprocess.run(_command(module, name, kwargs), capture_output=True, text=True, env=_env(threads, tree),
+                          cwd=tree)
     return result_of(proc.returncode, proc.stdout, proc.stderr, f"{module}.{name}")
 
 

@@ -126,22 +126,29 @@ def stream_rounds(model_dir: str, frames: int, threads: int, repeats: int = 3, c
 
 
 def stream_benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: int = 3,
-                     tiers=(("fp32", "fp32"),)) -> dict:
+                     tiers=(("fp32", "fp32"),), against: Path | None = None) -> dict:
     """`stream_rounds` per thread count and (loop tier, codec tier), each in `repeats` fresh child processes taken
-    in turn (data/bench/stream/); per row the medians over the processes."""
-    runs = {(t, p, c): [] for t in thread_counts for p, c in tiers}
+    in turn (data/bench/stream/); per row the medians over the processes. `against`: another source tree (a
+    worktree of an older commit holding this module), its processes taken in turn with this tree's, its rows marked
+    with its commit."""
+    from .serve import tree_commit
+
+    here = Path(__file__).resolve().parents[2]
+    trees = [None] + ([str(Path(against).resolve())] if against else [])
+    runs = {(tree, t, p, c): [] for tree in trees for t in thread_counts for p, c in tiers}
     for _ in range(repeats):
-        for (t, p, c), done in runs.items():
-            done.append(child.run("stream", "stream_rounds", t, model_dir=str(model_dir), frames=frames, threads=t,
-                                  repeats=repeats, precision=p, codec_precision=c))
+        for (tree, t, p, c), done in runs.items():
+            done.append(child.run("stream", "stream_rounds", t, tree=tree, model_dir=str(Path(model_dir).resolve()),
+                                  frames=frames, threads=t, repeats=repeats, precision=p, codec_precision=c))
     rows = []
-    for (t, p, c), done in runs.items():
+    for (tree, t, p, c), done in runs.items():
         ms = {k: statistics.median(r["ms_per_frame"][k] for r in done) for k in done[0]["ms_per_frame"]}
         ttfa = {str(x["chunk_frames"]): statistics.median(r["ttfa"][i]["ttfa_ms"] for r in done)
                 for i, x in enumerate(done[0]["ttfa"])}
         parts = {k: statistics.median(r["first_audio_parts_ms"][k] for r in done)
                  for k in done[0]["first_audio_parts_ms"]}
-        rows.append({"threads": t, "precision": p, "codec_precision": c, "processes": len(done),
+        rows.append({"commit": tree_commit(Path(tree) if tree else here), "threads": t, "precision": p,
+                     "codec_precision": c, "processes": len(done),
                      "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
                      "rtf": {k: round(v / 80.0, 3) for k, v in ms.items() if not k.startswith("codec")},
                      "stream_1_over_synthesize": round(ms["stream_1"] / ms["synthesize"], 3),
@@ -153,4 +160,5 @@ def stream_benchmark(model_dir: Path, frames: int, thread_counts: list[int], rep
                     "frames, and the codec alone: one whole decode vs incremental pieces of 1 and 4; per row the "
                     "medians of fresh processes (python -m qtts_lib.bench stream)",
             "checkpoint": Path(model_dir).name, "machine": describe(thread_counts), "text": TEXT, "frames": frames,
-            "rows": rows, "runs": [r for done in runs.values() for r in done]}
+            "rows": rows, "runs": [r | {"commit": row["commit"]} for row, done in zip(rows, runs.values())
+                                   for r in done]}
