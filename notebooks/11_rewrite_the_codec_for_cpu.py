@@ -184,8 +184,10 @@ print(layer_lines(cut_text, lambda w: w[1].startswith(one) and w[0] in ("Slice",
 # `codec_cpu.codec_fast_parts` cuts the rewritten graph in parts: part 0 (the codebooks and the pre_conv), part 1
 # (the transformer), then one part per upsampling stage (the ConvNeXt upsampler's, then the decoder's). The stages
 # after the transformer are causal convolutions that look only a few input samples back, so each can run over chunks
-# of a few frames carrying that much left context (`codec.parts.run_parts`), and a decode of any length never holds a
-# whole stage in memory.
+# of a few frames (`codec.parts.run_parts`), and a decode of any length never holds a whole stage in memory. A chunk
+# can carry that much left context, computed again; the runtime instead gives every causal convolution a state, the
+# last input samples it read, in and out of the part's graph (`rewrites.codec_cpu.stateful_convolutions`, as a KV
+# cache keeps positions), so no sample is computed twice, which matters once the chunks are one frame (chapter 14).
 #
 # How far back is "a few samples"? Rather than adding up kernel sizes and dilations by hand, `codec.parts.reach`
 # *measures* it when `codec.cpu_form` writes the parts: change one input sample and see which output samples change
@@ -305,8 +307,9 @@ check.at_most("full size, reference machine: the codec's CPU form vs PyTorch (me
 #   equal to the exported graph on the same codes: 2-D kernels, polyphase upsampling, 3-D blobs, time tiles and
 #   channel splits (`runtime.rewrites.codec_cpu`).
 # - Polyphase upsampling is a stride-1 convolution over the phases, interleaved: the same sums, none on zeros.
-# - The graph runs in parts; each upsampling part's left context is *measured* (`codec.parts.reach`) and the parts
-#   run chunk by chunk with it (`codec.parts.run_parts`): the same waveform, bounded memory.
+# - The graph runs in parts; each upsampling part's left context is *measured* (`codec.parts.reach`), sizes its
+#   chunks, and the parts run chunk by chunk, each convolution keeping its state (`codec.parts.run_parts`): the same
+#   waveform, bounded memory.
 # - `codec.cpu_form` writes the result once under `ncnn/fast/` (rewritten when the exports change); it is what the
 #   runtime decodes with on the CPU, and chapters 06-07 hold token and waveform parity through it.
 # - At full size the CPU form is faster than PyTorch's codec on the reference machine, near its arithmetic peak.

@@ -140,10 +140,11 @@ pd.DataFrame({n: {"int8 Gemms": stamps[n]["gemms"], "Gemms fused away": stamps[n
 
 # %% [markdown]
 # The predictor's heads are rewritten the same way but not fused (one fused Gemm would compute all 15 where a step
-# needs one); `pipeline.precision` writes the files once per export (`ensure_int8`). Before trusting them, check that
-# ncnn computes what we think: one talker projection in its int8 form, run by ncnn, against a numpy model of the same
-# arithmetic (one activation scale for the call, exact integer sums, both scales undone) must agree to float
-# rounding; the fp32 product it only approximates:
+# needs one); the loop runs them inside the predictor's graph (`precision.predictor_with_heads`). `pipeline.precision`
+# writes the files once per export (`ensure_int8`). Before trusting them, check that ncnn computes what we think: one
+# talker projection in its int8 form, run by ncnn, against a numpy model of the same arithmetic (one activation
+# scale for the call, exact integer sums, both scales undone) must agree to float rounding; the fp32 product it only
+# approximates:
 
 # %%
 text = (ncnn_dir / "talker_decoder.param").read_text()
@@ -320,10 +321,10 @@ class CountedNet(ncnn.Net):
 
 
 def calls_and_extracts(talker_layers: int, predictor_layers: int, groups: int = 16) -> tuple[int, int]:
-    """One frame of the CPU loop (`pipeline.loop`): the codec head, the predictor's prefill and 14 steps with one
-    head call per codebook, one talker step; a cached decoder extracts its output and each layer's K and V."""
+    """One frame of the CPU loop (`pipeline.loop`): the codec head, the predictor's prefill and 14 steps (each with
+    its head inside), one talker step; a cached decoder extracts its output and each layer's K and V."""
     kv = lambda layers: 1 + 2 * layers
-    return 2 * groups, 1 + (groups - 1) * (kv(predictor_layers) + 1) + kv(talker_layers)
+    return groups + 1, 1 + (groups - 1) * kv(predictor_layers) + kv(talker_layers)
 
 
 real_net, ncnn.Net = ncnn.Net, CountedNet  # nets made now count themselves
@@ -382,23 +383,19 @@ print(f"section 3's form alone: {gemv['over floor'].min():.2f}-{gemv['over floor
       f"{gemv['probe GB/s'].min()}-{gemv['probe GB/s'].max()}")
 
 # %% [markdown]
-# The **whole loop with either form**: the int8 files of the B form and of the A form, the loop run by fresh
-# harness calls alternating between the two, four each, with the int8 codec. The read probe inside each call moved
-# with the machine's load, and each row's floor with it: compare milliseconds here, not the ratios.
+# **Call by call** (`python -m qtts_lib.bench calls`): every graph call of a frame timed where it is made, against
+# the same weights read by the same kernels alone (each int8 decoder's projections as one graph, called as a frame
+# calls them), in fresh processes. A call's *rest* is its time beyond that; the glue is the Python between calls:
 
 # %%
-ab = committed("int8/dev-2core-epyc-full-base-loop-before-after.json")
-forms_of = {"before": "weights as B + row scales", "after": "weights as A (section 3)"}
-for side in forms_of:
-    check_schema(ab[side])
-ab_table = pd.DataFrame([{"form": form, **r["ms_per_frame"], "floor": r["floor_ms_per_frame"]}
-                         for side, form in forms_of.items() for r in ab[side]["rows"]])
-ab_table["loop"] = ab_table["talker"] + ab_table["predictor"]
-med = ab_table.groupby("form").median()
-display(med.style.set_caption("full-base, reference machine, int8 loop and codec, 2 threads, medians of four "
-                              "fresh processes each, alternating, ms per frame"))
-check.at_most("int8 loop: weights as A against weights as B + row scales (medians, same hour)", "ms/frame",
-              float(med.loc[forms_of["after"], "loop"]), float(med.loc[forms_of["before"], "loop"]))
+calls = committed("calls/dev-2core-xeon-amx-full-base-int8.json")
+per = calls["per_frame"]
+cols = ["calls_per_frame", "ms_per_call", "projections_ms_per_call", "rest_ms_per_call", "rest_ms_per_frame"]
+display(pd.DataFrame(per["graphs"]).T[cols].style.set_caption(f"full-base int8, 2 threads, {calls['machine']['cpu']}"))
+print(f"a frame: {per['frame_ms']} ms = its weights {per['weights_ms']} + rest {per['rest_ms']} "
+      f"(glue {per['glue_ms']})")
+check.at_most("int8 loop: a frame's rest beyond its weights, share of the frame (committed run)", "share",
+              per["rest_ms"] / per["frame_ms"], 0.2)
 
 # %% [markdown]
 # And the **loop end to end** as a user runs it (`python -m qtts_lib.bench loop --runtimes ncnn --precision int8
@@ -414,10 +411,10 @@ print(f"the int8 loop at {e2e['loop / floor'].min()}-{e2e['loop / floor'].max()}
       f"at {gemv['over floor'].min():.2f}-{gemv['over floor'].max():.2f}x")
 
 # %% [markdown]
-# Read the three together. The row-scale layers cost time, so the weights went into A; with them gone, most of the
-# loop's distance from its floor is in its projections alone: ncnn's int8 GEMV reads its weights slower than the probe
-# streams memory, and no other form measured faster. The rest is all else a frame does (norms, RoPE, attention, the
-# Python around the calls counted above). A GEMV that streams at the probe's rate, fewer bits per weight with a kernel
+# Read the three together. Most of the loop's distance from its floor is in its projections alone: ncnn's int8 GEMV
+# reads its weights slower than the probe streams memory, and no other form measured faster. The rest is all else a
+# frame does (norms, RoPE, attention, the caches, the Python around the calls counted above), call by call in the
+# table above. A GEMV that streams at the probe's rate, fewer bits per weight with a kernel
 # that reads them as fast, or more bandwidth would close it. The codec comes on top: chapter 13 makes it cheaper.
 #
 # ## Summary

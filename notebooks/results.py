@@ -169,6 +169,32 @@ ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
 fig.tight_layout()
 
 # %% [markdown]
+# ## 4. Streaming, and a frame call by call
+# `python -m qtts_lib.bench stream` (chapter 14): time to first audio with pieces of one frame and whole streams
+# against `synthesize`, medians of fresh processes. `python -m qtts_lib.bench calls` (chapter 12): a frame of the int8
+# loop, its graph calls against their weights read by the same kernels alone. A file may hold an older version of
+# the runtime measured in turn with the newer one (`--against`), each row marked with its version.
+
+# %%
+streams, frames = [], []
+for f in sorted((BENCH / "stream").glob("*.json")):
+    for r in json.loads(f.read_text()).get("rows", []):  # the oldest file predates rows
+        ms = r["ms_per_frame"]
+        streams.append({"file": f.stem, "version": (r["commit"] or "")[:7], "loop / codec":
+                        f"{r['precision']} / {r['codec_precision']}", "first audio ms": r["ttfa_ms"]["1"],
+                        "synthesize": ms["synthesize"], "stream, pieces of 1": ms["stream_1"],
+                        "stream, pieces of 4": ms["stream_4"],
+                        "pieces of 1 / synthesize": r["stream_1_over_synthesize"]})
+for f in sorted((BENCH / "calls").glob("*.json")):
+    doc = json.loads(f.read_text())
+    for side in [doc] + ([doc["against"]] if "against" in doc else []):
+        frames.append({"file": f.stem, "version": (side["commit"] or "")[:7],
+                       **{k: side["per_frame"][k] for k in ("frame_ms", "weights_ms", "rest_ms", "glue_ms")}})
+display(pd.DataFrame(streams).set_index(["file", "version", "loop / codec"]).style.format(precision=3)
+        .set_caption("ms per frame (80 ms is real time)"))
+display(pd.DataFrame(frames).set_index(["file", "version"]).style.set_caption("the int8 loop, ms per frame"))
+
+# %% [markdown]
 # To add a machine: `make bench BENCH_NAME=<machine>-full-base` on a quiet machine (and `python -m qtts_lib.bench
 # batch` for the batched rows), add the file to `data/bench/` in the repository, and this page picks it up.
 # `data/bench/README.md` says what each file holds.
