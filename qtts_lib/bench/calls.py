@@ -107,23 +107,15 @@ def projection_nets(ncnn_dir: Path, threads: int, precision: str) -> dict:
     if precision != "int8":
         return {}
     from ..runtime.binding.net import net_from_text
-    from ..runtime.pipeline.precision import int8_paths
-    from .projections import projections_graph
+    from .projections import decoder_projections
 
     rng, out = np.random.default_rng(0), {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("talker_decoder", "predictor_decoder"):
-            param, bin_ = int8_paths(ncnn_dir, name)
-            extra = None
-            if name == "predictor_decoder":
-                hp, hb = int8_paths(ncnn_dir, "predictor_heads")
-                extra = (hp.read_text(), hb.read_bytes())
-            text, data, _ = projections_graph(param.read_text(), bin_.read_bytes(), extra)
+            text, data, _, inputs = decoder_projections(ncnn_dir, name, rng)
             f = Path(tmp) / f"{name}.bin"
             f.write_bytes(data)
-            widths = [int(line.split()[1][2:]) for line in text.splitlines() if line.startswith("Input")]
-            out[name] = (net_from_text(text, f, threads),
-                         {f"in{k}": rng.standard_normal((1, k)).astype(np.float32) for k in widths})
+            out[name] = (net_from_text(text, f, threads), inputs)
     return out
 
 

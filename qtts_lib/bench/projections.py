@@ -127,9 +127,24 @@ FORMS = {"weights_as_a": None,                       # the tier as written (`rew
          "innerproduct_static_scale": as_innerproduct}  # ncnn's other int8 GEMV (timing only)
 
 
+def decoder_projections(ncnn_dir: Path, name: str, rng: np.random.Generator) -> tuple[str, bytes, int, dict]:
+    """The int8 tier's `name` decoder as `projections_graph` (the predictor's with its first head: each of its calls
+    runs one), and one random input row per width: (text, .bin bytes, weight bytes, inputs)."""
+    from ..runtime.pipeline.precision import int8_paths
+
+    param, bin_ = int8_paths(ncnn_dir, name)
+    extra = None
+    if name == "predictor_decoder":
+        hp, hb = int8_paths(ncnn_dir, "predictor_heads")
+        extra = (hp.read_text(), hb.read_bytes())
+    text, data, nbytes = projections_graph(param.read_text(), bin_.read_bytes(), extra)
+    widths = [int(line.split()[1][2:]) for line in text.splitlines() if line.startswith("Input")]
+    return text, data, nbytes, {f"in{k}": rng.standard_normal((1, k)).astype(np.float32) for k in widths}
+
+
 def measure(ncnn_dir: Path, threads: int = 2, repeats: int = 9, groups: int = 16) -> dict:
     from ..runtime.binding.net import net_from_text, run
-    from ..runtime.pipeline.precision import ensure_int8_tier, int8_paths
+    from ..runtime.pipeline.precision import ensure_int8_tier
     from .machine import read_bandwidth_gbs
 
     ensure_int8_tier(ncnn_dir, log=print)
@@ -137,20 +152,13 @@ def measure(ncnn_dir: Path, threads: int = 2, repeats: int = 9, groups: int = 16
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("talker_decoder", "predictor_decoder"):
-            param, bin_ = int8_paths(ncnn_dir, name)
-            extra = None
-            if name == "predictor_decoder":
-                hp, hb = int8_paths(ncnn_dir, "predictor_heads")
-                extra = (hp.read_text(), hb.read_bytes())
-            text, data, nbytes = projections_graph(param.read_text(), bin_.read_bytes(), extra)
+            text, data, nbytes, inputs[name] = decoder_projections(ncnn_dir, name, rng)
             bytes_[name] = nbytes
             for form, rewrite in FORMS.items():
                 t, dd = (text, data) if rewrite is None else rewrite(text, data)
                 f = Path(tmp) / f"{name}_{form}.bin"
                 f.write_bytes(dd)
                 nets[form, name] = net_from_text(t, f, threads)
-            widths = [int(lyr.split()[1][2:]) for lyr in text.splitlines() if lyr.startswith("Input")]
-            inputs[name] = {f"in{k}": rng.standard_normal((1, k)).astype(np.float32) for k in widths}
     calls = {"talker_decoder": 1, "predictor_decoder": groups - 1}
     frame_bytes = sum(calls[n] * bytes_[n] for n in calls)
     probe = np.ones(2**28, np.float32)
