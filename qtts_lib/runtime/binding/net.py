@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -214,6 +215,19 @@ def net_from_text(text: str, bin: str | Path, threads: int = 2, device: str = "c
     if net.load_param_mem(text) != 0 or net.load_model(str(bin)) != 0:
         raise RuntimeError("ncnn could not load a graph")
     return net
+
+
+def nets_from_bins(texts: Sequence[str], bins: Sequence[str | Path], threads: int = 2, device: str = "cpu") -> list:
+    """Nets of graphs whose weights are several `.bin` files one after the other (graphs merged from others, as the
+    code predictor with its heads: weights are read in layer order), each `texts` loaded over their concatenation,
+    copied into a temporary file for the load (`net_from_text`: weights come from files only)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / "merged.bin"
+        with merged.open("wb") as out:
+            for part in bins:
+                with Path(part).open("rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 24)
+        return [net_from_text(text, merged, threads, device) for text in texts]
 
 
 def run(net: ncnn.Net, inputs: Mapping[str, np.ndarray | ncnn.Mat], outputs: Sequence[str], *,

@@ -26,8 +26,6 @@ and leaves it the frame it ends (continuous batching).
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,7 +35,7 @@ import numpy as np
 
 from ..binding import rope
 from ..binding.cached import KvCache, KvCacheNet, survivors
-from ..binding.net import Net, net_from_text, parse_device, run
+from ..binding.net import Net, net_from_text, nets_from_bins, parse_device, run
 from ..errors import BatchError
 from ..rewrites.gpu import fused_predictor_param
 from ..rewrites.gpu_layers import ensure_gpu_decoder, gemv_heads, one_blob_io
@@ -477,8 +475,7 @@ def gpu_talker(ncnn_dir: Path, cfg: dict, threads: int, device: str, log=None,
 def gemv_predictor(ncnn_dir: Path, cfg: dict, row: int, threads: int, device: str, embeddings: Embeddings,
                     log=None) -> GemvCodePredictor:
     """The predictor's GEMV step form fused with its heads (as InnerProducts), its first position and its steps
-    (`GemvCodePredictor`); the weights the two `.bin` files one after the other, in a file (the binding cannot load
-    weights from memory safely)."""
+    (`GemvCodePredictor`); the weights the two `.bin` files one after the other (`binding.net.nets_from_bins`)."""
     _plain_caches(device)
     forms = ensure_gpu_decoder(ncnn_dir, "predictor_decoder", log=log)
     heads = gemv_heads((ncnn_dir / "predictor_heads.param").read_text())
@@ -487,13 +484,7 @@ def gemv_predictor(ncnn_dir: Path, cfg: dict, row: int, threads: int, device: st
     groups = cfg["num_code_groups"]
     first = one_blob_io(fused, hd, kvh, step=False)
     step = one_blob_io(fused, hd, kvh, tuple(f"logits_{s}" for s in range(groups - 1)), row=row)
-    with tempfile.TemporaryDirectory() as tmp:
-        merged = Path(tmp) / "predictor_fused.bin"
-        with merged.open("wb") as out:
-            for part in (forms["bin"], ncnn_dir / "predictor_heads.bin"):
-                with part.open("rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 24)
-        nets = [net_from_text(text, merged, threads, device) for text in (first, step)]
+    nets = nets_from_bins([first, step], [forms["bin"], ncnn_dir / "predictor_heads.bin"], threads, device)
     return GemvCodePredictor(*nets, hd, cfg["rope_theta"], cfg["vocab_size"],
                              precision.cached_layers(ncnn_dir, "predictor_decoder"), embeddings)
 

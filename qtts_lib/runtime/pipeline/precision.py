@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..binding.cached import KvCacheNet
-from ..binding.net import Net, make_net, parse_device
+from ..binding.net import Net, make_net, nets_from_bins, parse_device
 from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
 from ..rewrites.decode_step import decode_step, fp16_step, one_thread_small_layers
@@ -203,8 +201,7 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
     over `predictor_decoder_kv.param`): a call extracts `logits_s` (head s on the positions fed) and the caches, so
     each predictor step is one graph call, not a decoder call and a head call. The CPU's fp32 and int8 tiers (one
     graph for prefill and steps); None elsewhere (fp16's step graph, a GPU: `decoder` and `head` apart). The .bin
-    is the decoder's followed by the heads' (weights are read in layer order), copied into a temporary file for the
-    load (the binding cannot load weights from memory safely)."""
+    is the decoder's followed by the heads' (`binding.net.nets_from_bins`)."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     if tier == "fp16" or parse_device(device) is not None:
         return None
@@ -218,17 +215,7 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
         if not f.is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/05_inject_kv_cache.py")
     fused = fused_predictor_param(param.read_text(), heads_param.read_text())
-
-    def load(text: str):
-        with tempfile.TemporaryDirectory() as tmp:
-            merged = Path(tmp) / "predictor_decoder_heads.bin"
-            with merged.open("wb") as out:
-                for part in (dec_bin, heads_bin):
-                    with part.open("rb") as f:
-                        shutil.copyfileobj(f, out, 1 << 24)
-            return make_net(param, merged, threads, device, lambda _: text)
-
+    load = lambda text: nets_from_bins([text], [dec_bin, heads_bin], threads, device)[0]  # noqa: E731
     batched = None if heads is None else (lambda: load(fold_batch(fused, heads)))
     return KvCacheNet(load(one_thread_small_layers(fused)), cached_layers(ncnn_dir, "predictor_decoder"), head_dim,
-                      theta,
-                      name="predictor_decoder", heads=heads, device=device, logits=True, batched=batched)
+                      theta, name="predictor_decoder", heads=heads, device=device, logits=True, batched=batched)

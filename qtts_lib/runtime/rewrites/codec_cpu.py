@@ -480,21 +480,31 @@ def stateful_convolutions(text: str) -> tuple[str, list[ConvState]]:
                     todo += lyr.outputs
         raise ValueError(f"no convolution reads {blob!r}")
 
-    def add_state(before: ParamLayer, source: str, samples: int, channels: int) -> tuple[str, str]:
-        """State Input, Concat(state, source) and Crop(last samples) -> state output, inserted before `before`;
-        returns (the state blob as the consumer should read it, the concatenation as the consumer should read it)."""
+    def add_state(before: ParamLayer, samples: int, channels: int) -> tuple[str, str]:
+        """A state Input (inserted before `before`, its name read twice through a Split); returns the blob to put
+        in front of the convolution's input and the one `save_state` reads."""
         k = len(states)
-        s_in, s_out = f"state_in_{k}", f"state_out_{k}"
-        cat, cat_a, cat_b = (g.fresh(f"state{k}_cat"), g.fresh(f"state{k}_cat_a"), g.fresh(f"state{k}_cat_b"))
-        new = [ParamLayer("Input", s_in, [], [s_in], []),
-               ParamLayer("Concat", g.fresh(f"state{k}_concat"), [s_in, source], [cat], ["0=-1"]),
-               ParamLayer("Split", g.fresh(f"state{k}_split"), [cat], [cat_a, cat_b], []),
-               ParamLayer("Crop", g.fresh(f"state{k}_crop"), [cat_b], [s_out],
-                          [f"-23309=1,-{samples}", "-23310=1,-233", "-23311=1,-1"])]
+        s_in, s_a, s_b = f"state_in_{k}", g.fresh(f"state{k}_a"), g.fresh(f"state{k}_b")
         i = g.layers.index(before)
-        g.layers[i:i] = new
-        states.append(ConvState(s_in, s_out, channels, samples))
-        return s_in, cat_a
+        g.layers[i:i] = [ParamLayer("Input", s_in, [], [s_in], []),
+                         ParamLayer("Split", g.fresh(f"state{k}_in"), [s_in], [s_a, s_b], [])]
+        states.append(ConvState(s_in, f"state_out_{k}", channels, samples))
+        return s_a, s_b
+
+    def save_state(before: ParamLayer, state: str, whole: str) -> None:
+        """The next call's state: the last samples of (this call's state, the convolution's whole input)."""
+        st = states[-1]
+        cat = g.fresh(f"{st.output}_cat")
+        i = g.layers.index(before)
+        g.layers[i:i] = [ParamLayer("Concat", g.fresh(f"{st.output}_concat"), [state, whole], [cat], ["0=-1"]),
+                         ParamLayer("Crop", g.fresh(f"{st.output}_crop"), [cat], [st.output],
+                                    [f"-23309=1,-{st.samples}", "-23310=1,-233", "-23311=1,-1"])]
+
+    def split(before: ParamLayer, blob: str) -> tuple[str, str]:
+        """`blob` read twice: a Split inserted before `before`."""
+        a, b = g.fresh(f"{blob}_a"), g.fresh(f"{blob}_b")
+        g.layers.insert(g.layers.index(before), ParamLayer("Split", g.fresh(f"{blob}_split"), [blob], [a, b], []))
+        return a, b
 
     for layer in list(g.layers):
         d = params_dict(layer)
@@ -503,8 +513,13 @@ def stateful_convolutions(text: str) -> tuple[str, list[ConvState]]:
             if pad <= 0 or int_param(d, "11", int_param(d, "1", 0)) != 1 or any(
                     int_param(d, k, pad) != 0 for k in ("15", "14")) or int_param(d, "16", 0) != 0:
                 continue
-            _, cat = add_state(layer, layer.inputs[0], pad, _conv_in_channels(layer))
-            layer.inputs[0] = cat
+            front, kept = add_state(layer, pad, _conv_in_channels(layer))
+            x, whole = split(layer, layer.inputs[0])
+            save_state(layer, kept, whole)
+            fed = g.fresh(f"{layer.name}_with_state")
+            g.layers.insert(g.layers.index(layer), ParamLayer("Concat", g.fresh(f"{layer.name}_state"), [front, x],
+                                                              [fed], ["0=-1"]))
+            layer.inputs[0] = fed
             d["4"], d["15"], d["14"], d["16"] = "0", "0", "0", "0"
             set_params(layer, d)
         elif layer.type == "Padding":
@@ -513,23 +528,11 @@ def stateful_convolutions(text: str) -> tuple[str, list[ConvState]]:
             if (pad <= 0 or any(int_param(d, k, 0) for k in ("0", "1", "3", "4")) or float(d.get("5", "0")) != 0
                     or tiles is None or tiles.type != "Slice" or tiles.outputs[0] != layer.inputs[0]):
                 continue
-            whole = tiles.inputs[0]  # the state out is the last samples of the whole input, not of the first tile
-            kept, fed = g.fresh("state_whole_a"), g.fresh("state_whole_b")
-            g.layers.insert(g.layers.index(tiles), ParamLayer("Split", g.fresh("state_whole"), [whole], [kept, fed],
-                                                              []))
-            tiles.inputs[0] = kept
-            s_in, _ = add_state(tiles, fed, pad, _conv_in_channels(first_conv(layer.outputs[0])))
-            # the state is read twice (in front of the first tile, and for the next state): a Split of its Input
-            k = len(states) - 1
-            s_a, s_b = g.fresh(f"state{k}_a"), g.fresh(f"state{k}_b")
-            at = next(i for i, lyr in enumerate(g.layers) if lyr.type == "Input" and lyr.name == s_in)
-            g.layers.insert(at + 1, ParamLayer("Split", g.fresh(f"state{k}_in"), [s_in], [s_a, s_b], []))
-            for lyr in g.layers[at + 2:]:
-                if lyr.type == "Concat" and s_in in lyr.inputs:
-                    lyr.inputs[lyr.inputs.index(s_in)] = s_b
-                    break
-            i = g.layers.index(layer)
-            g.layers[i] = ParamLayer("Concat", layer.name, [s_a, layer.inputs[0]], list(layer.outputs), ["0=-1"])
+            front, kept = add_state(tiles, pad, _conv_in_channels(first_conv(layer.outputs[0])))
+            tiles.inputs[0], whole = split(tiles, tiles.inputs[0])  # the state: the whole input's last samples
+            save_state(tiles, kept, whole)
+            g.layers[g.layers.index(layer)] = ParamLayer("Concat", layer.name, [front, layer.inputs[0]],
+                                                         list(layer.outputs), ["0=-1"])
     return g.text(), states
 
 
