@@ -508,3 +508,12 @@ def test_small_layers_run_on_one_thread_and_compute_the_same(tiny_ncnn):
         h, cache = net.prefill(x[:, :6])
         outs.append(np.concatenate([h] + [net.forward(x[:, t:t + 1], cache) for t in range(6, 9)], axis=1))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_fresh_names_are_fresh_in_a_graph_an_earlier_rewrite_named():
+    """A rewrite over a rewritten graph: `Graph.fresh` never hands out a layer or blob name the graph already has
+    (an earlier rewrite's `x_sp1` included), else two blobs would share a name and ncnn refuse the graph."""
+    text = "7767517\n2 2\nInput in 0 1 x_sp1\nReLU x_sp2 1 1 x_sp1 x_sp3\n"
+    g = graph.Graph(text)
+    names = [g.fresh("x") for _ in range(3)]
+    assert names == ["x_sp4", "x_sp5", "x_sp6"]

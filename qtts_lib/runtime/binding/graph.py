@@ -32,6 +32,7 @@ class Graph:
         info = parse_param(text)
         self.magic, self.layers = info.magic, info.layers
         self._n = 0
+        self._used: set[str] | None = None
 
     def consumers(self, blob: str) -> list[ParamLayer]:
         return [lyr for lyr in self.layers if blob in lyr.inputs]
@@ -40,8 +41,15 @@ class Graph:
         return next((lyr for lyr in self.layers if blob in lyr.outputs), None)
 
     def fresh(self, stem: str) -> str:
-        self._n += 1
-        return f"{stem}_sp{self._n}"
+        """A layer or blob name used nowhere in the graph yet (an earlier rewrite may have used `stem_spN`)."""
+        if self._used is None:
+            self._used = {n for lyr in self.layers for n in (lyr.name, *lyr.inputs, *lyr.outputs)}
+        while True:
+            self._n += 1
+            name = f"{stem}_sp{self._n}"
+            if name not in self._used:
+                self._used.add(name)
+                return name
 
     def text(self) -> str:
         return format_param(self.magic, self.layers)

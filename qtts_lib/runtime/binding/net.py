@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import shutil
 import sys
@@ -151,7 +152,7 @@ def from_mat(mat, batch_axis: int = NO_BATCH) -> np.ndarray:
     outputs a frame)."""
     shape = {1: (mat.w,), 2: (mat.h, mat.w), 3: (mat.c, mat.h, mat.w), 4: (mat.c, mat.d, mat.h, mat.w)}[mat.dims]
     if mat.elemsize == 4 and mat.elempack == 1 and (mat.dims < 3 or mat.cstep == mat.w * mat.h * max(mat.d, 1)):
-        a = np.frombuffer(mat, np.float32, count=int(np.prod(shape))).reshape(shape).copy()
+        a = np.frombuffer(mat, np.float32, count=math.prod(shape)).reshape(shape).copy()  # not np.prod: 30 µs
     else:
         a = np.array(mat.numpy(), copy=True)
     return a[None] if batch_axis == 0 else a

@@ -33,6 +33,7 @@ from ..binding import rope
 from ..binding.cached import KvCache, layer_cache_outputs
 from ..binding.net import Net, make_net, memory_pool, parse_device, run
 from ..errors import InputError, PrecisionError
+from ..rewrites.decode_step import one_thread_small_layers
 from .cpu_form import fast_graph, load_parts, manifest_axes
 from .gpu_form import gpu_graph
 from .int8_form import int8_graph
@@ -85,7 +86,10 @@ class Codec:
             self.transformer_kv = self.directory / desc["transformer_kv"]
             # the transformer's cached form, loaded once: every incremental decode (a stream, one per 300-frame
             # chunk) runs it with a cache of its own
-            self.transformer_net = make_net(self.transformer_kv, self.part_files[1][1], threads, device)
+            kv_bin = (self.directory / desc["transformer_kv_bin"] if "transformer_kv_bin" in desc  # the int8 tier's
+                      else self.part_files[1][1])
+            self.transformer_net = make_net(self.transformer_kv, kv_bin, threads, device,
+                                            one_thread_small_layers if parse_device(device) is None else None)
             self.transformer_layers = sum(1 for line in self.transformer_kv.read_text().splitlines()
                                           if line.startswith("SDPA"))
         elif form == "gpu":

@@ -89,15 +89,16 @@ def fuse_shared_input(g: Graph, weights: dict[str, np.ndarray]) -> int:
     return removed
 
 
-def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, dict]:
+def int8_graph(text: str, data: bytes, fuse: bool = True, keep=()) -> tuple[str, bytes, dict]:
     """The int8 form of a decoder graph and its .bin: Gemms sharing an input fused (`fuse_shared_input`), then
     each eligible Gemm -> int8 Gemm over constant A with its row scales (module docstring) [-> BinaryOp(add,
-    MemoryData bias) for a Gemm with a bias, whose bias stays fp32]. Returns (param text, bin, stats)."""
+    MemoryData bias) for a Gemm with a bias, whose bias stays fp32]. The Gemms named in `keep` stay fp32.
+    Returns (param text, bin, stats)."""
     segs = split_bin(text, data)
     g = Graph(text)
     weights = {}
     for layer in g.layers:
-        if _int8_eligible(layer):
+        if _int8_eligible(layer) and layer.name not in keep:
             d = params_dict(layer)
             weights[layer.name] = segs[layer.name][0].array().reshape(int(d["8"]), int(d["9"]))
     stats = {"gemms": 0, "weights": 0, "rel_rms": [], "fused_away": fuse_shared_input(g, weights) if fuse else 0}
@@ -105,7 +106,7 @@ def int8_graph(text: str, data: bytes, fuse: bool = True) -> tuple[str, bytes, d
     for layer in list(g.layers):
         if layer.name in segs:
             out[layer.name] = segs[layer.name]
-        if not _int8_eligible(layer):
+        if not _int8_eligible(layer) or layer.name in keep:
             continue
         d = params_dict(layer)
         n, k = int(d["8"]), int(d["9"])
