@@ -159,6 +159,24 @@ display(Audio(codec_int8.decode(codes40), rate=SAMPLE_RATE))
 # steps (`tests/test_codec_int8.py` shows the error it makes), and random codes are not speech. On a real checkpoint,
 # measure the tier on your own codes before you ship it (`python -m qtts_lib.bench codec --tiers fp32,int8`).
 #
+# A stream (chapter 14) decodes a frame or a few at a time, and each push runs the transformer one position
+# through its KV cache, reading all of its weights for one frame. So the tier also gives that cached form the
+# loop's int8 projections (chapter 12: per-row weight scales, each call's activations measured, no calibration),
+# all but the transformer's input and output projections, which stay fp32 (made int8 too, they alone cost the
+# stream several dB). A whole decode runs the fp32 transformer once over all frames. The check: streamed one frame
+# at a time, the int8 tier stays as close to fp32's audio as its whole decode does.
+
+# %%
+kv_stats = int8_desc["transformer_kv_stats"]
+print(f"the stream's transformer: {kv_stats['gemms']} int8 projections; fp32: {', '.join(kv_stats['kept_fp32'])}")
+inc = codec_int8.incremental()
+streamed = np.concatenate([inc.push(codes40[i : i + 1]) for i in range(len(codes40))])
+whole_fp32 = codec_fp32.decode(codes40)
+stream_snr, whole_snr = check.snr_db(streamed, whole_fp32), check.snr_db(codec_int8.decode(codes40), whole_fp32)
+print(f"against fp32's whole decode: int8 streamed {stream_snr:.1f} dB, int8 whole {whole_snr:.1f} dB")
+check.at_least("codec int8: the stream's transformer projections made int8", "layers", kv_stats["gemms"], 1)
+check.at_most("codec int8: streamed vs whole, distance to fp32", "dB", abs(stream_snr - whole_snr), 3.0)
+#
 # ## 4. Both tiers at full size
 # Every codec tier in one process, alternating rounds (`python -m qtts_lib.bench codec --tiers fp32,bf16,int8`), on
 # the reference machine at 1 and 2 threads, each against fp32's audio of the same codes:
@@ -321,8 +339,8 @@ print("real time (RTF < 1) on this machine:", "reached" if pick["best_RTF"].min(
 # ## Summary
 # - The codec is compute-bound, so its tiers are cheaper arithmetic: bf16 storage on its upsampling parts
 #   (`--codec-precision bf16`) and int8 convolutions in the residual units of decoder stages 2-4 with static input
-#   scales calibrated once (`--codec-precision int8`), each measured against fp32 by SNR, log-spectral distance and
-#   the codes Mimi hears back.
+#   scales calibrated once (`--codec-precision int8`), plus, for streams, the loop's int8 projections in the
+#   transformer's cached form; each measured against fp32 by SNR, log-spectral distance and the codes Mimi hears back.
 # - Which codec tier is faster depends on the CPU; measure on yours (`python -m qtts_lib.bench codec --tiers`).
 # - Decoding on the second core pays only where one thread draws most of the memory bandwidth; the codec process
 #   (`runtime.experimental.codec_process`) gives the in-process synthesizer's codes and audio, but its gain comes and
