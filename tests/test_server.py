@@ -59,11 +59,24 @@ def test_speech_wav_and_pcm(server, voice):
     assert np.array_equal(np.frombuffer(raw, "<i2"), pcm)  # same request, same seed: same audio
 
 
+def test_a_voice_as_openais_object_is_the_same_voice(server):
+    """`voice: {"id": NAME}` (OpenAI's form for a custom voice) speaks as `voice: NAME` does: same seed, same audio."""
+    _, url = server
+    body = {"input": "Hello there.", "response_format": "pcm", "seed": 7}
+    plain, as_object = (request(url, "/v1/audio/speech", body | {"voice": v}) for v in ("bob", {"id": "bob"}))
+    assert plain[0] == as_object[0] == 200 and plain[2] == as_object[2] and len(plain[2]) > 0
+
+
 BAD = [  # (body or None for GET, path, expected status, what the error names)
     (b"not json", "/v1/audio/speech", 400, "JSON"),
     ({"input": "", "voice": "alice"}, "/v1/audio/speech", 400, "input"),
     ({"input": "hi", "voice": "carol"}, "/v1/audio/speech", 400, "voice"),
     ({"input": "hi", "voice": "../alice"}, "/v1/audio/speech", 400, "voice"),
+    ({"input": "hi", "voice": {"id": "carol"}}, "/v1/audio/speech", 400, "unknown voice 'carol'"),
+    ({"input": "hi", "voice": {"id": "../alice"}}, "/v1/audio/speech", 400, "voice"),
+    ({"input": "hi", "voice": {"name": "alice"}}, "/v1/audio/speech", 400, "{\"id\": name}"),
+    ({"input": "hi", "voice": {"id": "alice", "x": 1}}, "/v1/audio/speech", 400, "{\"id\": name}"),
+    ({"input": "hi", "voice": ["alice"]}, "/v1/audio/speech", 400, "voice"),
     ({"input": "hi", "voice": "alice", "response_format": "ogg"}, "/v1/audio/speech", 400, "response_format"),
     ({"input": "hi", "voice": "alice", "language": "klingon"}, "/v1/audio/speech", 400, "language"),
     ({"input": "hi", "voice": "alice", "speed": 5}, "/v1/audio/speech", 400, "speed"),

@@ -132,6 +132,14 @@ def test_an_error_is_json_before_any_event(client):
     assert caught.value.param == "voice"
 
 
+def test_the_sdk_names_a_custom_voice_by_its_id(client):
+    """OpenAI's SDK passes a custom voice as `{"id": ...}`: the server speaks that voice, as by its name."""
+    kwargs = dict(model="tts-1", input=TEXT, response_format="pcm", extra_body={"seed": 3})
+    by_id = client.audio.speech.create(voice={"id": "bob"}, **kwargs)
+    by_name = client.audio.speech.create(voice="bob", **kwargs)
+    assert by_id.content == by_name.content and len(by_id.content) > 0
+
+
 def test_a_chunked_stream_names_its_seed(client):
     with client.audio.speech.with_streaming_response.create(model="tts-1", voice="bob", input=TEXT,
                                                             response_format="wav") as response:

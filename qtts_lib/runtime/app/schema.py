@@ -43,6 +43,14 @@ def _not_blank(text: str) -> str:
     return text
 
 
+class VoiceRef(BaseModel):
+    """OpenAI's form of a custom voice in a speech request: `{"id": "NAME"}`, the same voice as `"NAME"`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str = Field(pattern=VOICE_PATTERN, description="The voice's name, as a plain `voice` would give it.")
+
+
 class SpeechRequest(BaseModel):
     """The body of `POST /v1/audio/speech`: OpenAI's fields, then the sampling parameters of `Sampling` (missing
     ones take the checkpoint's generation_config, so the server samples as the reference does)."""
@@ -52,8 +60,14 @@ class SpeechRequest(BaseModel):
     input: Annotated[str, AfterValidator(_not_blank)] = Field(
         min_length=1, max_length=MAX_INPUT_CHARS, description="The text to speak; a long one is spoken segment by "
                                                               "segment with short pauses.")
-    voice: str = Field(pattern=VOICE_PATTERN, description="A built-in speaker (CustomVoice checkpoints), the NAME of "
-                       "NAME.wav in --voices (Base checkpoints), or `design` (VoiceDesign). GET /v1/models lists them.")
+    voice: Annotated[str, Field(pattern=VOICE_PATTERN)] | VoiceRef = Field(
+        description="A built-in speaker (CustomVoice checkpoints), the NAME of NAME.wav in --voices (Base "
+                    "checkpoints), or `design` (VoiceDesign); also as OpenAI's object `{\"id\": NAME}`. GET /v1/models "
+                    "lists them.")
+
+    @property
+    def voice_name(self) -> str:
+        return self.voice if isinstance(self.voice, str) else self.voice.id
     model: str | None = Field(None, description="The served checkpoint's name, or one of "
                                                 f"{', '.join(OPENAI_MODELS)} (all mean it).")
     response_format: ResponseFormat = Field("wav", description="mp3, opus (Ogg Opus), aac (ADTS), flac, wav (16-bit, "
@@ -81,6 +95,8 @@ class SpeechRequest(BaseModel):
 
 REQUEST_FIELDS = tuple(SpeechRequest.model_fields)
 HINTS = {"speed": f"speed is a number from {MIN_SPEED} to {MAX_SPEED} (1.0: as generated)",
+         "voice": "voice is a voice's name (letters, digits, '.', '-' and '_'; GET /v1/voices lists them) or "
+                  "OpenAI's object {\"id\": name}",
          "stream_format": f"stream_format is one of {', '.join(STREAM_FORMATS)}"}
 
 
@@ -263,15 +279,16 @@ def parse_speech(body: bytes, served: Served, voices: list[str]) -> Speech:
     if req.language.lower() not in served.languages:
         raise RequestError(400, f"unknown language {shown(req.language)}; valid: {', '.join(served.languages)}",
                            "language")
-    if req.voice not in voices and req.voice.lower() not in served.speakers:
-        raise RequestError(400, f"unknown voice {shown(req.voice)}; valid: "
+    voice = req.voice_name
+    if voice not in voices and voice.lower() not in served.speakers:
+        raise RequestError(400, f"unknown voice {shown(voice)}; valid: "
                                 f"{', '.join(voices) or '(none: pass --voices DIR)'}", "voice")
     given = {k: getattr(req, k) for k in SAMPLING_FIELDS if getattr(req, k) is not None}
     try:
         sampling = served.sampling.replace(**given).resolve()  # no seed: this request's fresh one
     except InputError as e:
         raise RequestError(400, str(e), next(iter(given), None)) from None
-    return Speech(req.input, req.response_format, req.language.lower(), req.voice, sampling, instructions,
+    return Speech(req.input, req.response_format, req.language.lower(), voice, sampling, instructions,
                   float(req.speed), req.stream_format)
 
 
@@ -342,7 +359,7 @@ def shown(v) -> str:
 def first_error(e: ValidationError) -> tuple[str, str]:
     """(message, param) for a request pydantic refused: unknown fields all named, else the first problem."""
     errors = e.errors(include_url=False)
-    unknown = sorted(str(x["loc"][0]) for x in errors if x["type"] == "extra_forbidden")
+    unknown = sorted(str(x["loc"][0]) for x in errors if x["type"] == "extra_forbidden" and len(x["loc"]) == 1)
     if unknown:
         return (f"unrecognized request argument(s): {', '.join(map(repr, unknown))}; valid: "
                 f"{', '.join(REQUEST_FIELDS)}", unknown[0])

@@ -17,7 +17,8 @@ request draws a fresh one, and every answer says the seed it used in its `X-Seed
 gives the same audio again, bit for bit (greedy decoding needs none and says 0).
 
 A `voice` is a built-in speaker (CustomVoice checkpoints) or the name of `<name>.wav` in the voices folder (Base
-checkpoints: x-vector cloning; with `<name>.txt` beside it holding the clip's transcript, ICL); `Voices` holds them
+checkpoints: x-vector cloning; with `<name>.txt` beside it holding the clip's transcript, ICL), given as the name or
+as OpenAI's custom-voice object `{"id": name}`; `Voices` holds them
 all, each built once. On a Base checkpoint `POST /v1/voices` (a form: `name`, the clip file `audio`, its transcript
 `text` if any) adds one while the server runs: the clip passes `audio.clips`'s checks (a 400 that says why not),
 its voice is built off the engine's thread and saved in the folder, so a restart finds it; `DELETE` removes it.
