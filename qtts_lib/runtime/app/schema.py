@@ -65,9 +65,6 @@ class SpeechRequest(BaseModel):
                     "checkpoints), or `design` (VoiceDesign); also as OpenAI's object `{\"id\": NAME}`. GET /v1/models "
                     "lists them.")
 
-    @property
-    def voice_name(self) -> str:
-        return self.voice if isinstance(self.voice, str) else self.voice.id
     model: str | None = Field(None, description="The served checkpoint's name, or one of "
                                                 f"{', '.join(OPENAI_MODELS)} (all mean it).")
     response_format: ResponseFormat = Field("wav", description="mp3, opus (Ogg Opus), aac (ADTS), flac, wav (16-bit, "
@@ -91,6 +88,11 @@ class SpeechRequest(BaseModel):
                              "bit. Unset: a fresh seed for every request; the answer's X-Seed header says which, so "
                              "any take can be replayed.")
     greedy: bool | None = Field(None, description="Argmax decoding instead of sampling.")
+
+    @property
+    def voice_name(self) -> str:
+        """The voice asked for, given as a name or as `{"id": name}`."""
+        return self.voice if isinstance(self.voice, str) else self.voice.id
 
 
 REQUEST_FIELDS = tuple(SpeechRequest.model_fields)
