@@ -302,7 +302,7 @@ def compare(name: str, case: str, voice, gold: dict) -> None:
 
 results, rows = {}, []
 for name in ("tiny-1.7b-base", WIDE, DESIGN):
-    goldens = golden.ensure(name, refs[name], THREADS)
+    goldens = golden.ensure(name, refs[name])
     for case, args in golden.cases(refs[name]).items():
         voice = synths[name].voice(wav=args.get("voice_wav"), text=args.get("voice_text"),
                                    speaker=args.get("speaker"), instruct=args.get("instruct"))
@@ -319,7 +319,7 @@ check.equal(f"{WIDE} speaker_instruct_greedy: no warning (1.7B follows it)", "wa
 show(qwen_tts.Qwen3TTSModel.generate_custom_voice, "0b6")
 voice_args = dict(speaker=synths[SMALL].speakers[0], instruct=reference.STYLE)
 ref = reference.capture_generation(refs[SMALL], inputs.TARGET_TEXT, inputs.LANGUAGE, max_new_tokens=2, **voice_args)
-plain = golden.ensure(SMALL, refs[SMALL], THREADS)["speaker_greedy"]
+plain = golden.ensure(SMALL, refs[SMALL])["speaker_greedy"]
 check.equal("0.6B reference: prompt rows with an instruction = without", "rows", len(ref["inputs_embeds"]),
             len(plain["inputs_embeds"]))
 check.equal(f"{SMALL}: follows instructions", "follows", synths[SMALL].follows_instructions, False)

@@ -16,6 +16,10 @@ from . import artifacts, inputs, paths, reference
 from .runtime.audio.wav import load_wav
 
 PRODUCER = "03_make_golden"
+THREADS = 1
+"""Goldens are made on one CPU thread. There a BLAS has no work to split or schedule, so a rerun is bitwise equal on
+any processor; on more threads MKL (torch's BLAS) promises that only under conditions it lists ("conditional numerical
+reproducibility"). Chapter 03 measures what another thread count changes."""
 
 
 def voice_of(tts) -> dict:
@@ -46,24 +50,28 @@ def cases(tts) -> dict[str, dict]:
     return {"xvec_greedy": voice, "icl_greedy": voice | {"voice_text": transcript}}
 
 
-def run_with_logits(tts, voice: dict, **kw) -> dict:
-    """One greedy reference run of the golden text (`capture_generation`), with the talker's logits per step."""
+def run_with_logits(tts, voice: dict, threads: int = THREADS, **kw) -> dict:
+    """One greedy reference run of the golden text (`capture_generation`) on `threads` CPU threads (the thread count
+    is restored after), with the talker's logits per step."""
     import torch
 
     logits = []
     hook = tts.model.talker.codec_head.register_forward_hook(
         lambda m, a, out: logits.append(out[0, -1].detach().clone()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         out = reference.capture_generation(tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice.get("voice_wav"),
                                            voice.get("voice_text"), speaker=voice.get("speaker"),
                                            instruct=voice.get("instruct"), **kw)
     finally:
+        torch.set_num_threads(before)
         hook.remove()
     out["logits"] = torch.stack(logits).numpy()  # (steps, vocab)
     return out
 
 
-def save(ckpt: str, name: str, run: dict, eos_id: int, voice: dict, threads: int, **more_inputs) -> Path:
+def save(ckpt: str, name: str, run: dict, eos_id: int, voice: dict, threads: int = THREADS, **more_inputs) -> Path:
     """`data/golden/<ckpt>/<name>.npz` and its manifest entry."""
     described = voice.get("speaker") or (None if voice.get("voice_wav") is None else
                                          f"voice.wav sha256 {artifacts.sha256(paths.voice_wav())[:16]}")
@@ -80,7 +88,7 @@ def save(ckpt: str, name: str, run: dict, eos_id: int, voice: dict, threads: int
                               dict(common, eos_id=eos_id, **more_inputs), extra, **arrays)
 
 
-def ensure(ckpt: str, tts, threads: int = 2) -> dict[str, dict[str, np.ndarray]]:
+def ensure(ckpt: str, tts) -> dict[str, dict[str, np.ndarray]]:
     """The greedy goldens of `ckpt` (`cases`), loaded where chapter 03 left them current, made here (by the same
     functions chapter 03 runs) where it did not."""
     eos = int(tts.model.config.talker_config.codec_eos_token_id)
@@ -92,6 +100,6 @@ def ensure(ckpt: str, tts, threads: int = 2) -> dict[str, dict[str, np.ndarray]]
             continue
         except artifacts.StaleArtifact:  # missing, changed, or made from another checkpoint
             pass
-        save(ckpt, name, run_with_logits(tts, voice, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS), eos, voice, threads)
+        save(ckpt, name, run_with_logits(tts, voice, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS), eos, voice)
         out[name] = artifacts.load_npz(path, ckpt)[0]
     return out
