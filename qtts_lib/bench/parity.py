@@ -36,13 +36,13 @@ def divergence(ours: np.ndarray, ref: np.ndarray, logits: np.ndarray) -> dict | 
     return out
 
 
-def compare(synth, tts, name: str, voice: dict, text: str, language: str, frames: int) -> dict:
-    """One case: the reference and the runtime, greedy, `frames` frames of `text`."""
+def compare(synth, tts, name: str, voice: dict, text: str, language: str, frames: int, threads: int) -> dict:
+    """One case: the reference and the runtime, greedy, `frames` frames of `text`, each on `threads` threads."""
     from .. import check, golden
     from ..runtime import Sampling
 
     t0 = time.perf_counter()
-    ref = golden.run_with_logits(tts, voice, max_new_tokens=frames + 1)  # HF's N new tokens give N - 1 frames
+    ref = golden.run_with_logits(tts, voice, threads, max_new_tokens=frames + 1)  # N new tokens give N - 1 frames
     t_ref = time.perf_counter() - t0
     if "voice_wav" in voice:
         v = synth.voice(wav=voice["voice_wav"], text=voice.get("voice_text"))
@@ -95,7 +95,7 @@ def measure(model_dir: Path, frames: int = 48, threads: int = 2, cases: list[str
     for name, voice in golden.cases(tts).items():
         if cases and name not in cases:
             continue
-        row = compare(synth, tts, name, voice, inputs.TARGET_TEXT, inputs.LANGUAGE, frames)
+        row = compare(synth, tts, name, voice, inputs.TARGET_TEXT, inputs.LANGUAGE, frames, threads)
         row.update(threads=threads, device="cpu")
         print(f"{name}: {row['codes_mismatched']}/{row['codes_compared']} codes differ, wav "
               f"{row['wav_snr_db']:.1f} dB, divergence {row['divergence']}", flush=True)
