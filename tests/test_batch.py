@@ -11,7 +11,7 @@ import pytest
 from qtts_lib import paths
 from qtts_lib.runtime import Sampling, Synthesizer, load_wav
 from qtts_lib.runtime.binding import cache_layout, rope
-from qtts_lib.runtime.binding.cached import KvCacheNet, merge
+from qtts_lib.runtime.binding.cached import KvCache, KvCacheNet, merge
 from qtts_lib.runtime.binding.net import make_net
 from qtts_lib.runtime.errors import BatchError
 from qtts_lib.runtime.pipeline import precision
@@ -246,6 +246,30 @@ def test_a_copied_cache_goes_on_like_the_original(synth):
     copy = cache.copy()
     for t in range(17, 20):
         np.testing.assert_array_equal(net.forward(x[:, t:t + 1], cache), net.forward(x[:, t:t + 1], copy))
+
+
+def test_steps_appending_in_place_equal_steps_handing_the_caches_back(synth, monkeypatch):
+    """On the CPU a step with room in its caches extracts only its output (the layer appends into the Mats fed in);
+    past the room it takes the layer's new Mats. Both give what extracting every cache gives, bit for bit."""
+    assert cache_layout.probe().appends  # the CPU layer appends in place (the probe checks it)
+    cfg = synth.config.talker
+    net = precision.decoder(paths.ncnn_dir(CKPT), "talker_decoder", cfg["head_dim"], cfg["rope_theta"], 2)
+    x = np.random.default_rng(5).standard_normal((1, 45, cfg["hidden_size"])).astype(np.float32)
+    runs, seen = [], []
+    for in_place in (True, False):
+        if not in_place:
+            monkeypatch.setattr(KvCache, "appends_in_place", lambda self, positions: False)
+        h, cache = net.prefill(x[:, :5])
+        steps = []
+        for t in range(5, 45):
+            if in_place:
+                seen.append(cache.appends_in_place(1))
+            steps.append(net.forward(x[:, t:t + 1], cache))
+        runs.append((np.concatenate([h, *steps], axis=1), cache.arrays()))
+    assert any(seen) and not all(seen)  # both ways ran: in place, and past the room
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    for name, a in runs[0][1].items():
+        np.testing.assert_array_equal(a, runs[1][1][name])
 
 
 @pytest.mark.parametrize("piece", [3, 1000], ids=["in-pieces", "whole"])

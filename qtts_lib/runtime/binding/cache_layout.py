@@ -17,7 +17,7 @@ which the same formulas describe; `probe(device)` finds it the same way.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -47,10 +47,12 @@ def _channel_memory(mat: ncnn.Mat) -> np.ndarray:
 @dataclass(frozen=True)
 class CacheLayout:
     """How this ncnn build's SDPA lays out a cache: positions in tiles of `tile` (module docstring); `spare`:
-    whether its caches keep room for more positions (the CPU layer appends in place; a Vulkan download has none,
-    and a Mat with room to spare breaks its upload)."""
+    whether its caches keep room for more positions (a Vulkan download has none, and a Mat with room to spare
+    breaks its upload); `appends`: whether the layer writes new positions into the very memory of a cache fed with
+    room for them, so that the Mat fed in, one position longer, is the cache out (the CPU's: `probe` checks it)."""
     tile: int
     spare: bool = True
+    appends: bool = False
 
     def key_index(self, positions: int, dim: int) -> np.ndarray:
         j, d = np.arange(positions)[:, None], np.arange(dim)[None, :]
@@ -185,11 +187,36 @@ def probe(device: str = "cpu") -> CacheLayout:
         try:
             if np.array_equal(layout.read(out_k, "k"), k) and np.array_equal(layout.read(out_v, "v"), v) and (
                     out_k.elempack > 1 or _formulas_hold(layout, out_k, out_v, k, v)):
-                return layout
+                return replace(layout, appends=layout.spare and _appends(net, layout, out_k, out_v, k, v, rng))
         except (IndexError, ValueError):
             continue
     raise BatchError(f"this ncnn build ({ncnn.__version__}) keeps the SDPA cache on {device} in a layout qtts does "
                      "not know: sequences cannot be batched here (one at a time still works)")
+
+
+def _appends(net, layout: CacheLayout, past_k: ncnn.Mat, past_v: ncnn.Mat, k: np.ndarray, v: np.ndarray,
+             rng: np.random.Generator) -> bool:
+    """Whether one more position, fed after caches with room for it, lands in their own memory: the caches out share
+    the Mats' memory, hold one position more, and read back as the old positions and the new one."""
+    heads, kv_heads, dim = 4, k.shape[0], k.shape[2]
+    q1, k1, v1 = (rng.standard_normal((n, 1, dim)).astype(np.float32) for n in (heads, kv_heads, kv_heads))
+    ex = net.create_extractor()
+    held = [to_mat(a) for a in (q1, k1, v1)]
+    for name, m in zip("qkv", held):
+        ex.input(name, m)
+    ex.input("past_k", past_k)
+    ex.input("past_v", past_v)
+    out_k, out_v = ncnn.Mat(), ncnn.Mat()
+    if ex.extract("out_k", out_k, 1) != 0 or ex.extract("out_v", out_v, 1) != 0:
+        return False
+    same = all(_address(a) == _address(b) for a, b in ((out_k, past_k), (out_v, past_v)))
+    return bool(same and out_k.h == past_k.h + 1 and out_v.h == past_v.h + 1
+                and np.array_equal(layout.read(out_k, "k"), np.concatenate([k, k1], axis=1))
+                and np.array_equal(layout.read(out_v, "v"), np.concatenate([v, v1], axis=1)))
+
+
+def _address(mat: ncnn.Mat) -> int:
+    return _channel_memory(mat).__array_interface__["data"][0]
 
 
 def _formulas_hold(layout: CacheLayout, out_k: ncnn.Mat, out_v: ncnn.Mat, k: np.ndarray, v: np.ndarray) -> bool:

@@ -9,7 +9,9 @@ untouched, a zero mask (1, past+1) and the rope rows of the absolute position.
 
 The caches never leave ncnn: they are extracted with `type=1` into Mats we keep and feed back.
 A numpy round trip, or the tuple form `ret, m = ex.extract(name)` (which clones), loses the
-backend's private layout and spare capacity (see chapter 05).
+backend's private layout and spare capacity (see chapter 05). Where the layer appends in place (the CPU's SDPA,
+into a cache with room: `KvCache.appends_in_place`), a step extracts only its output and the Mats fed in are the
+caches out, each one position longer.
 
 The cache of one sequence is a `KvCache`, held by whoever runs the sequence (the generation loop keeps one per
 utterance), so one `KvCacheNet` serves any number of sequences. A cache is the set of blobs to feed next time,
@@ -32,6 +34,7 @@ from collections.abc import Callable, Sequence
 import ncnn
 import numpy as np
 
+from ..errors import BatchError
 from . import cache_layout, rope
 from .net import run, to_mat
 
@@ -83,6 +86,26 @@ class KvCache:
     def grow(self, outputs: Sequence[str], mats: Sequence[ncnn.Mat], positions: int) -> None:
         """Take a call's cache outputs (`cache_*_out*`) as the next call's inputs."""
         self.blobs = {name.replace("_out", "_in"): m for name, m in zip(outputs, mats)}
+        self.past += positions
+        self.lengths = [n + positions for n in self.lengths]
+
+    def appends_in_place(self, positions: int) -> bool:
+        """Whether a call of `positions` new positions writes them into these very Mats: this build's layer appends
+        in place (`cache_layout.CacheLayout.appends`) and every Mat has room for them. Such a call need not hand
+        its caches back (`extended` says they grew): fewer extracts a step, the same numbers."""
+        if not self.past:
+            return False
+        try:
+            layout = self.layout
+        except BatchError:  # a layout qtts cannot read: the caches come back from every call
+            return False
+        need = self.past + positions
+        return layout.appends and all(layout.capacity(m) >= need for m in self.blobs.values())
+
+    def extended(self, positions: int) -> None:
+        """After a call that appended `positions` positions in place (`appends_in_place`): the Mats hold them."""
+        for m in self.blobs.values():
+            m.h += positions
         self.past += positions
         self.lengths = [n + positions for n in self.lengths]
 
@@ -319,9 +342,13 @@ class KvCacheNet:
             net = self.batched_net
         rows = embeds.reshape(1, sequences * length, embeds.shape[2])
         inputs = {"in0": rows} | positions | cache.blobs
-        out, *mats = run(net, inputs, [output, *self.cache_outputs],
-                         axes={"in0": 0, "out0": 0}, raw=self.cache_outputs, name=self.name)
-        cache.grow(self.cache_outputs, mats, length)
+        if cache.appends_in_place(length):  # the caches grow where they are: only the output comes back
+            (out,) = run(net, inputs, [output], axes={"in0": 0, "out0": 0}, name=self.name)
+            cache.extended(length)
+        else:
+            out, *mats = run(net, inputs, [output, *self.cache_outputs],
+                             axes={"in0": 0, "out0": 0}, raw=self.cache_outputs, name=self.name)
+            cache.grow(self.cache_outputs, mats, length)
         return out.reshape(sequences, length, -1)
 
     def prefill(self, embeds: np.ndarray, output: str = "out0") -> tuple[np.ndarray, KvCache]:
