@@ -272,6 +272,46 @@ def test_steps_appending_in_place_equal_steps_handing_the_caches_back(synth, mon
         np.testing.assert_array_equal(a, runs[1][1][name])
 
 
+def test_a_voices_head_is_prefilled_once_and_gives_the_same_numbers_kept_or_not():
+    """A synthesizer keeps the talker cache of each prompt head it spoke (`scheduler.Prefixes`): the next utterance
+    with the same voice and language prefills only its text. The head always goes in as a call of its own, so an
+    utterance's codes and audio are the same whether its head was kept or not (int8, where the rows of one call
+    share an activation scale, would show a head fed with the text)."""
+    from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
+
+    def counting(synth):
+        fed, real = [], synth.loop.prefill
+
+        def prefill(seq, positions=None):
+            before = seq.prefilled
+            done = real(seq, positions)
+            fed.append(seq.prefilled - before)
+            return done
+        synth.loop.prefill = prefill
+        return fed
+
+    warm, cold = (Synthesizer(paths.model_dir(CKPT), precision="int8") for _ in range(2))
+    voice = warm.voice(wav=load_wav(paths.voice_wav()))
+    fed = counting(warm)
+    seeded = Sampling(seed=7)
+    first = warm.synthesize(TEXTS[0], "english", voice, seeded, max_frames=6)
+    head, length = (lambda p: (p.head, len(p.embeds)))(warm.prompt(TEXTS[0], "english", voice))
+    assert 0 < head < length and sum(fed) == length and head in fed and len(warm.prefixes) == 1
+    fed.clear()
+    again = warm.synthesize(TEXTS[0], "english", voice, seeded, max_frames=6)
+    assert sum(fed) == length - head  # only the text
+    np.testing.assert_array_equal(again.codes, first.codes)
+    np.testing.assert_array_equal(again.wav, first.wav)
+    fed.clear()
+    other = warm.synthesize(TEXTS[1], "english", voice, seeded, max_frames=6, non_streaming=True)
+    assert sum(fed) == len(warm.prompt(TEXTS[1], "english", voice, non_streaming=True).embeds) - head
+    alone = cold.synthesize(TEXTS[1], "english", voice, seeded, max_frames=6, non_streaming=True)
+    np.testing.assert_array_equal(other.codes, alone.codes)  # kept or made now: the same numbers
+    np.testing.assert_array_equal(other.wav, alone.wav)
+    warm.synthesize(TEXTS[0], "chinese", voice, seeded, max_frames=2)  # another language: another head
+    assert len(warm.prefixes) == 2
+
+
 @pytest.mark.parametrize("piece", [3, 1000], ids=["in-pieces", "whole"])
 def test_utterances_joining_a_running_batch_equal_them_alone(synth, prompts, piece):
     """Through a `Scheduler`: utterances submitted while others run are prefilled `piece` positions a step (or

@@ -22,7 +22,8 @@ The segments are independent generations, so they can run side by side (chapter 
 `DEFAULT_MAX_BATCH` segments at a time; `stream_long` one (the next starts when one ends: a stream's first audio
 comes soonest that way), or `max_batch` when asked. A text is one request to the scheduler (its `Lane`): its next
 segment is admitted before any text that has not started, so a stream never waits for another's whole text between
-two of its segments, and an instruction (the same first positions of every segment's prompt) is prefilled once.
+two of its segments; the prompts' head (the voice, language and instruction, the same in every segment) is
+prefilled once (`scheduler.Prefixes`).
 A text without a seed draws one (`Sampling.resolve`) and segment i samples with seed + i.
 
 Work is bounded before it starts: `plan` gives every segment its frame cap, and a `budget` (frames) refuses a text
@@ -239,8 +240,6 @@ class LongText:
             if not self.done:
                 out.append(np.zeros(self.pause_samples, np.float32))
         self._fill()
-        if self.done:
-            self.lane.close()
         return out
 
     def _record(self, i: int, result) -> None:
@@ -255,7 +254,6 @@ class LongText:
         for i, ticket in self.tickets.values():
             if not self.finished[i]:
                 self.scheduler.cancel(ticket)
-        self.lane.close()
 
 
 def synthesize_long(synth: Synthesizer, text: str, language: str, voice: Voice, sampling: Sampling | None = None,

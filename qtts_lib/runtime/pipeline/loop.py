@@ -268,7 +268,7 @@ class Loop:
         """A new sequence, its prompt prefilled (alone: a prefill has as many rows as the prompt). With
         `positions`, only that many now: `prefill` does the rest, a piece at a time (so that a sequence can join
         a running batch without stopping it for its whole prompt). `prefix`: the cache of the prompt's first
-        positions, made before for an equal prompt start (a request's instruction: `Scheduler`), copied here."""
+        positions, made before for an equal prompt start (a prompt's head: `scheduler.Prefixes`), copied here."""
         if max_frames < 1:
             raise ValueError(f"max_frames must be at least 1, not {max_frames}")
         seq = Sequence(prompt, sampler, max_frames)

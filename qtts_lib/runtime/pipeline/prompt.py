@@ -78,11 +78,14 @@ class Voice:
 
 @dataclass
 class Prompt:
-    """What the talker is fed: prompt embeddings (P, H), trailing text (M, H), tts_pad (H,); the text's token ids."""
+    """What the talker is fed: prompt embeddings (P, H), trailing text (M, H), tts_pad (H,); the text's token ids.
+    `head`: how many of the first positions depend on the voice, the language and the instruction alone, not on the
+    text (fewer than P): utterances with the same head can share its cache (`pipeline.loop.Prefixes`)."""
     embeds: np.ndarray
     trailing: np.ndarray
     tts_pad: np.ndarray
     text_ids: list[int] = field(default_factory=list)
+    head: int = 0
 
     @property
     def text_tokens(self) -> int:
@@ -155,7 +158,8 @@ class PromptBuilder:
             rest = embed.text(text_ids[1:]) if len(text_ids) > 1 else np.zeros((0, len(tts_pad)), np.float32)
             trailing = np.concatenate([rest, tts_eos[None]])
         embeds = np.concatenate(head + tail)
-        return Prompt(embeds.astype(np.float32), trailing.astype(np.float32), tts_pad.astype(np.float32), ids)
+        return Prompt(embeds.astype(np.float32), trailing.astype(np.float32), tts_pad.astype(np.float32), ids,
+                      head=sum(len(rows) for rows in head))
 
     def icl_tail(self, text_ids, voice: Voice, codec_bos, codec_pad, tts_eos, tts_pad, non_streaming: bool):
         """ICL: transcript + text + tts_eos beside codec_bos + one row per frame of the clip's codes."""

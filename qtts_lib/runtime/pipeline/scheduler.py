@@ -21,9 +21,10 @@ What a step does, and why each part is bounded (a step is what every running str
 2. **Prefill in pieces.** An utterance admitted while others run is prefilled `prefill_piece` prompt positions per
    step, between two frames, and joins the batch when its prompt is all in (`loop.Loop.prefill`, `Batch.join`). The
    running streams wait for a piece, never for a whole prompt. Admitted to an empty batch it is prefilled whole:
-   nobody waits. A job's `shared` first positions (a request's instruction, the same in each of its segments) are
-   prefilled once per lane and copied after (`binding.cached.KvCache.copy`). Meanwhile its decoder decodes
-   WARM_FRAMES of what it decodes without emitting (an ICL clip's codes, `codec.stream.StreamDecoder.warm`) a step.
+   nobody waits. The prompt's head (`Prompt.head`: the voice, the language and the instruction, not the text) goes
+   in as a call of its own and its cache is kept (`Prefixes`): an utterance with the same head, later, starts from a
+   copy and prefills only its text. Meanwhile its decoder decodes WARM_FRAMES of what it decodes without emitting
+   (an ICL clip's codes, `codec.stream.StreamDecoder.warm`) a step.
 3. **One frame** of every running utterance (`Batch.step`), pushed into each one's decoder; one that ends leaves.
 
 Prefilling in pieces and joining a batch give each sequence's codes to float rounding of running it alone (chapter
@@ -35,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -47,10 +48,11 @@ from ..binding.cached import KvCache
 from ..errors import InputError
 from .config import ModelConfig
 from .loop import Batch, Loop, Sequence
-from .prompt import INSTRUCT, Prompt, PromptBuilder, Voice, frame_cap
+from .prompt import Prompt, PromptBuilder, Voice, frame_cap
 from .sampling import Sampler, Sampling
 
 DEFAULT_MAX_BATCH = 4   # chapter 16: four rows cost about what one costs in a memory-bound step
+PREFIXES_KEPT = 8       # prompt heads whose talker caches a synthesizer keeps (`Prefixes`)
 PREFILL_PIECE = 32      # prompt positions a joining utterance prefills per step while others run
 WARM_FRAMES = 4         # frames of a voice clip's codes its decoder decodes per step meanwhile (`StreamDecoder.warm`)
 
@@ -97,14 +99,44 @@ class Result:
 @dataclass
 class Job:
     """An utterance checked and built, before its first frame: its prompt, sampling (and the sampler that draws
-    with it), frame cap and warnings; `shared`: how many of the prompt's first positions other utterances of the
-    same request share (an instruction), which a lane prefills once."""
+    with it), frame cap and warnings."""
     prompt: Prompt
     sampling: Sampling
     sampler: Sampler
     max_frames: int
     warnings: list[str]
-    shared: int = 0
+
+
+class Prefixes:
+    """The talker caches of prompt heads (`Prompt.head`), by the digest of the head's rows, the PREFIXES_KEPT used
+    last: a scheduler prefills a head as a call of its own and keeps its cache here, and an utterance whose prompt
+    starts with the same rows (the same voice, language and instruction) starts from a copy of it. A head always
+    goes in as its own call, kept or not, so an utterance gives the same numbers the first time and every time
+    after. A synthesizer holds one for all its schedulers (`synthesize` after `synthesize`, the server's requests).
+    Each kept cache holds a few dozen positions of every talker layer (about 4 MB at full size)."""
+
+    def __init__(self, kept: int = PREFIXES_KEPT):
+        self.kept = kept
+        self._caches: OrderedDict[bytes, KvCache] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._caches)
+
+    def get(self, rows: np.ndarray) -> KvCache | None:
+        """The kept cache of `rows` (not a copy: `Loop.start(prefix=)` copies it), or None."""
+        key = _digest(rows)
+        cache = self._caches.get(key)
+        if cache is not None:
+            self._caches.move_to_end(key)
+        return cache
+
+    def put(self, rows: np.ndarray, cache: KvCache) -> None:
+        """Keep a copy of `cache`, which holds `rows` and nothing more (the oldest kept goes beyond `kept`)."""
+        if cache.past != len(rows):
+            raise ValueError(f"a cache of {cache.past} positions for a head of {len(rows)}")
+        self._caches[_digest(rows)] = cache.copy()
+        while len(self._caches) > self.kept:
+            self._caches.popitem(last=False)
 
 
 class Jobs:
@@ -144,10 +176,7 @@ class Jobs:
             if on_warning:
                 on_warning(w)
         sampling = (self.default if sampling is None else sampling).resolve()  # no seed: this utterance draws one
-        shared = len(self.prompts.tokenizer.encode_template(INSTRUCT, voice.instruct)) if voice.instruct and \
-            follows else 0
-        return Job(prompt, sampling, Sampler(sampling, self.config.talker), cap, warnings,
-                   min(shared, len(prompt.embeds) - 1))
+        return Job(prompt, sampling, Sampler(sampling, self.config.talker), cap, warnings)
 
     def of(self, utterance: Utterance, on_warning: Callable[[str], None] | None = None) -> Job:
         if not isinstance(utterance, Utterance):
@@ -157,28 +186,22 @@ class Jobs:
 
 
 class Parts(Protocol):
-    """What a scheduler runs on (a `Synthesizer` has them): the loop, the decoders, the job builder."""
+    """What a scheduler runs on (a `Synthesizer` has them): the loop, the decoders, the job builder, the kept heads."""
     loop: Loop
     decoders: object
     jobs: Jobs
+    prefixes: Prefixes
 
 
 class Lane:
     """A request's place in a scheduler (`Scheduler.lane`): its utterances are admitted before those of requests
-    that have not started, and its shared prompt start is prefilled once (`Job.shared`; a ticket submitted without
-    a lane has one of its own, which shares nothing: its prompt is prefilled in one call, as `synthesize`'s).
-    `close` it when the request ends."""
+    that have not started (a ticket submitted without a lane has one of its own)."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, shares: bool = True):
+    def __init__(self):
         self.id = next(self._ids)
         self.started = False
-        self.shares = shares
-        self.prefix: tuple[bytes, KvCache] | None = None  # (the shared rows' digest, their cache)
-
-    def close(self) -> None:
-        self.prefix = None
 
 
 class Ticket:
@@ -190,7 +213,7 @@ class Ticket:
     def __init__(self, job: Job, decoder, on_frame: Callable[[int], None] | None = None, lane: Lane | None = None):
         self.id = next(self._ids)
         self.job, self.decoder, self.on_frame = job, decoder, on_frame
-        self.lane = lane or Lane(shares=False)
+        self.lane = lane or Lane()
         self.seq: Sequence | None = None
         self.result: Result | None = None
         self.admitted: int | None = None
@@ -210,7 +233,7 @@ class Scheduler:
     """Continuous batching over a loop, its decoders and a job builder (module docstring). One thread only."""
 
     def __init__(self, parts: Parts, max_batch: int = DEFAULT_MAX_BATCH, prefill_piece: int = PREFILL_PIECE):
-        self.loop, self.decoders, self.jobs = parts.loop, parts.decoders, parts.jobs
+        self.loop, self.decoders, self.jobs, self.prefixes = parts.loop, parts.decoders, parts.jobs, parts.prefixes
         self.batch = Batch(self.loop, max_batch)
         if max_batch > 1:
             self.loop.prepare_batches()  # the graphs for several sequences, loaded before the first frame
@@ -296,10 +319,9 @@ class Scheduler:
             ticket.admitted = next(self._admitted)
             ticket.lane.started = True
             job = ticket.job
-            prefix = ticket.lane.prefix if ticket.lane.shares and self.loop.copies_caches else None
-            shared = job.shared and prefix is not None and prefix[0] == _digest(job.prompt.embeds[:job.shared])
-            ticket.seq = self.loop.start(job.prompt, job.sampler, job.max_frames, positions=0,
-                                         prefix=prefix[1] if shared else None)
+            head = self._head(job)
+            prefix = self.prefixes.get(job.prompt.embeds[:head]) if head else None
+            ticket.seq = self.loop.start(job.prompt, job.sampler, job.max_frames, positions=0, prefix=prefix)
             self.prefilling.append(ticket)
 
     def _prefill(self) -> None:
@@ -308,16 +330,16 @@ class Scheduler:
             whole = not self.batch.sequences
             ticket = self.prefilling[0]
             seq, job = ticket.seq, ticket.job
-            shared = job.shared if ticket.lane.shares and self.loop.copies_caches else 0
+            head = self._head(job)
             positions = None if whole else self.prefill_piece
-            if shared and seq.prefilled < shared:  # stop at the shared start, to keep its cache
-                positions = min(shared - seq.prefilled, positions or shared)
+            if seq.prefilled < head:  # the head is a call (or pieces) of its own: its cache is kept
+                positions = min(head - seq.prefilled, positions or head)
             done = self.loop.prefill(seq, positions)
             warm = getattr(ticket.decoder, "warm", None)  # a stream's decoder: the clip's codes, a few at a time
             if warm is not None:
                 warm(None if whole else WARM_FRAMES)
-            if shared and seq.prefilled == shared and not done:
-                ticket.lane.prefix = (_digest(job.prompt.embeds[:shared]), seq.cache.copy())
+            if head and seq.prefilled == head and not done:
+                self.prefixes.put(job.prompt.embeds[:head], seq.cache)
                 if whole:
                     continue
             if done:
@@ -326,6 +348,11 @@ class Scheduler:
                 self.running[id(seq)] = ticket
             if not whole:
                 return
+
+    def _head(self, job: Job) -> int:
+        """How many of the job's first positions go in on their own and are kept (`Prefixes`): its prompt's head
+        where the loop can copy caches (not the GPU form), else none."""
+        return job.prompt.head if self.loop.copies_caches and job.prompt.head < len(job.prompt.embeds) else 0
 
     def _finish(self, ticket: Ticket, event: Event) -> None:
         seq = ticket.seq

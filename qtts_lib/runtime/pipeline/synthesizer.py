@@ -14,8 +14,10 @@ whole decode), every `chunk_frames` frames for `stream`.
 Many utterances at once: `synthesize_many` (a list of `Utterance`s, results in order), or a `Scheduler`
 (`pipeline.scheduler`) that utterances are submitted to at any time and that makes one frame of every running one per
 `step` (continuous batching over `pipeline.loop.Batch`; the server runs one). `synthesize` and `stream` are a
-scheduler of one. The scheduler stands on three of the synthesizer's parts: `loop`, `decoders` and `jobs`, the job
-builder (`pipeline.scheduler.Jobs`: an utterance checked and turned into a prompt, a sampler and a frame cap).
+scheduler of one. The scheduler stands on four of the synthesizer's parts: `loop`, `decoders`, `jobs`, the job
+builder (`pipeline.scheduler.Jobs`: an utterance checked and turned into a prompt, a sampler and a frame cap), and
+`prefixes`, the talker caches of the prompt heads spoken so far (`pipeline.scheduler.Prefixes`: the next utterance
+with the same voice and language prefills only its text).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from .loop import Loop
 from .precision import check_tier
 from .prompt import Prompt, PromptBuilder, Voice
 from .sampling import Sampling
-from .scheduler import DEFAULT_MAX_BATCH, Event, Job, Jobs, Result, Scheduler, Ticket, Utterance
+from .scheduler import DEFAULT_MAX_BATCH, Event, Job, Jobs, Prefixes, Result, Scheduler, Ticket, Utterance
 from .voices import VoiceEncoder
 
 __all__ = ["Synthesizer", "Stream", "Result", "Scheduler", "Utterance", "Ticket", "Event", "Job", "Jobs",
@@ -105,6 +107,7 @@ class Synthesizer:
         self.decoders = Decoders(self.codec) if decoders is None else decoders
         self.sampling = Sampling.from_generation_config(cfg.generation)
         self.jobs = Jobs(cfg, self.prompts, self.sampling)
+        self.prefixes = Prefixes()  # the talker caches of prompt heads, for every scheduler of this synthesizer
 
     def close(self) -> None:
         """Stop what runs beside this process (a codec process); nothing else needs closing."""
