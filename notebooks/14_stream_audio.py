@@ -274,8 +274,22 @@ for chunk in (1, 16):
                 f"{made} / {len(generated)}", f"{chunk} / {chunk}")
 
 # %% [markdown]
-# So the first piece costs the prompt, its prefill, `chunk` frames and one codec call (the loop hands a frame out
-# before the talker step that feeds the next one, so a one-frame piece does not wait for that step). Smaller chunks
+# Most of the prompt is the voice, not the text. Its head (the role, the codec tags, the speaker row; `Prompt.head`)
+# is the same for every text in this voice and language, so it goes into the talker as a call of its own and the
+# synthesizer keeps its cache (`pipeline.scheduler.Prefixes`): the next stream in this voice copies it and prefills
+# only its text. Always a call of its own, kept or not, so a stream's numbers do not depend on what was said before.
+
+# %%
+p = synth.prompt(TEXT, "english", voice)
+print(f"prompt: {len(p.embeds)} positions, the first {p.head} the voice's head; a stream after the first prefills "
+      f"{len(p.embeds) - p.head}")
+check.equal("this voice's head is kept after its streams", "kept", synth.prefixes.get(p.embeds[:p.head]) is not None,
+            True)
+
+# %% [markdown]
+# So the first piece costs the prompt, its prefill (the text, once the voice's head is kept), `chunk` frames and one
+# codec call (the loop hands a frame out before the talker step that feeds the next one, so a one-frame piece does
+# not wait for that step). Smaller chunks
 # start sooner but make more codec calls, and every call reads all of the codec's weights: pieces of one frame read
 # them once a frame. The stream keeps up with playback only if a piece is generated and decoded faster than its audio
 # lasts (RTF < 1). A committed run (`python -m qtts_lib.bench stream`) at full size, medians of fresh processes:
@@ -382,7 +396,8 @@ check.equal("qtts say -o - = Synthesizer.stream, same seed, 16-bit PCM", "max |d
 # - The stream reproduces `Codec.decode`, the reference's `chunked_decode(300, 25)`, by never reaching left of a
 #   reference chunk's context; on the CPU it decodes every frame once (`IncrementalDecode`).
 # - `Synthesizer.stream` generates in the caller's thread and makes `synthesize`'s codes and wav, x-vector and ICL;
-#   first audio costs the prompt, `chunk` frames and one codec call.
+#   first audio costs the prompt, `chunk` frames and one codec call. A voice's prompt head is prefilled once and
+#   kept: later streams in that voice prefill only their text, with the same numbers.
 # - Running ncnn in a second thread needs `release_threads()` in the first, or the two OpenMP pools park each
 #   other's workers (`qtts serve` runs every ncnn call on one engine thread).
 # - `qtts say -o -` pipes the same stream as 16-bit PCM behind a WAV header of unknown length.

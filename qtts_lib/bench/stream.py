@@ -61,12 +61,14 @@ def ttfa_ms(synth, text: str, language: str, voice, chunk_frames: int = 4, repea
 # ------------------------------------------------------------ whole streams
 def first_audio_parts(synth, voice, sampling, frames: int) -> dict:
     """Time to first audio in its parts (ms), each timed alone in the order a stream runs them: the prompt, its
-    prefill, the first frame (codec head + the code predictor: the talker's step after it waits for the second
-    frame), a new incremental decode's first piece of one frame."""
+    prefill (from the voice's kept head, as a stream after an utterance in that voice prefills: only the text;
+    `scheduler.Prefixes`), the first frame (codec head + the code predictor: the talker's step after it waits for
+    the second frame), a new incremental decode's first piece of one frame."""
     t0 = time.perf_counter()
     job = synth.jobs.build(TEXT, LANGUAGE, voice, sampling, frames)
     t1 = time.perf_counter()
-    seq = synth.loop.start(job.prompt, job.sampler, frames)
+    kept = synth.prefixes.get(job.prompt.embeds[:job.prompt.head]) if job.prompt.head else None
+    seq = synth.loop.start(job.prompt, job.sampler, frames, prefix=kept)
     t2 = time.perf_counter()
     frame = synth.loop.step(seq)
     t3 = time.perf_counter()
