@@ -113,7 +113,8 @@ class Prefixes:
     starts with the same rows (the same voice, language and instruction) starts from a copy of it. A head always
     goes in as its own call, kept or not, so an utterance gives the same numbers the first time and every time
     after. A synthesizer holds one for all its schedulers (`synthesize` after `synthesize`, the server's requests).
-    Each kept cache holds a few dozen positions of every talker layer (about 4 MB at full size)."""
+    A kept cache holds the head's positions of every talker layer: about 4 MB at full size for a cloned voice's nine
+    (an instruction adds its own)."""
 
     def __init__(self, kept: int = PREFIXES_KEPT):
         self.kept = kept
