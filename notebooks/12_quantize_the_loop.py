@@ -322,11 +322,8 @@ class CountedNet(ncnn.Net):
 
 
 def calls_and_caches(predictor_layers: int, groups: int = 16) -> tuple[int, int]:
-    """One frame of the CPU loop (`pipeline.loop`): the codec head, the predictor's prefill and 14 steps (each with
-    its head inside), one talker step; a graph call each, each extracting its one output. Caches come back from a
-    prefill (the predictor's, every frame: each layer's new K and V); a step's layers append to the caches fed in
-    (`binding.cached.KvCache.appends_in_place`), which come back only when one runs out of room (rarely: the
-    talker's grows by about half each time)."""
+    """A frame of the CPU loop: codec head, the predictor's prefill and 14 steps (heads inside), a talker step, each a
+    call with one output; only the prefill hands back caches (a step appends to those fed in: `appends_in_place`)."""
     return groups + 1, 2 * predictor_layers
 
 
@@ -345,16 +342,15 @@ for frames in (8, 16):  # two lengths: the prefill drops out of the difference
 (f1, a), (f2, b) = sorted(spent.items())
 per_frame = {key: (b[key] - a[key]) / (f2 - f1) for key in a}
 calls, caches = calls_and_caches(talker_cfg["code_predictor_config"]["num_hidden_layers"])
-grown = 2 * talker_cfg["num_hidden_layers"] / (f2 - f1)  # the talker's caches outgrowing their room once meanwhile
+grown = 2 * talker_cfg["num_hidden_layers"] / (f2 - f1)  # the talker's caches outgrowing their room, once at most
 check.equal(f"int8 loop: graph calls per frame on {ckpt}", "calls", round(per_frame["calls"]), calls)
-check.equal(f"int8 loop: outputs extracted per frame on {ckpt}", "outputs",
-            round(per_frame["extracts"] - per_frame["caches"]), calls)
+outputs = round(per_frame["extracts"] - per_frame["caches"])
+check.equal(f"int8 loop: outputs extracted per frame on {ckpt}", "outputs", outputs, calls)
 check.at_most(f"int8 loop: caches extracted per frame on {ckpt}, beyond the predictor's prefill", "caches",
               per_frame["caches"] - caches, grown)
-print(f"{ckpt}: {per_frame['calls']:.0f} graph calls and {per_frame['extracts']:.1f} extracts per frame "
-      f"({per_frame['caches']:.1f} of them caches), {1e3 * per_frame['wall']:.2f} ms per frame, "
-      f"{per_frame['seconds'] / per_frame['wall']:.0%} of it inside ncnn's extracts\n"
-      "full-base (5 predictor layers): {} graph calls and {} caches extracted per frame".format(*calls_and_caches(5)))
+print(f"{ckpt}: {per_frame['calls']:.0f} calls, {per_frame['extracts']:.1f} extracts ({per_frame['caches']:.1f} "
+      f"caches), {1e3 * per_frame['wall']:.2f} ms per frame, {per_frame['seconds'] / per_frame['wall']:.0%} in ncnn's "
+      "extracts\nfull-base (5 predictor layers): {} calls and {} caches a frame".format(*calls_and_caches(5)))
 
 # %% [markdown]
 # On a tiny checkpoint a frame is mostly the cost of making those calls; at full size each call reads megabytes of
