@@ -80,7 +80,7 @@ class Voice:
 class Prompt:
     """What the talker is fed: prompt embeddings (P, H), trailing text (M, H), tts_pad (H,); the text's token ids.
     `head`: how many of the first positions depend on the voice, the language and the instruction alone, not on the
-    text (fewer than P): utterances with the same head can share its cache (`pipeline.loop.Prefixes`)."""
+    text (fewer than P): utterances with the same head can share its cache (`pipeline.scheduler.Prefixes`)."""
     embeds: np.ndarray
     trailing: np.ndarray
     tts_pad: np.ndarray
