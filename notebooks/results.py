@@ -82,7 +82,8 @@ pd.DataFrame(machines).T.rename_axis("machine")
 # %% [markdown]
 # ## 2. Every run, end to end
 # One row per (runtime, device, tier, threads) of each file; milliseconds per frame by part, RTF, the ratio to
-# PyTorch in the same file, and the loop against its floor.
+# PyTorch in the same file, and the loop against its floor. A tier marked "huge pages" ran with its weights in 2 MB
+# pages, as `qtts serve` runs (`qtts_lib.runtime.app.hugepages`).
 
 # %%
 FORMS = {"landed": "exported graphs", "rewritten": "packed caches"}  # h200-vulkan.json: the GPU loop's other forms
@@ -90,7 +91,8 @@ FORMS = {"landed": "exported graphs", "rewritten": "packed caches"}  # h200-vulk
 
 def tier(r: dict) -> str:
     codec, form = r.get("codec_precision", "fp32"), FORMS.get(r.get("variant"))
-    return r["precision"] + (f", codec {codec}" if codec != "fp32" else "") + (f" ({form})" if form else "")
+    return (r["precision"] + (f", codec {codec}" if codec != "fp32" else "") + (f" ({form})" if form else "")
+            + (", huge pages" if r.get("huge_pages") else ""))
 
 
 def pytorch_total(doc: dict, r: dict) -> float | None:
@@ -170,10 +172,12 @@ fig.tight_layout()
 
 # %% [markdown]
 # ## 4. Streaming, and a frame call by call
-# `python -m qtts_lib.bench stream` (chapter 14): time to first audio with pieces of one frame and whole streams
-# against `synthesize`, medians of fresh processes. `python -m qtts_lib.bench calls` (chapter 12): a frame of the int8
-# loop, its graph calls against their weights read by the same kernels alone. A file may hold an older version of
-# the runtime measured in turn with the newer one (`--against`), each row marked with its version.
+# `python -m qtts_lib.bench stream` (chapter 14): time to first audio with pieces of one frame, the time from which
+# playback never waits for a piece (newer files), and whole streams against `synthesize`, medians of fresh
+# processes, with the weights in huge pages (as `qtts serve` runs) or not. `python -m qtts_lib.bench calls` (chapter
+# 12): a frame of the int8 loop, its graph calls against their weights read by the same kernels alone. A file may
+# hold an older version of the runtime measured in turn with the newer one (`--against`), each row marked with its
+# version.
 
 # %%
 streams, frames = [], []
@@ -181,7 +185,9 @@ for f in sorted((BENCH / "stream").glob("*.json")):
     for r in json.loads(f.read_text()).get("rows", []):  # the oldest file predates rows
         ms = r["ms_per_frame"]
         streams.append({"file": f.stem, "version": (r["commit"] or "")[:7], "loop / codec":
-                        f"{r['precision']} / {r['codec_precision']}", "first audio ms": r["ttfa_ms"]["1"],
+                        f"{r['precision']} / {r['codec_precision']}" + (", huge pages" if r.get("huge_pages") else ""),
+                        "first audio ms": r["ttfa_ms"]["1"],
+                        **{f"gapless from ms, pieces of {k}": v for k, v in r.get("gapless_from_ms", {}).items()},
                         "synthesize": ms["synthesize"], "stream, pieces of 1": ms["stream_1"],
                         "stream, pieces of 4": ms["stream_4"],
                         "pieces of 1 / synthesize": r["stream_1_over_synthesize"]})

@@ -75,10 +75,21 @@ def test_stream_rounds_reports_first_audio_and_whole_streams(tts):
     export.ensure(tts, "tiny-base")
     out = stream.stream_rounds(str(paths.model_dir("tiny-base")), frames=3, threads=1, repeats=1, chunks=(1, 2))
     assert [t["chunk_frames"] for t in out["ttfa"]] == [1, 2] and all(t["ttfa_ms"] > 0 for t in out["ttfa"])
-    assert set(out["ms_per_frame"]) == {"synthesize", "stream_1", "stream_4", "codec_whole", "codec_pieces_of_1",
-                                        "codec_pieces_of_4"}
+    assert set(out["ms_per_frame"]) == {"synthesize", "stream_1", "stream_2", "stream_4", "codec_whole",
+                                        "codec_pieces_of_1", "codec_pieces_of_4"}
     assert all(len(v) == 1 for v in out["rounds_ms_per_frame"].values())
+    assert set(out["gapless_from_ms"]) == {"1", "2", "4"} and all(v > 0 for v in out["gapless_from_ms"].values())
     assert set(out["first_audio_parts_ms"]) == {"prompt", "prefill", "first_frame", "first_piece_decode"}
+
+
+def test_gapless_playback_starts_once_no_piece_comes_after_the_audio_in_front_of_it_has_played():
+    second = stream.SAMPLE_RATE
+    assert stream.gapless_from_ms([(0.1, second), (0.5, second), (0.9, second)]) == pytest.approx(100.0)
+    # the second piece comes 0.3 s after the first one's audio has played: playback starts 0.3 s later
+    assert stream.gapless_from_ms([(0.1, second), (1.4, second), (1.5, second)]) == pytest.approx(400.0)
+    # a stream slower than playback falls behind piece by piece: the start waits for its lag at the end
+    late = [(0.1 + 1.2 * k, second) for k in range(5)]
+    assert stream.gapless_from_ms(late) == pytest.approx(100.0 + 4 * 200.0)
 
 
 def test_calls_profile_times_every_loop_graph(tts):
@@ -138,6 +149,26 @@ def test_the_loop_harness_runs_both_runtimes_on_tiny(exported):
     assert {(row["runtime"], row["device"]) for row in r["rows"]} == {("pytorch", "cpu"), ("ncnn", "cpu")}
     assert all(row["ms_per_frame"]["total"] > 0 and row["floor_ratio"] > 0 for row in r["rows"])
 
+
+
+def test_a_child_asks_for_huge_pages_only_when_told_and_keeps_other_glibc_tunables(monkeypatch):
+    from qtts_lib.runtime.app import hugepages
+
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0:glibc.cpu.x86_rep_movsb_threshold=4096")
+    assert child._env(1, huge_pages=True)["GLIBC_TUNABLES"] == \
+        "glibc.cpu.x86_rep_movsb_threshold=4096:" + hugepages.TUNABLE
+    assert child._env(1)["GLIBC_TUNABLES"] == "glibc.cpu.x86_rep_movsb_threshold=4096"
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    assert "GLIBC_TUNABLES" not in child._env(1)
+    assert child._env(1, huge_pages=True)["GLIBC_TUNABLES"] == hugepages.TUNABLE
+
+
+def test_the_loop_harness_runs_with_and_without_huge_pages_on_tiny(exported):
+    r = loop.benchmark(exported, frames=3, thread_counts=[1], repeats=1, runtimes=("ncnn",), progress=False,
+                       huge_pages=(False, True))
+    assert [row["huge_pages"] for row in r["rows"]] == [False, True]
+    assert [run["huge_pages"] for run in r["raw"]] == [False, True]
+    assert all(row["ms_per_frame"]["total"] > 0 for row in r["rows"])
 
 
 def test_the_loop_harness_times_codec_tiers_on_tiny(exported):

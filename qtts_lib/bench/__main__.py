@@ -12,6 +12,15 @@ def thread_counts(text: str) -> list[int]:
     return sorted({os.cpu_count() if t == "all" else int(t) for t in text.split(",")})
 
 
+def huge_pages(text: str, parser) -> tuple[bool, ...]:
+    """--huge-pages: off, on or off,on as (False,), (True,), (False, True)."""
+    pages = {"off": False, "on": True}
+    chosen = [x.strip() for x in text.split(",")]
+    if not chosen or not set(chosen) <= set(pages):
+        parser.error(f"--huge-pages takes off, on or off,on, not {text!r}")
+    return tuple(pages[x] for x in chosen)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .. import paths
     from .results import write_result
@@ -33,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     loop.add_argument("--devices", default="cpu", help="comma-separated: cpu, vulkan (ncnn), cuda (PyTorch)")
     loop.add_argument("--precision", default="fp32", help="comma-separated ncnn tiers (fp32, fp16, int8)")
     loop.add_argument("--codec-precision", default="fp32", help="comma-separated codec tiers of the ncnn CPU rows")
+    loop.add_argument("--huge-pages", default="off", help="comma-separated: off, on (glibc's malloc asks for "
+                      "transparent huge pages in the runs; off,on measures both)")
     codec = measurement("codec", "the codec alone, ncnn vs PyTorch in one process")
     codec.add_argument("--threads", default="1,2")
     codec.add_argument("--rounds", type=int, default=9)
@@ -42,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     stream.add_argument("--repeats", type=int, default=3)
     stream.add_argument("--precision", default="fp32", help="comma-separated tier:codec-tier pairs, e.g. int8:int8")
     stream.add_argument("--against", type=Path, help="another source tree (holding this bench) measured in turn")
+    stream.add_argument("--huge-pages", default="off", help="comma-separated: off, on (as for loop)")
     calls = measurement("calls", "the loop's graph calls against their weight reads")
     calls.add_argument("--threads", type=int, default=2)
     calls.add_argument("--repeats", type=int, default=3)
@@ -129,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
 
         split = lambda s: tuple(x.strip() for x in s.split(","))  # noqa: E731
         result = benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats, split(a.runtimes),
-                           split(a.precision), split(a.devices), codecs=split(a.codec_precision))
+                           split(a.precision), split(a.devices), codecs=split(a.codec_precision),
+                           huge_pages=huge_pages(a.huge_pages, p))
     elif a.what == "batch":
         from .batch import benchmark as batch_benchmark
         from .batch import parity
@@ -156,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 
         tiers = [tuple((t.strip() + ":" + t.strip()).split(":")[:2]) if ":" not in t else tuple(t.strip().split(":"))
                  for t in a.precision.split(",")]
-        result = stream_benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats, tiers, a.against)
+        result = stream_benchmark(model_dir, a.frames, thread_counts(a.threads), a.repeats, tiers, a.against,
+                                  huge_pages(a.huge_pages, p))
     elif a.what == "calls":
         from .calls import calls_benchmark
 

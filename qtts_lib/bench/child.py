@@ -3,7 +3,8 @@ runtime measured before it. Introduced in 10.
 
 `run(module, name, threads, **kwargs)` runs `qtts_lib.bench.<module>.<name>(**kwargs)` in a child process with
 `OMP_NUM_THREADS=threads` and returns the dict it returned; the child prints it as one `QTTS_BENCH {json}` line.
-`spawn` starts such a child without waiting (measurements that run beside each other: overlap).
+`spawn` starts such a child without waiting (measurements that run beside each other: overlap). A child may start
+with glibc's malloc asking for transparent huge pages (`runtime.app.hugepages`, what `qtts serve` runs with).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import os
 import subprocess
 import sys
 
+from ..runtime.app import hugepages
+
 MARK = "QTTS_BENCH "
 
 
@@ -20,17 +23,21 @@ def _command(module: str, name: str, kwargs: dict) -> list[str]:
     return [sys.executable, "-m", "qtts_lib.bench.child", module, name, json.dumps(kwargs)]
 
 
-def _env(threads: int, tree: str | None = None) -> dict:
+def _env(threads: int, tree: str | None = None, huge_pages: bool = False) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    return env | ({"PYTHONPATH": tree} if tree else {})
+    tunables = hugepages.tunables(env, huge_pages)
+    env.pop("GLIBC_TUNABLES", None)
+    return env | ({"GLIBC_TUNABLES": tunables} if tunables else {}) | ({"PYTHONPATH": tree} if tree else {})
 
 
-def run(module: str, name: str, threads: int, /, tree: str | None = None, **kwargs) -> dict:
+def run(module: str, name: str, threads: int, /, tree: str | None = None, huge_pages: bool = False,
+        **kwargs) -> dict:
     """`qtts_lib.bench.<module>.<name>(**kwargs)` in a fresh Python; raises with its stderr if the child fails.
     `tree`: the source tree whose `qtts_lib` the child imports (a worktree of an older commit that holds this
-    module: the "before" of a change), else this one."""
-    proc = subprocess.run(_command(module, name, kwargs), capture_output=True, text=True, env=_env(threads, tree),
-                          cwd=tree)
+    module: the "before" of a change), else this one. `huge_pages`: glibc's malloc asks for huge pages in the
+    child (`runtime.app.hugepages.TUNABLE`); otherwise the child runs without it, whatever this process started with."""
+    proc = subprocess.run(_command(module, name, kwargs), capture_output=True, text=True,
+                          env=_env(threads, tree, huge_pages), cwd=tree)
     return result_of(proc.returncode, proc.stdout, proc.stderr, f"{module}.{name}")
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..runtime.audio.wav import FRAME_RATE, SAMPLE_RATE, load_wav
 from . import child
-from .machine import Probe, describe
+from .machine import Probe, describe, huge_pages_mb
 from .results import check_schema
 from .workload import LANGUAGE, TEXT, voice_wav, weight_bytes_per_frame
 
@@ -57,7 +57,7 @@ def run_ncnn(model_dir: str, frames: int, threads: int, device: str = "cpu", pre
     s = result.seconds
     return {"frames": len(result.codes), "device": device, "load_s": load_s, "prefill_s": s["prefill"],
             "talker_s": s["talker"], "predictor_s": s["predictor"], "codec_s": s["codec"], "codec_warm_s": warm,
-            "peak_rss_gb": probe.peak_rss_gb(), "read_bandwidth_gbs": probe.gbs}
+            "peak_rss_gb": probe.peak_rss_gb(), "read_bandwidth_gbs": probe.gbs, "huge_pages_mb": huge_pages_mb()}
 
 
 def run_pytorch(model_dir: str, frames: int, threads: int, device: str = "cpu") -> dict:
@@ -132,7 +132,7 @@ def run_pytorch(model_dir: str, frames: int, threads: int, device: str = "cpu") 
     return {"frames": spent["frames"], "device": device, "load_s": load_s, "prefill_s": spent["prefill"],
             "talker_s": talker_s, "predictor_s": spent["predictor"], "codec_s": cold,
             "codec_warm_s": spent["codec"] - cold,
-            "peak_rss_gb": probe.peak_rss_gb(), "read_bandwidth_gbs": probe.gbs}
+            "peak_rss_gb": probe.peak_rss_gb(), "read_bandwidth_gbs": probe.gbs, "huge_pages_mb": huge_pages_mb()}
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -168,10 +168,13 @@ def row(runtime: str, threads: int, runs: list[dict], floor_ms: float | None, pr
 
 
 def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: int, runtimes=("pytorch", "ncnn"),
-              precisions=("fp32",), devices=("cpu",), progress: bool = True, codecs=("fp32",)) -> dict:
+              precisions=("fp32",), devices=("cpu",), progress: bool = True, codecs=("fp32",),
+              huge_pages=(False,)) -> dict:
     """Interleaved repeats of every (runtime, device, precision, threads); the result in data/bench's schema.
     PyTorch runs fp32 on cpu or cuda; the ncnn runtime every tier in `precisions` (chapter 12) on cpu, fp32 on
-    vulkan, and on the cpu each of `codecs` (the codec's tiers). A device a runtime cannot use is left out."""
+    vulkan, and on the cpu each of `codecs` (the codec's tiers). A device a runtime cannot use is left out. Each
+    of `huge_pages` (False, True) is a row of its own: children started with glibc's malloc asking for transparent
+    huge pages or not (`runtime.app.hugepages`); a row says how much of its memory the kernel gave in them."""
     from tqdm.auto import tqdm
 
     machine = describe(thread_counts)
@@ -183,30 +186,32 @@ def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: i
         ensure_int8_tier(ncnn_dir, log=print)
     usable = {"pytorch": ("cpu", "cuda"), "ncnn": ("cpu", "vulkan")}
     ncnn_cpu = lambda r, d: r == "ncnn" and d == "cpu"  # noqa: E731
-    keys = [(r, d, p, t, c) for t in thread_counts for r in runtimes for d in devices
+    keys = [(r, d, p, t, c, h) for t in thread_counts for r in runtimes for d in devices
             if d.split(":")[0] in usable[r]
             for p in (precisions if ncnn_cpu(r, d) else ("fp32",))
-            for c in (codecs if ncnn_cpu(r, d) else ("fp32",))]
+            for c in (codecs if ncnn_cpu(r, d) else ("fp32",)) for h in huge_pages]
     runs: dict[tuple, list[dict]] = {k: [] for k in keys}
     with tqdm(total=repeats * len(runs), desc="bench", unit="run", disable=not progress) as bar:
         for _ in range(repeats):
-            for (runtime, device, precision, threads, codec), done in runs.items():
-                bar.set_postfix_str(f"{runtime} {device} {precision} {threads} threads")
+            for (runtime, device, precision, threads, codec, huge), done in runs.items():
+                bar.set_postfix_str(f"{runtime} {device} {precision} {threads} threads" + (" huge" if huge else ""))
                 kwargs = dict(model_dir=str(model_dir), frames=frames, threads=threads, device=device)
                 if runtime == "ncnn":
                     kwargs |= dict(precision=precision, codec_precision=codec)
-                done.append(child.run("loop", f"run_{runtime}", threads, **kwargs))
+                done.append(child.run("loop", f"run_{runtime}", threads, huge_pages=huge, **kwargs))
                 bar.update(1)
     machine["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     rows = []
-    for (runtime, device, precision, threads, codec), done in runs.items():
+    for (runtime, device, precision, threads, codec, huge), done in runs.items():
         on_cpu = device == "cpu"
         floor_ms = weights[precision] / (machine["read_bandwidth_gbs"][str(threads)] * 1e9) * 1000 if on_cpu else None
-        extra = {"codec_precision": codec} if runtime == "ncnn" else None
+        mb = [r["huge_pages_mb"] for r in done if r.get("huge_pages_mb") is not None]
+        extra = ({"codec_precision": codec} if runtime == "ncnn" else {}) | {
+            "huge_pages": huge, "huge_pages_mb": statistics.median(mb) if mb else None}
         rows.append(row(runtime, threads, done, floor_ms, precision, weights[precision] if on_cpu else None, device,
                         extra))
-    raw = [{"runtime": r, "device": d, "precision": p, "threads": t, "codec_precision": c, **run}
-           for (r, d, p, t, c), done in runs.items() for run in done]
+    raw = [{"runtime": r, "device": d, "precision": p, "threads": t, "codec_precision": c, "huge_pages": h, **run}
+           for (r, d, p, t, c, h), done in runs.items() for run in done]
     result = {"machine": machine, "checkpoint": Path(model_dir).name, "frames": frames,
               "weight_bytes_per_frame": weights["fp32"], "weight_bytes_per_frame_by_precision": weights,
               "text": TEXT, "rows": rows, "raw": raw}

@@ -107,6 +107,17 @@ def peak_rss_gb() -> float:
     return float("nan")
 
 
+def huge_pages_mb() -> int | None:
+    """Anonymous memory of this process in transparent huge pages (MB; None where the kernel does not say)."""
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) // 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
 class Probe:
     """Bandwidth probes inside a run, between frames (outside the timed code): a VM's bandwidth drifts by
     20% from minute to minute, so each run is held against what the memory gave while it ran. The probe's

@@ -58,6 +58,18 @@ def ttfa_ms(synth, text: str, language: str, voice, chunk_frames: int = 4, repea
             "ms_per_chunk_of_audio": chunk_frames * SAMPLES_PER_FRAME / SAMPLE_RATE * 1000.0}
 
 
+def gapless_from_ms(arrivals: list[tuple[float, int]]) -> float:
+    """The earliest time (ms after `stream` was called) from which playback never waits for a piece: each piece
+    must have arrived (its seconds since the call, its samples) before the audio in front of it has played. Pieces
+    that come faster than they play give the first piece's arrival; a stream slower than playback pushes it later
+    by its lag, which grows with the utterance's length."""
+    start, played = 0.0, 0
+    for seconds, samples in arrivals:
+        start = max(start, seconds - played / SAMPLE_RATE)
+        played += samples
+    return 1000.0 * start
+
+
 # ------------------------------------------------------------ whole streams
 def first_audio_parts(synth, voice, sampling, frames: int) -> dict:
     """Time to first audio in its parts (ms), each timed alone in the order a stream runs them: the prompt, its
@@ -95,14 +107,16 @@ def stream_rounds(model_dir: str, frames: int, threads: int, repeats: int = 3, c
             for c in chunks]
     parts = [first_audio_parts(synth, voice, greedy, frames) for _ in range(repeats)]
 
+    gapless: dict[str, list[float]] = {}
+
     def timed(kind: str) -> float:
         t0 = time.perf_counter()
         if kind == "synthesize":
             made = len(synth.synthesize(TEXT, LANGUAGE, voice, greedy, max_frames=frames).codes)
         elif kind.startswith("stream_"):
             stream = synth.stream(TEXT, LANGUAGE, voice, greedy, max_frames=frames, chunk_frames=int(kind[7:]))
-            for _ in stream:
-                pass
+            arrivals = [(time.perf_counter() - t0, len(piece)) for piece in stream]
+            gapless.setdefault(kind[7:], []).append(round(gapless_from_ms(arrivals), 1))
             made = len(stream.result.codes)
         elif kind == "codec_whole":
             synth.codec.decode(codes)
@@ -115,7 +129,7 @@ def stream_rounds(model_dir: str, frames: int, threads: int, repeats: int = 3, c
             made = len(codes)
         return (time.perf_counter() - t0) * 1000.0 / made
 
-    kinds = ("synthesize", "stream_1", "stream_4", "codec_whole", "codec_pieces_of_1", "codec_pieces_of_4")
+    kinds = ("synthesize", "stream_1", "stream_2", "stream_4", "codec_whole", "codec_pieces_of_1", "codec_pieces_of_4")
     rounds = {k: [] for k in kinds}
     for _ in range(repeats):
         for k in kinds:
@@ -124,43 +138,50 @@ def stream_rounds(model_dir: str, frames: int, threads: int, repeats: int = 3, c
             "ttfa": [{k: (round(v, 1) if isinstance(v, float) else v) for k, v in t.items() if k != "runs_ms"}
                      | {"runs_ms": [round(x, 1) for x in t["runs_ms"]]} for t in ttfa],
             "first_audio_parts_ms": {k: round(statistics.median(p[k] for p in parts), 1) for k in parts[0]},
-            "ms_per_frame": {k: statistics.median(v) for k, v in rounds.items()}, "rounds_ms_per_frame": rounds}
+            "ms_per_frame": {k: statistics.median(v) for k, v in rounds.items()}, "rounds_ms_per_frame": rounds,
+            "gapless_from_ms": {k: statistics.median(v) for k, v in gapless.items()}, "gapless_rounds_ms": gapless}
 
 
 def stream_benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: int = 3,
-                     tiers=(("fp32", "fp32"),), against: Path | None = None) -> dict:
+                     tiers=(("fp32", "fp32"),), against: Path | None = None, huge_pages=(False,)) -> dict:
     """`stream_rounds` per thread count and (loop tier, codec tier), each in `repeats` fresh child processes taken
     in turn (data/bench/stream/); per row the medians over the processes. `against`: another source tree (a
     worktree of an older commit holding this module), its processes taken in turn with this tree's, its rows marked
-    with its commit."""
+    with its commit. Each of `huge_pages` (False, True) is a row of its own (the children started with glibc's
+    malloc asking for huge pages or not, `runtime.app.hugepages`: `qtts serve` runs with them)."""
     from .serve import tree_commit
 
     here = Path(__file__).resolve().parents[2]
     trees = [None] + ([str(Path(against).resolve())] if against else [])
-    runs = {(tree, t, p, c): [] for tree in trees for t in thread_counts for p, c in tiers}
+    runs = {(tree, t, p, c, h): [] for tree in trees for t in thread_counts for p, c in tiers for h in huge_pages}
     for _ in range(repeats):
-        for (tree, t, p, c), done in runs.items():
-            done.append(child.run("stream", "stream_rounds", t, tree=tree, model_dir=str(Path(model_dir).resolve()),
-                                  frames=frames, threads=t, repeats=repeats, precision=p, codec_precision=c))
+        for (tree, t, p, c, h), done in runs.items():
+            done.append(child.run("stream", "stream_rounds", t, tree=tree, huge_pages=h,
+                                  model_dir=str(Path(model_dir).resolve()), frames=frames, threads=t, repeats=repeats,
+                                  precision=p, codec_precision=c))
     rows = []
-    for (tree, t, p, c), done in runs.items():
+    for (tree, t, p, c, h), done in runs.items():
         ms = {k: statistics.median(r["ms_per_frame"][k] for r in done) for k in done[0]["ms_per_frame"]}
         ttfa = {str(x["chunk_frames"]): statistics.median(r["ttfa"][i]["ttfa_ms"] for r in done)
                 for i, x in enumerate(done[0]["ttfa"])}
         parts = {k: statistics.median(r["first_audio_parts_ms"][k] for r in done)
                  for k in done[0]["first_audio_parts_ms"]}
+        gapless = {k: statistics.median(r["gapless_from_ms"][k] for r in done) for k in done[0]["gapless_from_ms"]}
         rows.append({"commit": tree_commit(Path(tree) if tree else here), "threads": t, "precision": p,
-                     "codec_precision": c, "processes": len(done),
+                     "codec_precision": c, "huge_pages": h, "processes": len(done),
                      "ms_per_frame": {k: round(v, 1) for k, v in ms.items()},
                      "rtf": {k: round(v / 80.0, 3) for k, v in ms.items() if not k.startswith("codec")},
                      "stream_1_over_synthesize": round(ms["stream_1"] / ms["synthesize"], 3),
                      "ttfa_ms": {k: round(v, 1) for k, v in ttfa.items()},
-                     "first_audio_parts_ms": {k: round(v, 1) for k, v in parts.items()}})
+                     "first_audio_parts_ms": {k: round(v, 1) for k, v in parts.items()},
+                     "gapless_from_ms": {k: round(v, 1) for k, v in gapless.items()}})
     return {"what": "streaming with the ncnn runtime, greedy, x-vector, after one utterance in the process: time to "
                     "first audio per chunk size (Synthesizer.stream to its first piece; loading and the voice "
-                    "outside) and its parts, whole ms per frame of synthesize vs stream in pieces of 1 and 4 "
-                    "frames, and the codec alone: one whole decode vs incremental pieces of 1 and 4; per row the "
-                    "medians of fresh processes (python -m qtts_lib.bench stream)",
+                    "outside) and its parts, whole ms per frame of synthesize vs stream in pieces of 1, 2 and 4 "
+                    "frames, the time from which playback of those streams never waits for a piece "
+                    "(gapless_from_ms, from calling stream), and the codec alone: one whole decode vs "
+                    "incremental pieces of 1 and 4; per row the medians of fresh processes "
+                    "(python -m qtts_lib.bench stream)",
             "checkpoint": Path(model_dir).name, "machine": describe(thread_counts), "text": TEXT, "frames": frames,
             "rows": rows, "runs": [r | {"commit": row["commit"]} for row, done in zip(rows, runs.values())
                                    for r in done]}

@@ -32,6 +32,7 @@ from ..audio.tempo import MAX_SPEED, MIN_SPEED, Tempo, change_tempo, check_speed
 from ..audio.wav import SAMPLE_RATE, WavFile, pcm16, save_wav, wav_header
 from ..errors import InputError, MissingArtifact, QttsError
 from ..pipeline.longform import PAUSE_SECONDS, plan, synthesize_long
+from .hugepages import restart_with_huge_pages
 from .options import (
     add_batch_option,
     add_generation_options,
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "serve":
+            restart_with_huge_pages(argv)  # a server loads once and reads its weights every frame
             from .server import serve
 
             return serve(args)
