@@ -18,7 +18,8 @@
 # **You will:** describe the machine (CPU, cores, memory, read bandwidth measured now); count the bytes of weights
 # one frame must read and turn them into a floor no fp32 runtime can beat; run the benchmark harness
 # (`python -m qtts_lib.bench loop`, `make bench`) on the current checkpoint — PyTorch and the ncnn runtime in fresh
-# processes, repeats interleaved; then read one reference machine's committed full-size result the same way.
+# processes, repeats interleaved; then read one reference machine's committed full-size result the same way, and
+# run the harness again with the weights in huge pages.
 #
 # **You will learn:** why the generation loop is memory-bound and how far from its floor it runs; how to report
 # speed so that it means something (medians, ratios from one run, the machine, its load and its bandwidth while the
@@ -43,6 +44,7 @@ from qtts_lib.bench.loop import benchmark
 from qtts_lib.bench.machine import describe
 from qtts_lib.bench.results import check_schema
 from qtts_lib.bench.workload import weight_bytes_per_frame
+from qtts_lib.runtime.app import hugepages
 from qtts_lib.runtime.pipeline import precision
 
 ckpt = settings.checkpoint()
@@ -266,6 +268,41 @@ check.close("talker steps: InnerProduct form vs Gemm form (16 steps)", b, a, rel
 pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (median)").to_frame()
 
 # %% [markdown]
+# ## 6. Give the weights huge pages
+# The floor counts bytes; the memory system also counts pages. ncnn keeps each weight matrix in a block of its own
+# from glibc's malloc, in 4 KB pages, so a full-size int8 talker step walks about 110 thousand of them, each a TLB
+# entry to look up. Linux can back a block with 2 MB pages instead (transparent huge pages) where the program asks
+# for them, and glibc's malloc asks on its large blocks when the process *starts* with
+# `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`. A tunable is read once at start, so it is a property of how a process is
+# launched: the harness takes it as one more axis (`huge_pages`, a child started with or without it), and `qtts serve`
+# starts itself again with it (`runtime.app.hugepages`). Each run reports how much of its memory the kernel gave in
+# huge pages:
+
+# %%
+cannot = hugepages.why_not()
+mode = hugepages.THP_MODE.read_text().strip() if hugepages.THP_MODE.exists() else "none"
+print(f"transparent huge pages: {mode}; glibc's tunable usable here: {cannot or 'yes'}")
+if cannot is None:
+    pages = benchmark(model_dir, 8, [THREADS], 1, runtimes=("ncnn",), progress=False, huge_pages=(False, True))
+    mb = {("huge pages" if r["huge_pages"] else "4 KB pages"): r["huge_pages_mb"] for r in pages["rows"]}
+    print("MB of the process in huge pages:", mb)
+    if "[madvise]" in mode:  # in `always` mode every process gets them, asked or not
+        check.at_least("the run that asked has more of its memory in huge pages", "MB",
+                       mb["huge pages"] - mb["4 KB pages"], 1)
+else:
+    print(f"skipped because {cannot}")
+
+# %% [markdown]
+# What it buys is a full-size question. The committed run on the Intel Xeon VM (int8 loop and codec, five fresh
+# processes each, in turn): the same frames with fewer TLB misses, and a slower start on that VM, whose kernel hands
+# out huge pages from memory the host has not given it yet. A server loads once; `qtts say` starts without them.
+
+# %%
+hp = json.loads((paths.DATA / "bench" / "dev-2core-xeon-amx-full-base-int8-huge-pages.json").read_text())
+pd.DataFrame({("huge pages" if r["huge_pages"] else "4 KB pages"): {**r["ms_per_frame"], "RTF": r["rtf"],
+              "load s": r["load_s"], "GB in huge pages": round(r["huge_pages_mb"] / 1024, 1)} for r in hp["rows"]})
+
+# %% [markdown]
 # ## Summary
 # - Speed is reported as medians of interleaved repeats, every run in its own process, the machine described and
 #   its read bandwidth measured in the same run; ratios only between rows of one run.
@@ -276,6 +313,8 @@ pd.Series({k: round(v, 2) for k, v in step_ms.items()}, name="talker step ms (me
 #   machine's file, and the results page sets every machine side by side.
 # - A rewrite stays only if it measures faster: the InnerProduct step form is equal but was not faster in fp32, so
 #   only the fp16 tier keeps it.
+# - The weights in huge pages (glibc's tunable at process start) cost the loop fewer TLB misses; `qtts serve` runs
+#   that way, and the harness measures both.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/10_bench.json`, the chapter report.
 #
