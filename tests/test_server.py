@@ -74,8 +74,8 @@ BAD = [  # (body or None for GET, path, expected status, what the error names)
     ({"input": "hi", "voice": "../alice"}, "/v1/audio/speech", 400, "voice"),
     ({"input": "hi", "voice": {"id": "carol"}}, "/v1/audio/speech", 400, "unknown voice 'carol'"),
     ({"input": "hi", "voice": {"id": "../alice"}}, "/v1/audio/speech", 400, "voice"),
-    ({"input": "hi", "voice": {"name": "alice"}}, "/v1/audio/speech", 400, "{\"id\": name}"),
-    ({"input": "hi", "voice": {"id": "alice", "x": 1}}, "/v1/audio/speech", 400, "{\"id\": name}"),
+    ({"input": "hi", "voice": {"name": "alice"}}, "/v1/audio/speech", 400, "{\"id\": id or name}"),
+    ({"input": "hi", "voice": {"id": "alice", "x": 1}}, "/v1/audio/speech", 400, "{\"id\": id or name}"),
     ({"input": "hi", "voice": ["alice"]}, "/v1/audio/speech", 400, "voice"),
     ({"input": "hi", "voice": "alice", "response_format": "ogg"}, "/v1/audio/speech", 400, "response_format"),
     ({"input": "hi", "voice": "alice", "language": "klingon"}, "/v1/audio/speech", 400, "language"),
@@ -327,16 +327,21 @@ def test_instructions_on_checkpoints_that_follow_them(tmp_path):
 
 def refuses_voices(url: str, builtin: str) -> None:
     """A checkpoint that does not clone: its own voices listed as built in, an upload refused (400, saying only
-    Base checkpoints clone), a built-in voice never deleted."""
+    Base checkpoints clone), and so OpenAI's custom voices and consent recordings; a built-in voice never deleted."""
     import httpx
 
     listed = {v["name"]: v for v in json.loads(request(url, "/v1/voices")[2])["voices"]}
     assert listed[builtin]["builtin"] and listed[builtin]["mode"] in ("speaker", "design")
     assert "alice" not in listed  # the clips in --voices are not this checkpoint's to speak
     clip = paths.voice_wav().read_bytes()
-    answer = httpx.post(url + "/v1/voices", data={"name": "carol"}, files={"audio": ("c.wav", clip)})
-    assert answer.status_code == 400 and answer.json()["error"]["code"] == "cannot_clone"
-    assert "Base" in answer.json()["error"]["message"]
+    for answer in (httpx.post(url + "/v1/voices", data={"name": "carol"}, files={"audio": ("c.wav", clip)}),
+                   httpx.post(url + "/v1/audio/voices", data={"name": "carol", "consent": "cons_1"},
+                              files={"audio_sample": ("c.wav", clip)}),
+                   httpx.post(url + "/v1/audio/voice_consents", data={"name": "Carol", "language": "en"},
+                              files={"recording": ("c.wav", clip)}),
+                   httpx.get(url + "/v1/audio/voice_consents"), httpx.delete(url + "/v1/audio/voices/voice_1")):
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "cannot_clone", answer.text
+        assert "Base" in answer.json()["error"]["message"]
     status, _, body = request(url, f"/v1/voices/{builtin}", method="DELETE")
     assert status == 400 and json.loads(body)["error"]["code"] == "builtin_voice"
 

@@ -1,12 +1,17 @@
 """`qtts serve` as OpenAI's own Python SDK meets it: speech in every format, streamed, every error an exception of the
-SDK's kind; the API key; the OpenAPI document and the Prometheus metrics. One server (tiny-base, an API key)."""
+SDK's kind; custom voices (consent recordings, a voice from a sample); the API key; the OpenAPI document and the
+Prometheus metrics. One server (tiny-base, an API key)."""
+import io
 import json
 
+import httpx
 import numpy as np
 import openai
 import pytest
+import soundfile as sf
 from serving import COMPRESSED, PADDING, decoded, request, samples_at_24k, start_server, stop_server
 
+from qtts_lib import paths
 from qtts_lib.runtime.app.schema import REQUEST_FIELDS
 
 KEY = "sk-test-qtts"
@@ -20,11 +25,17 @@ SEED = {"seed": 3}  # every request a fresh take otherwise: the formats are comp
 
 
 @pytest.fixture(scope="module")
-def served(tts, tmp_path_factory):
+def home(tmp_path_factory):
+    """The server's folder: its log, and its voices folder `voices/` (alice and bob, then what the tests add)."""
+    return tmp_path_factory.mktemp("sdk")
+
+
+@pytest.fixture(scope="module")
+def served(tts, home):
     from qtts_lib import export
 
     export.ensure(tts, "tiny-base")
-    proc, url = start_server(tmp_path_factory.mktemp("sdk"), "--max-frames", str(MAX_FRAMES), "--api-key", KEY)
+    proc, url = start_server(home, "--max-frames", str(MAX_FRAMES), "--api-key", KEY)
     yield url
     stop_server(proc)
 
@@ -118,7 +129,7 @@ def test_without_the_key_the_sdk_gets_an_authentication_error(served, key):
     assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         bare.models.list()
-    for path in ("/metrics", "/v1/models", "/v1/voices", "/openapi.json"):  # the schema names the voices
+    for path in ("/metrics", "/v1/models", "/v1/voices", "/v1/audio/voice_consents", "/openapi.json"):
         assert request(served, path)[0] == 401
     for path in ("/health", "/"):  # what stays open: liveness and the page (which asks for the key)
         assert request(served, path)[0] == 200
@@ -158,6 +169,15 @@ def test_the_openapi_document_describes_what_the_server_takes(served):
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     for code in ("400", "401", "404", "413", "503"):
         assert speech["responses"][code]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    custom = {path: set(doc["paths"][path]) for path in doc["paths"] if path.startswith("/v1/audio/voice")}
+    assert custom == {"/v1/audio/voices": {"post"}, "/v1/audio/voices/{voice_id}": {"delete"},
+                      "/v1/audio/voice_consents": {"get", "post"},
+                      "/v1/audio/voice_consents/{consent_id}": {"get", "post", "delete"}}
+    made = doc["paths"]["/v1/audio/voices"]["post"]
+    assert made["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/AudioVoice")
+    assert set(made["requestBody"]["content"]["multipart/form-data"]["schema"]["required"]) == {
+        "name", "audio_sample", "consent"}
+    assert all(op["security"] == [{"bearer": []}] for path in custom for op in doc["paths"][path].values())
 
 
 def scrape(url: str) -> dict:
@@ -190,3 +210,147 @@ def test_metrics_count_requests_streams_the_batch_and_time_to_audio(served, clie
     assert grew("qtts_batch_size_bucket", le="1.0") == grew("qtts_batch_size_count")  # alone: batches of one
     assert after[("qtts_queue_depth", ())] == 0 and after[("qtts_requests_speaking", ())] == 0
     assert after[("qtts_max_batch", ())] == 4
+
+
+# ------------------------------------------------------------ custom voices: OpenAI's consent recordings and voices
+def clip_file(samples: np.ndarray, name: str = "clip.wav"):
+    """Samples as the file tuple the SDK uploads: (name, wav bytes, content type)."""
+    buf = io.BytesIO()
+    sf.write(buf, samples, 24000, format="WAV", subtype="FLOAT")
+    return name, buf.getvalue(), "audio/wav"
+
+
+def own_clip() -> np.ndarray:
+    """A clip no voice of the server has (alice and bob are voice.wav): voice.wav backwards."""
+    return sf.read(str(paths.voice_wav()), dtype="float32")[0][::-1].copy()
+
+
+def speak(client, voice, **fields) -> bytes:
+    return client.audio.speech.create(model="tts-1", voice=voice, input=TEXT, response_format="pcm",
+                                      extra_body=SEED | fields).content
+
+
+def test_consent_recordings_round_trip_through_the_sdk(client, home):
+    """Create (kept in voices/consents/ with the recording as uploaded), retrieve, update, list page by page,
+    delete: each answer the SDK's own object."""
+    consents = client.audio.voice_consents
+    recording = clip_file(own_clip(), "consent.wav")
+    first = consents.create(name="Dana, speaking", language="en-US", recording=recording)
+    second = consents.create(name="Eli", language="fr", recording=clip_file(own_clip()))
+    assert first.object == "audio.voice_consent" and first.id.startswith("cons_") and first.id != second.id
+    assert (first.name, first.language) == ("Dana, speaking", "en-US") and first.created_at > 1.6e9
+    folder = home / "voices" / "consents"
+    assert (folder / f"{first.id}.wav").read_bytes() == recording[1]
+    assert consents.retrieve(first.id) == first
+    renamed = consents.update(first.id, name="Dana")
+    assert renamed.name == "Dana" and renamed.id == first.id and consents.retrieve(first.id).name == "Dana"
+    page = consents.list(limit=1)
+    assert len(page.data) == 1 and page.has_more
+    listed = [c.id for c in consents.list(limit=1)]  # the SDK follows the cursor (`after`) page by page
+    assert listed[-2:] == [first.id, second.id] and len(listed) == len(set(listed))
+    gone = consents.delete(first.id)
+    assert gone.id == first.id and gone.deleted and gone.object == "audio.voice_consent"
+    with pytest.raises(openai.NotFoundError):
+        consents.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        consents.delete(first.id)
+    assert first.id not in [c.id for c in consents.list()] and second.id in [c.id for c in consents.list()]
+    assert not list(folder.glob(f"{first.id}*")) and len(list(folder.glob(f"{second.id}*"))) == 2
+    consents.delete(second.id)
+
+
+def test_a_voice_from_a_sample_speaks_as_its_clip_does_through_post_voices(client, served, home):
+    """A voice made by the SDK from a sample and a consent speaks, by its id or by its name, exactly as the same clip
+    uploaded through POST /v1/voices does (same seed: the same bits), and not as alice (another clip) does; a second
+    server over the same folder finds the id and the consent; deleting it by its id removes its files."""
+    sample = own_clip()
+    consent = client.audio.voice_consents.create(name="Fay", language="en", recording=clip_file(sample))
+    voice = client.audio.voices.create(name="fay", audio_sample=clip_file(sample), consent=consent.id)
+    assert voice.object == "audio.voice" and voice.type == "audio_sample" and voice.name == "fay"
+    assert voice.id.startswith("voice_") and voice.created_at > 1.6e9
+    by_id = speak(client, {"id": voice.id})
+    uploaded = httpx.post(served + "/v1/voices", data={"name": "fay-plain"}, files={"audio": clip_file(sample)},
+                          headers=AUTH, timeout=120)
+    assert uploaded.status_code == 201, uploaded.text
+    assert by_id == speak(client, "fay-plain") == speak(client, "fay") and by_id != speak(client, "alice")
+    listed = {v["name"]: v for v in httpx.get(served + "/v1/voices", headers=AUTH).json()["voices"]}
+    assert listed["fay"]["id"] == voice.id and listed["fay"]["mode"] == "xvector" and listed["fay-plain"]["id"] is None
+
+    (home / "again").mkdir()
+    again, again_url = start_server(home / "again", "--voices", str(home / "voices"), "--max-frames", str(MAX_FRAMES),
+                                    "--api-key", KEY)
+    try:
+        restarted = openai.OpenAI(base_url=again_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        assert restarted.audio.voice_consents.retrieve(consent.id) == consent
+        assert speak(restarted, {"id": voice.id}) == by_id
+    finally:
+        stop_server(again)
+
+    gone = client.audio.voices.delete(voice.id)
+    assert (gone.id, gone.deleted, gone.object) == (voice.id, True, "audio.voice.deleted")
+    assert not list((home / "voices").glob("fay.*"))
+    with pytest.raises(openai.BadRequestError):
+        speak(client, {"id": voice.id})
+    with pytest.raises(openai.NotFoundError):
+        client.audio.voices.delete(voice.id)
+    assert client.audio.voice_consents.retrieve(consent.id) == consent  # a voice's consent outlives it
+    client.audio.voice_consents.delete(consent.id)
+    assert httpx.delete(served + "/v1/voices/fay-plain", headers=AUTH).status_code == 200
+
+
+def test_custom_voice_refusals_are_sdk_errors(client, home):
+    """An unknown consent, a prompt-designed voice, a silent recording or sample, a name taken: each a 400 (409)
+    the SDK raises, naming the field; nothing is written."""
+    sample = clip_file(own_clip())
+    silent = clip_file(np.zeros(3 * 24000, np.float32))
+    consent = client.audio.voice_consents.create(name="Gus", language="en-GB", recording=sample)
+    refused = [  # (the call, the SDK's exception, the field it names, the error's code, words of its message)
+        (lambda: client.audio.voices.create(name="gus", audio_sample=sample, consent="cons_0000"),
+         openai.BadRequestError, "consent", "consent_not_found", "no consent recording"),
+        (lambda: client.audio.voices.create(name="gus", prompt="A calm, low voice.", type="prompt"),
+         openai.BadRequestError, "type", "prompt_voice_unsupported", "from a prompt"),
+        (lambda: client.audio.voices.create(name="gus", audio_sample=silent, consent=consent.id),
+         openai.BadRequestError, "audio_sample", "bad_clip", "silent"),
+        (lambda: client.audio.voices.create(name="a voice", audio_sample=sample, consent=consent.id),
+         openai.BadRequestError, "name", None, "not a voice name"),
+        (lambda: client.audio.voices.create(name="alice", audio_sample=sample, consent=consent.id),
+         openai.ConflictError, "name", "voice_exists", "exists"),
+        (lambda: client.audio.voice_consents.create(name="Gus", language="en", recording=silent),
+         openai.BadRequestError, "recording", "bad_recording", "silent"),
+        (lambda: client.audio.voice_consents.create(name="Gus", language="not a tag", recording=sample),
+         openai.BadRequestError, "language", None, "BCP 47"),
+        (lambda: client.audio.voice_consents.list(after="cons_0000"), openai.BadRequestError, "after", None,
+         "no consent recording's id"),
+        (lambda: client.audio.voices.delete("voice_0000"), openai.NotFoundError, "voice_id", "voice_not_found",
+         "no voice"),
+    ]
+    consents_before = sorted(p.name for p in (home / "voices" / "consents").iterdir())
+    for call, kind, param, code, words in refused:
+        with pytest.raises(kind) as caught:
+            call()
+        e = caught.value
+        assert (e.param, e.code) == (param, code) and words in e.message, e
+    assert not list((home / "voices").glob("gus*")) and not list((home / "voices").glob("a voice*"))
+    assert sorted(p.name for p in (home / "voices" / "consents").iterdir()) == consents_before
+    client.audio.voice_consents.delete(consent.id)
+
+
+def test_without_a_voices_folder_consents_are_kept_in_memory():
+    """A server with no voices folder keeps its consent records in memory (listed page by page, renamed, deleted);
+    a recording that is no voice clip is refused before any record is made."""
+    import asyncio
+
+    from qtts_lib.runtime.app import server
+    from qtts_lib.runtime.errors import AudioError
+
+    consents = server.Consents(None, log=print)
+    sample = clip_file(own_clip())[1]
+    made = [asyncio.run(consents.add(f"label {i}", "en", sample, "c.wav")) for i in range(3)]
+    assert [r["id"] for r in consents.page(None, 2)[0]] == [r["id"] for r in made[:2]]
+    assert consents.page(made[1]["id"], 2) == ([made[2]], False) and consents.page(None, 2)[1]
+    assert consents.rename(made[0]["id"], "renamed")["name"] == "renamed" and made[0]["id"] in consents
+    consents.delete(made[0]["id"])
+    assert made[0]["id"] not in consents and len(consents.page(None, 10)[0]) == 2
+    with pytest.raises(AudioError, match="silent"):
+        asyncio.run(consents.add("mute", "en", clip_file(np.zeros(48000, np.float32))[1], "mute.wav"))
+    assert len(consents.page(None, 10)[0]) == 2

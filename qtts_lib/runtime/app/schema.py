@@ -1,7 +1,8 @@
 """`qtts serve`'s API as data, and its HTTP parsing: pydantic models of the speech request and of every JSON answer,
 the OpenAPI document built from them (served at /openapi.json), the body read within its limit (`read_body`) and
-checked into a `Speech` (`parse_speech`) or, for a voice upload, a `VoiceForm` (`parse_voice_form`), every refusal
-an OpenAI-style error (`RequestError`). Introduced in 17.
+checked into a `Speech` (`parse_speech`) or, for a voice upload, a `VoiceForm` (`parse_voice_form`; OpenAI's forms:
+`parse_sample_form` for a voice, `parse_consent_form` for a consent recording), every refusal an OpenAI-style error
+(`RequestError`). Introduced in 17.
 
 The models check what a request means on its own (types, lengths, the format, the sampling ranges of
 `pipeline.sampling.Sampling`); what depends on the loaded checkpoint (does this voice, language or model exist, can
@@ -30,6 +31,9 @@ MAX_INPUT_CHARS = 4096   # OpenAI's limit for `input`
 MAX_INSTRUCTIONS_CHARS = 4096
 VOICE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # a built-in speaker or a file stem in --voices, never a path
 NEW_VOICE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # an uploaded voice's name: a safe file stem
+MAX_LABEL_CHARS = 256  # a consent recording's label
+LANGUAGE_TAG = r"^[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*$"  # BCP 47, as a consent recording's language is given
+MAX_LIST = 100           # OpenAI's list endpoints: `limit` from 1 to 100, 20 by default
 SEED_HEADER = "X-Seed"   # every speech answer says the seed it sampled with
 STREAM_FORMATS = ("audio", "sse")
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # what OpenAI clients send: all mean the loaded model
@@ -44,11 +48,12 @@ def _not_blank(text: str) -> str:
 
 
 class VoiceRef(BaseModel):
-    """OpenAI's form of a custom voice in a speech request: `{"id": "NAME"}`, the same voice as `"NAME"`."""
+    """OpenAI's form of a custom voice in a speech request: `{"id": ID}`, ID the voice's OpenAI id (`voice_...`, from
+    `POST /v1/audio/voices`) or its name (the same voice as `"NAME"`)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    id: str = Field(pattern=VOICE_PATTERN, description="The voice's name, as a plain `voice` would give it.")
+    id: str = Field(pattern=VOICE_PATTERN, description="The voice's id from POST /v1/audio/voices, or its name.")
 
 
 class SpeechRequest(BaseModel):
@@ -62,8 +67,8 @@ class SpeechRequest(BaseModel):
                                                               "segment with short pauses.")
     voice: Annotated[str, Field(pattern=VOICE_PATTERN)] | VoiceRef = Field(
         description="A built-in speaker (CustomVoice checkpoints), the NAME of NAME.wav in --voices (Base "
-                    "checkpoints), or `design` (VoiceDesign); also as OpenAI's object `{\"id\": NAME}`. GET /v1/models "
-                    "lists them.")
+                    "checkpoints), or `design` (VoiceDesign); also as OpenAI's object `{\"id\": ID}`, ID a voice's id "
+                    "from POST /v1/audio/voices or its NAME. GET /v1/models lists them.")
 
     model: str | None = Field(None, description="The served checkpoint's name, or one of "
                                                 f"{', '.join(OPENAI_MODELS)} (all mean it).")
@@ -91,14 +96,14 @@ class SpeechRequest(BaseModel):
 
     @property
     def voice_name(self) -> str:
-        """The voice asked for, given as a name or as `{"id": name}`."""
+        """The voice asked for, given as a name or as `{"id": ...}` (a name, or an id `parse_speech` resolves)."""
         return self.voice if isinstance(self.voice, str) else self.voice.id
 
 
 REQUEST_FIELDS = tuple(SpeechRequest.model_fields)
 HINTS = {"speed": f"speed is a number from {MIN_SPEED} to {MAX_SPEED} (1.0: as generated)",
          "voice": "voice is a voice's name (letters, digits, '.', '-' and '_'; GET /v1/voices lists them) or "
-                  "OpenAI's object {\"id\": name}",
+                  "OpenAI's object {\"id\": id or name}",
          "stream_format": f"stream_format is one of {', '.join(STREAM_FORMATS)}"}
 
 
@@ -150,6 +155,8 @@ class VoiceInfo(BaseModel):
                     "(icl: with its transcript).")
     error: str | None = Field(None, description="Why a clip in the voices folder cannot be used (requests for it "
                                                 "get this in a 400).")
+    id: str | None = Field(None, description="Its OpenAI voice id (`voice_...`) when it was made through POST "
+                                             "/v1/audio/voices: a speech request's `{\"id\": ...}`.")
 
 
 class VoiceList(BaseModel):
@@ -165,6 +172,47 @@ class VoiceCreated(VoiceInfo):
 
 class VoiceDeleted(BaseModel):
     deleted: str
+
+
+class AudioVoice(BaseModel):
+    """OpenAI's `Voice`: the answer to `POST /v1/audio/voices`. Its `id` names it in a speech request
+    (`{"id": ...}`), as its `name` does."""
+    id: str
+    object: Literal["audio.voice"] = "audio.voice"
+    created_at: int = Field(description="Unix time, in seconds.")
+    name: str
+    type: Literal["audio_sample"] = "audio_sample"
+
+
+class AudioVoiceDeleted(BaseModel):
+    """The answer to `DELETE /v1/audio/voices/{voice_id}` (OpenAI's `VoiceDeleted`)."""
+    id: str
+    object: Literal["audio.voice.deleted"] = "audio.voice.deleted"
+    deleted: bool = True
+
+
+class VoiceConsent(BaseModel):
+    """OpenAI's consent recording: what `POST /v1/audio/voices` names as its `consent`."""
+    id: str
+    object: Literal["audio.voice_consent"] = "audio.voice_consent"
+    created_at: int = Field(description="Unix time, in seconds.")
+    name: str = Field(description="The label it was given.")
+    language: str = Field(description="The BCP 47 tag of the consent phrase's language.")
+
+
+class VoiceConsentList(BaseModel):
+    """A page of consent recordings, oldest first (OpenAI's cursor page: the next one starts `after` `last_id`)."""
+    object: Literal["list"] = "list"
+    data: list[VoiceConsent]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class VoiceConsentDeleted(BaseModel):
+    id: str
+    object: Literal["audio.voice_consent"] = "audio.voice_consent"
+    deleted: bool = True
 
 
 class Usage(BaseModel):
@@ -254,9 +302,10 @@ async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
     return bytes(body)
 
 
-def parse_speech(body: bytes, served: Served, voices: list[str]) -> Speech:
+def parse_speech(body: bytes, served: Served, voices: list[str], ids: dict[str, str] | None = None) -> Speech:
     """The speech request in `body`, validated (`SpeechRequest`, then against the `served` checkpoint and its
-    `voices`); a `RequestError` (4xx) for anything wrong."""
+    `voices`; `{"id": ...}` that names no voice is looked up in `ids`, {OpenAI voice id: name}); a `RequestError`
+    (4xx) for anything wrong."""
     try:
         obj = json.loads(body)
     except RecursionError:
@@ -282,6 +331,8 @@ def parse_speech(body: bytes, served: Served, voices: list[str]) -> Speech:
         raise RequestError(400, f"unknown language {shown(req.language)}; valid: {', '.join(served.languages)}",
                            "language")
     voice = req.voice_name
+    if isinstance(req.voice, VoiceRef) and voice not in voices:
+        voice = (ids or {}).get(voice, voice)
     if voice not in voices and voice.lower() not in served.speakers:
         raise RequestError(400, f"unknown voice {shown(voice)}; valid: "
                                 f"{', '.join(voices) or '(none: pass --voices DIR)'}", "voice")
@@ -304,52 +355,182 @@ class VoiceForm:
     text: str | None
 
 
+@dataclass
+class SampleForm:
+    """OpenAI's voice from an audio sample, read and checked as a form (`parse_sample_form`): its name, the clip
+    file's bytes and the consent recording's id."""
+    name: str
+    audio: bytes
+    filename: str | None
+    consent: str
+
+
+@dataclass
+class ConsentForm:
+    """OpenAI's consent recording, read and checked as a form (`parse_consent_form`)."""
+    name: str
+    language: str
+    recording: bytes
+    filename: str | None
+
+
 VOICE_FORM_FIELDS = ("name", "audio", "text")
+SAMPLE_FORM_FIELDS = ("name", "audio_sample", "consent", "type")
+CONSENT_FORM_FIELDS = ("name", "language", "recording")
+PROMPT_REFUSAL = ("this server cannot create a voice from a prompt (type \"prompt\"): it clones a voice from an "
+                  "audio sample (type \"audio_sample\", with a consent recording's id)")
 
 
 async def parse_voice_form(body: bytes, headers) -> VoiceForm:
     """The fields of a `POST /v1/voices` body (multipart/form-data: `name`, the file `audio`, optional `text`), or
     a `RequestError` (400) saying what is wrong. A blank `text` is no transcript."""
-    from starlette.datastructures import UploadFile
+    form = await _read_form(body, headers, 2, "a voice upload is a multipart/form-data form with the fields name, "
+                                              "audio (the clip file) and text (its transcript, optional)")
+    try:
+        _only(form, VOICE_FORM_FIELDS)
+        name, text = _voice_name(form), form.get("text")
+        audio, filename = await _file(form, "audio", "the voice clip")
+        if text is not None and not isinstance(text, str):
+            raise RequestError(400, "`text` is the clip's transcript, a plain field, not a file", "text")
+        if text is not None and len(text) > MAX_INSTRUCTIONS_CHARS:
+            raise RequestError(400, f"`text` is over {MAX_INSTRUCTIONS_CHARS} characters", "text")
+        return VoiceForm(name, audio, filename, text.strip() if text and text.strip() else None)
+    finally:
+        await form.close()
+
+
+async def parse_sample_form(body: bytes, headers) -> SampleForm:
+    """The fields of a `POST /v1/audio/voices` body (OpenAI's: multipart/form-data with `name`, the file
+    `audio_sample`, `consent` and optional `type`), or a `RequestError` (400). A prompt-designed voice (`type:
+    "prompt"`, as a form or as JSON) is refused: this server clones samples only."""
+    if headers.get("content-type", "").lower().startswith("application/json"):
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            obj = None
+        if isinstance(obj, dict) and obj.get("type") == "prompt":
+            raise RequestError(400, PROMPT_REFUSAL, "type", code="prompt_voice_unsupported")
+    form = await _read_form(body, headers, 8, "a voice from an audio sample is a multipart/form-data form with the "
+                                              "fields name, audio_sample (the clip file), consent (a consent "
+                                              "recording's id) and type (audio_sample, optional)")
+    try:  # room for a prompt form's fields above: it is refused for what it is
+        kind = form.get("type", "audio_sample")
+        if kind == "prompt":
+            raise RequestError(400, PROMPT_REFUSAL, "type", code="prompt_voice_unsupported")
+        if kind != "audio_sample":
+            raise RequestError(400, f"`type` {shown(kind)} is not a way to create a voice: audio_sample (the only "
+                                    "one this server has) or prompt", "type")
+        _only(form, SAMPLE_FORM_FIELDS)
+        name, consent = _voice_name(form), form.get("consent")
+        if not isinstance(consent, str) or not consent:
+            raise RequestError(400, "`consent` is required: the id of a consent recording (POST "
+                                    "/v1/audio/voice_consents gives one)", "consent")
+        audio, filename = await _file(form, "audio_sample", "the voice clip")
+        return SampleForm(name, audio, filename, consent)
+    finally:
+        await form.close()
+
+
+async def parse_consent_form(body: bytes, headers) -> ConsentForm:
+    """The fields of a `POST /v1/audio/voice_consents` body (OpenAI's: multipart/form-data with `name`, a label,
+    `language`, a BCP 47 tag, and the file `recording`), or a `RequestError` (400)."""
+    form = await _read_form(body, headers, 2, "a consent recording is a multipart/form-data form with the fields "
+                                              "name (a label), language (a BCP 47 tag) and recording (the file)")
+    try:
+        _only(form, CONSENT_FORM_FIELDS)
+        name, language = _label(form.get("name")), form.get("language")
+        if not isinstance(language, str) or not re.match(LANGUAGE_TAG, language):
+            raise RequestError(400, f"`language` is required: a BCP 47 tag such as en-US (got {shown(language)})",
+                               "language")
+        recording, filename = await _file(form, "recording", "the consent recording")
+        return ConsentForm(name, language, recording, filename)
+    finally:
+        await form.close()
+
+
+def parse_consent_update(body: bytes) -> str:
+    """The new label in a `POST /v1/audio/voice_consents/{id}` body (OpenAI's: JSON `{"name": ...}`), or a
+    `RequestError` (400)."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise RequestError(400, "the body is not JSON: a consent recording's update is {\"name\": label}") from None
+    if not isinstance(obj, dict) or set(obj) != {"name"}:
+        raise RequestError(400, "a consent recording's update is the JSON object {\"name\": label}, nothing else",
+                           "name")
+    return _label(obj["name"])
+
+
+def parse_list_query(query) -> tuple[str | None, int]:
+    """(after, limit) of a list request's query (OpenAI's cursor: `after` an id, `limit` 1 to MAX_LIST, 20 by
+    default), or a `RequestError` (400)."""
+    unknown = sorted(set(query) - {"after", "limit"})
+    if unknown:
+        raise RequestError(400, f"unrecognized query parameter(s): {', '.join(map(repr, unknown))}; valid: after, "
+                                "limit", unknown[0])
+    limit = query.get("limit", "20")
+    if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIST:
+        raise RequestError(400, f"`limit` is a whole number from 1 to {MAX_LIST} (got {shown(limit)})", "limit")
+    return query.get("after") or None, int(limit)
+
+
+async def _read_form(body: bytes, headers, max_fields: int, usage: str):
+    """`body` as a multipart form (one file at most, `max_fields` other fields; the caller closes it), or a 400 that
+    says what the form holds (`usage`)."""
     from starlette.formparsers import MultiPartException, MultiPartParser
 
     if not headers.get("content-type", "").lower().startswith("multipart/form-data"):
-        raise RequestError(400, "a voice upload is a multipart/form-data form with the fields name, audio (the "
-                                "clip file) and text (its transcript, optional)")
+        raise RequestError(400, usage)
 
     async def stream():
         yield body
         yield b""
 
     try:
-        form = await MultiPartParser(headers, stream(), max_files=1, max_fields=2,
+        return await MultiPartParser(headers, stream(), max_files=1, max_fields=max_fields,
                                      max_part_size=MAX_INSTRUCTIONS_CHARS * 4).parse()
     except MultiPartException as e:
         raise RequestError(400, f"the form cannot be read: {e}") from None
-    try:
-        unknown = sorted(set(form) - set(VOICE_FORM_FIELDS))
-        if unknown:
-            raise RequestError(400, f"unrecognized form field(s): {', '.join(map(repr, unknown))}; valid: "
-                                    f"{', '.join(VOICE_FORM_FIELDS)}", unknown[0])
-        name, audio, text = form.get("name"), form.get("audio"), form.get("text")
-        if not isinstance(name, str) or not name:
-            raise RequestError(400, "`name` is required: the voice's name (letters, digits, - and _)", "name")
-        if not re.match(NEW_VOICE_PATTERN, name):
-            raise RequestError(400, f"`name` {shown(name)} is not a voice name: 1 to 64 letters, digits, - and _ "
-                                    "(starting with a letter or digit)", "name")
-        if not isinstance(audio, UploadFile):
-            raise RequestError(400, "`audio` is required: the voice clip, sent as a file (wav, flac, ogg or mp3)",
-                               "audio")
-        if text is not None and not isinstance(text, str):
-            raise RequestError(400, "`text` is the clip's transcript, a plain field, not a file", "text")
-        if text is not None and len(text) > MAX_INSTRUCTIONS_CHARS:
-            raise RequestError(400, f"`text` is over {MAX_INSTRUCTIONS_CHARS} characters", "text")
-        data = await audio.read()
-        if not data:
-            raise RequestError(400, "`audio` is an empty file", "audio")
-        return VoiceForm(name, data, audio.filename, text.strip() if text and text.strip() else None)
-    finally:
-        await form.close()
+
+
+def _only(form, fields: tuple[str, ...]) -> None:
+    unknown = sorted(set(form) - set(fields))
+    if unknown:
+        raise RequestError(400, f"unrecognized form field(s): {', '.join(map(repr, unknown))}; valid: "
+                                f"{', '.join(fields)}", unknown[0])
+
+
+def _voice_name(form) -> str:
+    """The form's `name`, a new voice's: a safe file stem."""
+    name = form.get("name")
+    if not isinstance(name, str) or not name:
+        raise RequestError(400, "`name` is required: the voice's name (letters, digits, - and _)", "name")
+    if not re.match(NEW_VOICE_PATTERN, name):
+        raise RequestError(400, f"`name` {shown(name)} is not a voice name: 1 to 64 letters, digits, - and _ "
+                                "(starting with a letter or digit)", "name")
+    return name
+
+
+def _label(name) -> str:
+    """A consent recording's label: any text that is not blank, MAX_LABEL_CHARS at most."""
+    if not isinstance(name, str) or not name.strip():
+        raise RequestError(400, "`name` is required: the consent recording's label (text)", "name")
+    if len(name) > MAX_LABEL_CHARS:
+        raise RequestError(400, f"`name` is over {MAX_LABEL_CHARS} characters", "name")
+    return name.strip()
+
+
+async def _file(form, field: str, what: str) -> tuple[bytes, str | None]:
+    """The bytes and file name of the form's file `field` (`what` it holds, for the message), or a 400."""
+    from starlette.datastructures import UploadFile
+
+    upload = form.get(field)
+    if not isinstance(upload, UploadFile):
+        raise RequestError(400, f"`{field}` is required: {what}, sent as a file (wav, flac, ogg or mp3)", field)
+    data = await upload.read()
+    if not data:
+        raise RequestError(400, f"`{field}` is an empty file", field)
+    return data, upload.filename
 
 
 def shown(v) -> str:
@@ -383,7 +564,7 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
     from pydantic.json_schema import models_json_schema
 
     models = [SpeechRequest, ErrorResponse, ModelList, Health, VoiceList, VoiceCreated, VoiceDeleted, SpeechAudioDelta,
-              SpeechAudioDone]
+              SpeechAudioDone, AudioVoice, AudioVoiceDeleted, VoiceConsent, VoiceConsentList, VoiceConsentDeleted]
     _, defs = models_json_schema([(m, "validation" if m is SpeechRequest else "serialization") for m in models],
                                  ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
@@ -407,6 +588,25 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                   "trimmed at a quiet point, or refused with a transcript)"},
         "text": {"type": "string", "maxLength": MAX_INSTRUCTIONS_CHARS, "description": "What the clip says: the "
                  "voice then clones in ICL mode (else from the x-vector alone)"}}}
+    sample_form = {"type": "object", "required": ["name", "audio_sample", "consent"], "properties": {
+        "name": voice_form["properties"]["name"],
+        "audio_sample": voice_form["properties"]["audio"] | {"description": "The voice clip, checked and used as "
+                                                                            "POST /v1/voices uses `audio`"},
+        "consent": {"type": "string", "description": "A consent recording's id (POST /v1/audio/voice_consents)"},
+        "type": {"type": "string", "enum": ["audio_sample"], "description": "audio_sample, the default; prompt is "
+                 "refused (this server clones samples only)"}}}
+    consent_form = {"type": "object", "required": ["name", "language", "recording"], "properties": {
+        "name": {"type": "string", "maxLength": MAX_LABEL_CHARS, "description": "A label"},
+        "language": {"type": "string", "pattern": LANGUAGE_TAG, "description": "The consent phrase's language, a "
+                     "BCP 47 tag (en-US)"},
+        "recording": {"type": "string", "format": "binary", "description": "The consent recording (wav, flac, ogg "
+                      "or mp3), checked as a voice clip is; kept as uploaded where the server has a --voices folder"}}}
+
+    def answer(schema: str, why: str) -> dict:
+        return {"description": why, "content": {"application/json": {"schema": ref(schema)}}}
+
+    consent_id = [{"name": "consent_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    not_base = "A checkpoint that does not clone (CustomVoice, VoiceDesign)"
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "qtts serve", "version": "1", "description": f"Qwen3-TTS on ncnn, serving {model_id}: "
@@ -450,6 +650,64 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                     "application/json": {"schema": ref("VoiceDeleted")}}},
                     "400": error("A built-in voice (it cannot be deleted)"), "401": error("Missing or wrong API key"),
                     "404": error("No such voice")}, **secured}},
+            "/v1/audio/voices": {"post": {
+                "operationId": "createAudioVoice", "summary": "OpenAI's voice from an audio sample and a consent "
+                                                              "recording (Base checkpoints), made as POST /v1/voices "
+                                                              "makes one; its id works as a speech request's "
+                                                              "{\"id\": ...}",
+                "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": sample_form}}},
+                "responses": {"200": answer("AudioVoice", "Built and saved"),
+                              "400": error("An unknown consent, a clip that cannot be used, a bad name, a prompt "
+                                           f"voice, no --voices folder, or {not_base.lower()}"),
+                              "401": error("Missing or wrong API key"), "409": error("A voice of that name exists"),
+                              "413": error("Upload too large")}, **secured}},
+            "/v1/audio/voices/{voice_id}": {"delete": {
+                "operationId": "deleteAudioVoice", "summary": "Remove the voice with that id and its files (not its "
+                                                              "consent recording)",
+                "parameters": [{"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": answer("AudioVoiceDeleted", "Deleted"), "400": error(not_base),
+                              "401": error("Missing or wrong API key"), "404": error("No voice has that id")},
+                **secured}},
+            "/v1/audio/voice_consents": {
+                "post": {"operationId": "createVoiceConsent", "summary": "Keep a consent recording (Base checkpoints; "
+                                                                         "in the --voices folder's consents/, else in "
+                                                                         "memory)",
+                         "requestBody": {"required": True, "content": {"multipart/form-data": {
+                             "schema": consent_form}}},
+                         "responses": {"200": answer("VoiceConsent", "Kept"),
+                                       "400": error(f"A recording that cannot be used, a bad field, or {not_base}"),
+                                       "401": error("Missing or wrong API key"), "413": error("Upload too large")},
+                         **secured},
+                "get": {"operationId": "listVoiceConsents", "summary": "The consent recordings, oldest first",
+                        "parameters": [{"name": "after", "in": "query", "schema": {"type": "string"}},
+                                       {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                                                   "maximum": MAX_LIST,
+                                                                                   "default": 20}}],
+                        "responses": {"200": answer("VoiceConsentList", "A page"),
+                                      "400": error(f"A bad after or limit, or {not_base.lower()}"),
+                                      "401": error("Missing or wrong API key")}, **secured}},
+            "/v1/audio/voice_consents/{consent_id}": {
+                "get": {"operationId": "retrieveVoiceConsent", "summary": "One consent recording",
+                        "parameters": consent_id,
+                        "responses": {"200": answer("VoiceConsent", "It"), "400": error(not_base),
+                                      "401": error("Missing or wrong API key"), "404": error("No such consent")},
+                        **secured},
+                "post": {"operationId": "updateVoiceConsent", "summary": "A new label",
+                         "parameters": consent_id, "requestBody": {"required": True, "content": {
+                             "application/json": {"schema": {"type": "object", "required": ["name"],
+                                                             "additionalProperties": False,
+                                                             "properties": {"name": consent_form["properties"][
+                                                                 "name"]}}}}},
+                         "responses": {"200": answer("VoiceConsent", "Renamed"),
+                                       "400": error(f"A bad body, or {not_base.lower()}"),
+                                       "401": error("Missing or wrong API key"), "404": error("No such consent")},
+                         **secured},
+                "delete": {"operationId": "deleteVoiceConsent", "summary": "Remove a consent recording (the voices "
+                                                                           "made under it stay)",
+                           "parameters": consent_id,
+                           "responses": {"200": answer("VoiceConsentDeleted", "Deleted"), "400": error(not_base),
+                                         "401": error("Missing or wrong API key"),
+                                         "404": error("No such consent")}, **secured}},
             "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
                                       "responses": {"200": {"description": "OpenAPI 3.1", "content": {
                                           "application/json": {"schema": {"type": "object"}}}}}, **secured}},

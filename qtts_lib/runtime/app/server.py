@@ -4,24 +4,32 @@
     curl -sN localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
          -d '{"input": "Hello.", "voice": "alice"}' | ffplay -nodisp -autoexit -
 
-Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET|POST /v1/voices`, `DELETE /v1/voices/{name}`,
-`GET /health`, `GET /metrics` (Prometheus, `app.metrics`), `GET /openapi.json` (the API as data, `app.schema`) and
-`GET /`, a page to try the voices and add one (`app/static/`). The request is `schema.SpeechRequest`: `input`,
-`voice`, optional `model`, `response_format` (mp3 | opus | aac | flac | wav | pcm), `stream_format` (audio | sse),
-`speed` (0.25 to 4.0: the tempo, at the same pitch, `audio.tempo`), `language`, `instructions` (OpenAI's style
-prompt: a style for a built-in speaker on a 1.7B CustomVoice checkpoint, the voice itself on a VoiceDesign one,
-whose one voice is `design`; refused with a 400 where the checkpoint cannot follow it), and the sampling parameters
-of `pipeline.sampling.Sampling` (`temperature`, `top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing
-ones take the checkpoint's generation_config, so the server samples as the reference does. Without a `seed` every
-request draws a fresh one, and every answer says the seed it used in its `X-Seed` header: a request with that seed
-gives the same audio again, bit for bit (greedy decoding needs none and says 0).
+Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET|POST /v1/voices`, `DELETE /v1/voices/{name}`, OpenAI's
+custom voices (`POST /v1/audio/voices`, `DELETE /v1/audio/voices/{voice_id}`, `GET|POST /v1/audio/voice_consents`,
+`GET|POST|DELETE /v1/audio/voice_consents/{consent_id}`), `GET /health`, `GET /metrics` (Prometheus, `app.metrics`),
+`GET /openapi.json` (the API as data, `app.schema`) and `GET /`, a page to try the voices and add one
+(`app/static/`). The request is `schema.SpeechRequest`: `input`, `voice`, optional `model`, `response_format` (mp3 |
+opus | aac | flac | wav | pcm), `stream_format` (audio | sse), `speed` (0.25 to 4.0: the tempo, at the same pitch,
+`audio.tempo`), `language`, `instructions` (OpenAI's style prompt: a style for a built-in speaker on a 1.7B
+CustomVoice checkpoint, the voice itself on a VoiceDesign one, whose one voice is `design`; refused with a 400 where
+the checkpoint cannot follow it), and the sampling parameters of `pipeline.sampling.Sampling` (`temperature`,
+`top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing ones take the checkpoint's generation_config, so
+the server samples as the reference does. Without a `seed` every request draws a fresh one, and every answer says
+the seed it used in its `X-Seed` header: a request with that seed gives the same audio again, bit for bit (greedy
+decoding needs none and says 0).
 
 A `voice` is a built-in speaker (CustomVoice checkpoints) or the name of `<name>.wav` in the voices folder (Base
 checkpoints: x-vector cloning; with `<name>.txt` beside it holding the clip's transcript, ICL), given as the name or
-as OpenAI's custom-voice object `{"id": name}`; `Voices` holds them
-all, each built once. On a Base checkpoint `POST /v1/voices` (a form: `name`, the clip file `audio`, its transcript
-`text` if any) adds one while the server runs: the clip passes `audio.clips`'s checks (a 400 that says why not),
-its voice is built off the engine's thread and saved in the folder, so a restart finds it; `DELETE` removes it.
+as OpenAI's custom-voice object `{"id": name}`; `Voices` holds them all, each built once. On a Base checkpoint
+`POST /v1/voices` (a form: `name`, the clip file `audio`, its transcript `text` if any) adds one while the server
+runs: the clip passes `audio.clips`'s checks (a 400 that says why not), its voice is built off the engine's thread
+and saved in the folder, so a restart finds it; `DELETE` removes it. OpenAI's SDK adds one the same way
+(`client.audio.voices.create`: the form's `name`, clip `audio_sample` and `consent`, the id of a consent recording
+uploaded first through `client.audio.voice_consents`, which `Consents` keeps in the folder's `consents/`, else in
+memory); such a voice also gets an OpenAI id, `voice_...`, kept in `<name>.json` beside its clip, and
+`{"id": "voice_..."}` names it in a speech request as its name does. Voices from a prompt (`type: "prompt"`) are
+refused. On CustomVoice and VoiceDesign checkpoints every endpoint that adds or removes voices or consents answers a
+400 (`cannot_clone`).
 
 Audio is 24 kHz mono, encoded piece by piece as frames are generated and sent as it is encoded (chunked transfer,
 `audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind a header of unknown length, mp3, Ogg Opus, ADTS AAC and
@@ -61,6 +69,7 @@ import json
 import os
 import queue
 import re
+import secrets
 import sys
 import threading
 import time
@@ -95,7 +104,9 @@ class Voices:
     `audio.clips.read_voice_clip`'s checks (NaN, silent, too short; a long one trimmed, or refused with a
     transcript), and its `Voice` (the x-vector, for ICL the clip's codes) is built once and kept: at start for the
     clips already there (`preload`), when one is uploaded (`add`, which writes its files into the folder, so a
-    restart finds it), or before the first request for one copied in since (`ready`).
+    restart finds it), or before the first request for one copied in since (`ready`). A voice made through OpenAI's
+    `POST /v1/audio/voices` (`add` with the consent recording it was made under) also has an OpenAI id, `voice_...`,
+    kept with that consent's id in `<name>.json` beside its clip (`ids`).
 
     After the start every build runs on one thread of its own (`builder`), never on the engine's: a running stream
     never waits for the voice encoders (they share the CPU meanwhile), and the builder's OpenMP workers are released
@@ -106,6 +117,7 @@ class Voices:
         self.log = log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr))
         self.built: dict = {}
         self.broken: dict[str, str] = {}  # a clip in the folder that cannot be used: why
+        self.ids = self._read_ids()        # {name: OpenAI voice id}
         self.builder = ThreadPoolExecutor(1, thread_name_prefix="qtts-voices")
 
     @property
@@ -131,6 +143,27 @@ class Voices:
     def _key(self, name: str) -> str:
         return name.lower() if self.builtin(name) else name
 
+    def _read_ids(self) -> dict[str, str]:
+        """{name: OpenAI voice id} from the `<name>.json` files in the folder; one that cannot be read is logged."""
+        from .schema import VOICE_PATTERN
+
+        ids: dict[str, str] = {}
+        for meta in sorted(self.folder.glob("*.json")) if self.folder and self.clones else []:
+            if not re.match(VOICE_PATTERN, meta.stem):
+                continue  # a file being written (`_write_atomically`), not a voice's
+            try:
+                voice_id = json.loads(meta.read_text(encoding="utf-8"))["id"]
+                if not isinstance(voice_id, str):
+                    raise TypeError(f"the id {voice_id!r} is not text")
+                ids[meta.stem] = voice_id
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                self.log(f"{meta.name} in the voices folder holds no voice id ({e!r}): that voice has none")
+        return ids
+
+    def by_id(self) -> dict[str, str]:
+        """{OpenAI voice id: name}: what a speech request's `{"id": ...}` may give instead of the name."""
+        return {voice_id: name for name, voice_id in self.ids.items()}
+
     def info(self) -> list[dict]:
         """`schema.VoiceInfo` of every voice."""
         out = []
@@ -141,7 +174,8 @@ class Voices:
                 built = self.built.get(name)
                 mode = built.mode if built is not None else \
                     "icl" if (self.folder / f"{name}.txt").is_file() else "xvector"
-            out.append({"name": name, "builtin": self.builtin(name), "mode": mode, "error": self.broken.get(name)})
+            out.append({"name": name, "builtin": self.builtin(name), "mode": mode, "error": self.broken.get(name),
+                        "id": self.ids.get(name)})
         return out
 
     def preload(self) -> None:
@@ -187,40 +221,52 @@ class Voices:
         if self.synth.kind != "voice_design" and self._key(name) not in self.built:
             await asyncio.get_running_loop().run_in_executor(self.builder, self._released, self.build, name)
 
-    async def add(self, name: str, audio: bytes, text: str | None, filename: str | None = None) -> dict:
+    async def add(self, name: str, audio: bytes, text: str | None, filename: str | None = None,
+                  consent: str | None = None) -> dict:
         """A new voice from an uploaded clip (its file's bytes) and optional transcript: checked, built, and saved
-        as `<name>.wav` (the clip as used: 24 kHz mono, trimmed) and `<name>.txt` in the folder. Returns its
-        `schema.VoiceCreated` fields; a `FileExistsError` for a name taken, an `AudioError` or `InputError` for a
-        clip that cannot be used. On the builder's thread: one build at a time, none on the engine's."""
+        as `<name>.wav` (the clip as used: 24 kHz mono, trimmed) and `<name>.txt` in the folder; with the `consent`
+        recording it was made under (OpenAI's `POST /v1/audio/voices`), also a fresh OpenAI id, saved with the
+        consent's id in `<name>.json`. Returns its `schema.VoiceCreated` fields; a `FileExistsError` for a name
+        taken, an `AudioError` or `InputError` for a clip that cannot be used. On the builder's thread: one build at
+        a time, none on the engine's."""
         return await asyncio.get_running_loop().run_in_executor(self.builder, self._released, self._add, name, audio,
-                                                                text, filename)
+                                                                text, filename, consent)
 
-    def _add(self, name: str, audio: bytes, text: str | None, filename: str | None) -> dict:
+    def _add(self, name: str, audio: bytes, text: str | None, filename: str | None, consent: str | None) -> dict:
         if self.exists(name):
             raise FileExistsError(name)
         clip = read_voice_clip(audio, text, name=f"the uploaded clip {filename!r}" if filename else "the uploaded clip",
                                keep_long_option=None)
         voice = self.synth.voice(wav=clip.wav, text=text)
-        wav, txt = self.folder / f"{name}.wav", self.folder / f"{name}.txt"
+        wav, txt, meta = (self.folder / f"{name}{suffix}" for suffix in (".wav", ".txt", ".json"))
         if text is not None:
             _write_atomically(txt, lambda part: part.write_text(text, encoding="utf-8"))
         else:
             txt.unlink(missing_ok=True)  # a transcript left behind would make the clip an ICL voice at the next start
+        voice_id = None if consent is None else f"voice_{secrets.token_hex(12)}"
+        if voice_id is None:
+            meta.unlink(missing_ok=True)  # an id left behind would name this clip at the next start
+        else:
+            record = json.dumps({"id": voice_id, "consent": consent})
+            _write_atomically(meta, lambda part: part.write_text(record, encoding="utf-8"))
         _write_atomically(wav, lambda part: save_wav(part, clip.wav))  # float32: the samples as checked, exactly
         self.built[name] = voice
         self.broken.pop(name, None)
-        return {"name": name, "builtin": False, "mode": voice.mode, "error": None, "seconds": round(clip.seconds, 3),
-                "messages": list(clip.messages)}
+        if voice_id is not None:
+            self.ids[name] = voice_id
+        return {"name": name, "builtin": False, "mode": voice.mode, "error": None, "id": voice_id,
+                "seconds": round(clip.seconds, 3), "messages": list(clip.messages)}
 
     async def delete(self, name: str) -> None:
         """Forget a clip's voice and remove its files (after any build in progress)."""
         await asyncio.get_running_loop().run_in_executor(self.builder, self._delete, name)
 
     def _delete(self, name: str) -> None:
-        (self.folder / f"{name}.wav").unlink(missing_ok=True)
-        (self.folder / f"{name}.txt").unlink(missing_ok=True)
+        for suffix in (".wav", ".txt", ".json"):
+            (self.folder / f"{name}{suffix}").unlink(missing_ok=True)
         self.built.pop(name, None)
         self.broken.pop(name, None)
+        self.ids.pop(name, None)
 
     @staticmethod
     def _released(work, *args):
@@ -252,6 +298,87 @@ def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
         os.replace(part, path)
     finally:
         part.unlink(missing_ok=True)
+
+
+class Consents:
+    """OpenAI's voice consent recordings (`/v1/audio/voice_consents`), which a voice made through `POST
+    /v1/audio/voices` must name: each a record (`schema.VoiceConsent`'s fields: an id `cons_...`, when it came, its
+    label and language; the upload's file name) and the recording as uploaded, once it passed a voice clip's checks
+    (`audio.clips.read_voice_clip`: readable, not NaN, not silent, long enough; never trimmed). With a folder (the
+    voices folder's `consents/`) both are kept there, `<id>.json` and the recording beside it, so a restart finds
+    them; without one only the records are, in memory (no endpoint reads a recording back). Listed oldest first
+    (each record's `created_ns`, its time of creation to the nanosecond). Records change on the event loop; the
+    checks and the writes of a new one run off it."""
+
+    FIELDS = {"id": str, "created_ns": int, "name": str, "language": str, "recording": str}  # and `filename`
+
+    def __init__(self, folder: Path | None, log: Callable[[str], None]):
+        self.folder, self.records = folder, {}
+        for meta in sorted(folder.glob("cons_*.json")) if folder and folder.is_dir() else []:
+            try:
+                record = json.loads(meta.read_text(encoding="utf-8"))
+                if not all(isinstance(record[k], kind) for k, kind in self.FIELDS.items()):
+                    raise ValueError("a field is not of its type")
+                if record["id"] != meta.stem or Path(record["recording"]).name != record["recording"] or \
+                        not record["recording"].startswith(f"{meta.stem}."):
+                    raise ValueError("its id or its recording's file name is not its own")
+                self.records[record["id"]] = record
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log(f"{meta} is not a consent record ({e}): skipped")
+        self.records = dict(sorted(self.records.items(), key=lambda item: item[1]["created_ns"]))
+
+    def __contains__(self, consent_id: str) -> bool:
+        return consent_id in self.records
+
+    def get(self, consent_id: str) -> dict | None:
+        return self.records.get(consent_id)
+
+    async def add(self, name: str, language: str, recording: bytes, filename: str | None) -> dict:
+        """A new consent recording's record, the recording checked and kept; an `AudioError` for one that cannot be
+        used."""
+        record = await asyncio.to_thread(self._check_and_save, name, language, recording, filename)
+        self.records[record["id"]] = record
+        return record
+
+    def _check_and_save(self, name: str, language: str, recording: bytes, filename: str | None) -> dict:
+        read_voice_clip(recording, keep_long=True, name=f"the consent recording {filename!r}" if filename else
+                        "the consent recording", keep_long_option=None)
+        consent_id = f"cons_{secrets.token_hex(12)}"
+        suffix = Path(filename or "").suffix.lower()
+        kept = consent_id + (suffix if re.match(r"^\.[a-z0-9]{1,8}$", suffix) else ".audio")
+        record = {"id": consent_id, "created_ns": time.time_ns(), "name": name, "language": language,
+                  "filename": filename, "recording": kept}
+        if self.folder is not None:
+            self.folder.mkdir(exist_ok=True)
+            _write_atomically(self.folder / kept, lambda part: part.write_bytes(recording))
+            self._save(record)
+        return record
+
+    def rename(self, consent_id: str, name: str) -> dict:
+        record = self.records[consent_id] | {"name": name}
+        if self.folder is not None:
+            self._save(record)
+        self.records[consent_id] = record
+        return record
+
+    def page(self, after: str | None, limit: int) -> tuple[list[dict], bool]:
+        """Up to `limit` records, from the one after `after` (the first without): (them, whether more follow); a
+        `KeyError` for an `after` that names none."""
+        ids = list(self.records)
+        if after is not None and after not in self.records:
+            raise KeyError(after)
+        start = 0 if after is None else ids.index(after) + 1
+        return [self.records[i] for i in ids[start:start + limit]], start + limit < len(ids)
+
+    def delete(self, consent_id: str) -> None:
+        record = self.records.pop(consent_id)
+        if self.folder is not None:
+            (self.folder / f"{consent_id}.json").unlink(missing_ok=True)
+            (self.folder / record["recording"]).unlink(missing_ok=True)
+
+    def _save(self, record: dict) -> None:
+        text = json.dumps(record)
+        _write_atomically(self.folder / f"{record['id']}.json", lambda part: part.write_text(text, encoding="utf-8"))
 
 
 class Job:
@@ -545,6 +672,11 @@ def build_app(engine: Engine, model_id: str, api_key: str | None = None, send_ti
               Route("/v1/models", api.models, methods=["GET"]),
               Route("/v1/voices", api.voices, methods=["GET"]), Route("/v1/voices", api.add_voice, methods=["POST"]),
               Route("/v1/voices/{name}", api.delete_voice, methods=["DELETE"]),
+              Route("/v1/audio/voices", api.create_audio_voice, methods=["POST"]),
+              Route("/v1/audio/voices/{voice_id}", api.delete_audio_voice, methods=["DELETE"]),
+              Route("/v1/audio/voice_consents", api.create_consent, methods=["POST"]),
+              Route("/v1/audio/voice_consents", api.list_consents, methods=["GET"]),
+              Route("/v1/audio/voice_consents/{consent_id}", api.consent, methods=["GET", "POST", "DELETE"]),
               Route("/health", api.health, methods=["GET"]),
               Route("/metrics", api.scrape, methods=["GET"]), Route("/openapi.json", api.openapi, methods=["GET"]),
               Route("/", api.index, methods=["GET"])]
@@ -563,6 +695,14 @@ def _refusal(e) -> object:
     return _json(e.body(), e.status, e.headers)
 
 
+def _consent(record: dict) -> dict:
+    """A `Consents` record as OpenAI's answer (`schema.VoiceConsent`)."""
+    from .schema import VoiceConsent
+
+    return VoiceConsent(id=record["id"], created_at=record["created_ns"] // 10**9, name=record["name"],
+                        language=record["language"]).model_dump()
+
+
 class Api:
     """The server's endpoints over one `Engine`, one method each (`build_app` routes them); the speech request's
     parsing is `schema`'s, its answer a `Reply`."""
@@ -576,6 +716,8 @@ class Api:
         self.served = engine.served_model(model_id)
         self.page = (STATIC / "index.html").read_text(encoding="utf-8")
         self._openapi: tuple[list, dict] | None = None
+        voices = engine.voices
+        self.consents = Consents(voices.folder / "consents" if voices.folder and voices.clones else None, voices.log)
 
     async def speech(self, request):
         """Read, check and admit the request (a 4xx or 503 at once), wait for its first audio, then stream."""
@@ -617,9 +759,10 @@ class Api:
         given a place; any refusal a `schema.RequestError`."""
         from .schema import RequestError, parse_speech, read_body
 
-        speech = parse_speech(await read_body(request), self.served, self.engine.voices.names())
+        voices = self.engine.voices
+        speech = parse_speech(await read_body(request), self.served, voices.names(), voices.by_id())
         try:
-            await self.engine.voices.ready(speech.voice)  # a clip copied in since the start: built now, once
+            await voices.ready(speech.voice)  # a clip copied in since the start: built now, once
         except (AudioError, InputError) as e:
             raise RequestError(400, str(e), "voice", code="bad_voice") from None
         try:
@@ -673,31 +816,133 @@ class Api:
         (`Voices.add`) and saved in the voices folder: 201, or a 4xx saying why not."""
         from .schema import MAX_UPLOAD_BYTES, RequestError, VoiceCreated, parse_voice_form, read_body
 
-        voices, kind = self.engine.voices, self.engine.synth.kind
         try:
-            if not voices.clones:
-                raise RequestError(400, f"this checkpoint ({kind.replace('_', ' ')}) cannot clone a voice: only "
-                                        "Base checkpoints clone a clip; its voices are "
-                                        f"{', '.join(voices.names())}", code="cannot_clone")
-            if voices.folder is None:
-                raise RequestError(400, "this server keeps no voices: start it with --voices DIR, the folder where "
-                                        "uploaded voices are saved (and read again at the next start)",
-                                   code="no_voices_folder")
+            self._cloning(folder=True)
             form = await parse_voice_form(await read_body(request, MAX_UPLOAD_BYTES), request.headers)
-            if voices.exists(form.name):
-                raise RequestError(409, f"a voice named {form.name!r} exists; delete it first "
-                                        f"(DELETE /v1/voices/{form.name}) or choose another name", "name",
-                                   code="voice_exists")
-            created = await voices.add(form.name, form.audio, form.text, form.filename)
+            created = await self._add_voice(form.name, form.audio, form.text, form.filename, "audio")
         except RequestError as e:
             return _refusal(e)
-        except FileExistsError as e:  # uploaded twice at once: the second finds the first's files
-            return _refusal(RequestError(409, f"a voice named {e.args[0]!r} exists", "name", code="voice_exists"))
-        except AudioError as e:
-            return _refusal(RequestError(400, str(e), "audio", code="bad_clip"))
-        except InputError as e:
-            return _refusal(RequestError(400, str(e), "text"))
         return _json(VoiceCreated(**created).model_dump(), 201)
+
+    async def create_audio_voice(self, request):
+        """OpenAI's `POST /v1/audio/voices`: a voice from an audio sample (`schema.parse_sample_form`) under a
+        consent recording this server holds, made as `POST /v1/voices` makes one (no transcript: x-vector) and
+        given an OpenAI id: `schema.AudioVoice`, or a 4xx saying why not."""
+        from .schema import MAX_UPLOAD_BYTES, AudioVoice, RequestError, parse_sample_form, read_body, shown
+
+        try:
+            self._cloning(folder=True)
+            form = await parse_sample_form(await read_body(request, MAX_UPLOAD_BYTES), request.headers)
+            if form.consent not in self.consents:
+                raise RequestError(400, f"no consent recording {shown(form.consent)}: upload one with POST "
+                                        "/v1/audio/voice_consents and send its id", "consent",
+                                   code="consent_not_found")
+            created = await self._add_voice(form.name, form.audio, None, form.filename, "audio_sample",
+                                            consent=form.consent)
+        except RequestError as e:
+            return _refusal(e)
+        return _json(AudioVoice(id=created["id"], created_at=int(time.time()), name=created["name"]).model_dump())
+
+    async def delete_audio_voice(self, request):
+        """OpenAI's `DELETE /v1/audio/voices/{voice_id}`: the voice with that OpenAI id, removed as `DELETE
+        /v1/voices/{name}` removes it (its consent recording stays)."""
+        from .schema import AudioVoiceDeleted, RequestError, shown
+
+        voice_id, voices = request.path_params["voice_id"], self.engine.voices
+        try:
+            self._cloning()
+            name = voices.by_id().get(voice_id)
+            if name is None:
+                raise RequestError(404, f"no voice with the id {shown(voice_id)}", "voice_id", code="voice_not_found")
+        except RequestError as e:
+            return _refusal(e)
+        await voices.delete(name)
+        return _json(AudioVoiceDeleted(id=voice_id).model_dump())
+
+    def _cloning(self, folder: bool = False) -> None:
+        """A `schema.RequestError` (400) unless this checkpoint clones voices (Base) and, with `folder`, the server
+        has a voices folder to keep them in."""
+        from .schema import RequestError
+
+        voices, kind = self.engine.voices, self.engine.synth.kind
+        if not voices.clones:
+            raise RequestError(400, f"this checkpoint ({kind.replace('_', ' ')}) cannot clone a voice: only "
+                                    "Base checkpoints clone a clip; its voices are "
+                                    f"{', '.join(voices.names())}", code="cannot_clone")
+        if folder and voices.folder is None:
+            raise RequestError(400, "this server keeps no voices: start it with --voices DIR, the folder where "
+                                    "uploaded voices are saved (and read again at the next start)",
+                               code="no_voices_folder")
+
+    async def _add_voice(self, name: str, audio: bytes, text: str | None, filename: str | None, field: str,
+                         consent: str | None = None) -> dict:
+        """`Voices.add`, its refusals as `schema.RequestError`s (`field`: the form's clip field)."""
+        from .schema import RequestError
+
+        voices = self.engine.voices
+        try:
+            if voices.exists(name):
+                raise FileExistsError(name)
+            return await voices.add(name, audio, text, filename, consent)
+        except FileExistsError:  # or uploaded twice at once: the second finds the first's files
+            raise RequestError(409, f"a voice named {name!r} exists; delete it first (DELETE /v1/voices/{name}) or "
+                                    "choose another name", "name", code="voice_exists") from None
+        except AudioError as e:
+            raise RequestError(400, str(e), field, code="bad_clip") from None
+        except InputError as e:
+            raise RequestError(400, str(e), "text") from None
+
+    async def create_consent(self, request):
+        """OpenAI's `POST /v1/audio/voice_consents`: a consent recording (`schema.parse_consent_form`), checked as a
+        voice clip is and kept (`Consents`): `schema.VoiceConsent`, or a 4xx saying why not."""
+        from .schema import MAX_UPLOAD_BYTES, RequestError, parse_consent_form, read_body
+
+        try:
+            self._cloning()
+            form = await parse_consent_form(await read_body(request, MAX_UPLOAD_BYTES), request.headers)
+            record = await self.consents.add(form.name, form.language, form.recording, form.filename)
+        except RequestError as e:
+            return _refusal(e)
+        except AudioError as e:
+            return _refusal(RequestError(400, str(e), "recording", code="bad_recording"))
+        return _json(_consent(record))
+
+    async def list_consents(self, request):
+        """OpenAI's `GET /v1/audio/voice_consents`: a cursor page of them (`after`, `limit`), oldest first."""
+        from .schema import RequestError, VoiceConsentList, parse_list_query, shown
+
+        try:
+            self._cloning()
+            after, limit = parse_list_query(request.query_params)
+            records, more = self.consents.page(after, limit)
+        except RequestError as e:
+            return _refusal(e)
+        except KeyError:
+            return _refusal(RequestError(400, f"`after` {shown(after)} is no consent recording's id", "after"))
+        data = [_consent(r) for r in records]
+        return _json(VoiceConsentList(data=data, first_id=data[0]["id"] if data else None,
+                                      last_id=data[-1]["id"] if data else None, has_more=more).model_dump())
+
+    async def consent(self, request):
+        """OpenAI's retrieve (GET), update (POST: a new label, `schema.parse_consent_update`) and delete of one
+        consent recording, by its id."""
+        from .schema import RequestError, VoiceConsentDeleted, parse_consent_update, read_body, shown
+
+        consent_id = request.path_params["consent_id"]
+        try:
+            self._cloning()
+            name = parse_consent_update(await read_body(request)) if request.method == "POST" else None
+            if consent_id not in self.consents:
+                raise RequestError(404, f"no consent recording {shown(consent_id)}", "consent_id",
+                                   code="consent_not_found")
+        except RequestError as e:
+            return _refusal(e)
+        if name is not None:
+            return _json(_consent(self.consents.rename(consent_id, name)))
+        if request.method == "DELETE":
+            self.consents.delete(consent_id)
+            return _json(VoiceConsentDeleted(id=consent_id).model_dump())
+        return _json(_consent(self.consents.get(consent_id)))
 
     async def delete_voice(self, request):
         from .schema import VOICE_PATTERN, RequestError, VoiceDeleted, shown
