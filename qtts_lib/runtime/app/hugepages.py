@@ -7,11 +7,12 @@ process starts with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (glibc 2.35 and late
 `madvise` or `always`). A tunable is read once, when the process starts, so `qtts serve` starts itself again with
 it (`restart_with_huge_pages`): the same process id, arguments and open files.
 
-Measured on full-base, int8 loop and codec, 2 threads (`python -m qtts_lib.bench loop --huge-pages off,on`,
-`data/bench/`): the frames cost about 3% less, the talker's step and the code predictor's calls alike, while loading
-the model took longer on the 2-core VMs (the kernel there gives huge pages from memory the host has not handed the
-VM yet). That is a good trade for a server, which loads once; `qtts say` starts without it, and a program of your
-own can set the variable before starting Python. `QTTS_HUGE_PAGES=0` keeps `qtts serve` as started.
+Measured on full-base, int8 loop and codec, 2 threads (`python -m qtts_lib.bench loop|stream --huge-pages off,on`,
+`data/bench/`): a warm process's frames cost about 3% less, a fresh process's 3% at 40 frames and not measurably at
+240 (the talker's step gains more than the code predictor's calls), while loading the model took longer on the
+2-core VMs (the kernel there gives huge pages from memory the host has not handed the VM yet). That is a good trade
+for a server, which loads once; `qtts say` starts without it, and a program of your own can set the variable before
+starting Python. `QTTS_HUGE_PAGES=0` keeps `qtts serve` as started.
 """
 from __future__ import annotations
 
