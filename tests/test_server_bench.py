@@ -20,6 +20,9 @@ def test_the_load_bench_runs_against_a_server_process(tts, tmp_path):
         assert r["ttfa_ms"]["p50"] > 0 and r["gap_ms"]["p50"] > 0 and r["rtf"] > 0 and r["piece_ms"] == 160
         assert r["gap_ms"]["p50"] <= r["gap_ms"]["p99"] <= r["gap_ms"]["max"]
     assert result["commit"] and result["machine"]["cores"]
+    from qtts_lib.runtime.app import hugepages
+
+    assert result["huge_pages"] is (hugepages.why_not() is None)  # the server started itself again where it can
     out = tmp_path / "serve-after.json"
     out.write_text(json.dumps(result))
     rows = serve.load_table([out])

@@ -180,6 +180,18 @@ def start_server(model_dir: Path, tree: Path, python: str, args: list[str], log:
     raise RuntimeError("the server did not come up")
 
 
+def server_huge_pages(pid: int) -> bool | None:
+    """Whether the server runs with its weights in huge pages (`runtime.app.hugepages`: it starts itself again with
+    glibc's tunable where it can), from its environment; None where it cannot be read."""
+    from ..runtime.app import hugepages
+
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return hugepages.asked(dict(x.decode(errors="replace").split("=", 1) for x in raw if b"=" in x))
+
+
 def benchmark(model_dir: Path, threads: int = 2, precision: str = "fp32", codec_precision: str = "fp32",
               clients: tuple[int, ...] = (1, 2, 4, 8), staggered: tuple[int, ...] = (8,), stagger: float = 2.0,
               max_batch: int = 4, max_frames: int = 100, chunk_frames: int = 4, tree: Path | None = None,
@@ -197,6 +209,7 @@ def benchmark(model_dir: Path, threads: int = 2, precision: str = "fp32", codec_
                 "--chunk-frames", str(chunk_frames), "--queue", str(max(8, max(clients + staggered)))]
         log = Path(tmp) / "server.log"
         proc, port = start_server(Path(model_dir).resolve(), tree, python, args, log)
+        huge_pages = server_huge_pages(proc.pid)
         try:
             if warmup:  # one request first: the voice, the allocator's pools and the pages at working size
                 scenario("127.0.0.1", port, 1, 0.0, chunk_frames, seed0=100)
@@ -212,7 +225,8 @@ def benchmark(model_dir: Path, threads: int = 2, precision: str = "fp32", codec_
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     return {"machine": machine, "checkpoint": Path(model_dir).name, "threads": threads, "precision": precision,
             "codec_precision": codec_precision, "max_batch": max_batch, "max_frames": max_frames,
-            "chunk_frames": chunk_frames, "tree": str(tree), "commit": tree_commit(tree), "scenarios": rows,
+            "chunk_frames": chunk_frames, "huge_pages": huge_pages, "tree": str(tree), "commit": tree_commit(tree),
+            "scenarios": rows,
             "server_log_tail": server_log if any(r["errors"] for r in rows) else ""}
 
 
