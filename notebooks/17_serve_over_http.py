@@ -206,9 +206,8 @@ check.at_most("first audio early in the answer (streamed, not whole)", "ttfa / t
 
 # %% [markdown]
 # ## 4. A fresh take, or the same one again
-# Sampling draws at random, and a request without a seed gets a fresh one, as OpenAI's API and the reference do:
-# ask twice, hear two takes. Every answer names the seed it used in its `X-Seed` header, so any take can be replayed
-# bit for bit by sending that seed back. (`with_raw_response` gives the SDK's view of the headers.)
+# A request without a seed gets a fresh one, as OpenAI's API and the reference do: ask twice, hear two takes. Every
+# answer names its seed in its `X-Seed` header (`with_raw_response` shows it), and sending it back replays the take.
 
 # %%
 def take(voice: str = VOICE, speed: float = 1.0, **extra) -> tuple[bytes, int]:
@@ -227,9 +226,8 @@ check.equal("a take replayed with its X-Seed", "bitwise equal", replayed == firs
 
 # %% [markdown]
 # ## 5. Server-sent events
-# Newer OpenAI clients ask for `stream_format="sse"`: the same bytes, as events. Each `speech.audio.delta` holds the
-# next bytes of the format in base64; one `speech.audio.done` with the usage (input tokens, frames generated) ends
-# the stream. Read through the SDK, the deltas joined must be the take above:
+# Newer OpenAI clients ask for `stream_format="sse"`: each `speech.audio.delta` event holds the next bytes in base64,
+# and `speech.audio.done` ends the stream with the usage. Joined, the deltas must be the take above:
 
 # %%
 with client.audio.speech.with_streaming_response.create(model="tts-1", voice=VOICE, input=TEXT, response_format="pcm",
@@ -244,9 +242,8 @@ check.equal("sse: the deltas joined = the same take as audio", "bitwise equal", 
 
 # %% [markdown]
 # ## 6. Speed, at the same pitch
-# `speed` (0.25 to 4.0) changes the tempo, not the pitch: the samples go through FFmpeg's `atempo` filter (PyAV),
-# piece by piece as they stream. Playing the samples faster would raise every frequency; `atempo` overlaps and adds
-# short windows instead, so the spectrum stays where it was. The same take at three speeds:
+# `speed` (0.25 to 4.0) changes the tempo, not the pitch: FFmpeg's `atempo` (PyAV) overlaps and adds short windows
+# as the pieces stream, where playing the samples faster would raise every frequency. The same take at three speeds:
 
 # %%
 def spectrum(x: np.ndarray, n: int = 1024) -> np.ndarray:
@@ -315,11 +312,23 @@ if synth.kind == "base":
                 f"{gone.json()['deleted']}, {after.status_code} {after.json()['error']['param']}", "bob, 400 voice")
 
 # %% [markdown]
+# OpenAI's SDK makes a voice from a sample and the id of a consent recording uploaded first, and names it by the id
+# it gets back (`{"id": ...}`); made from the committed clip, it must speak alice's take:
+
+# %%
+if synth.kind == "base":
+    sample = ("voice.wav", paths.voice_wav().read_bytes(), "audio/wav")
+    consent = client.audio.voice_consents.create(name="Alice", language="en", recording=sample)
+    made = client.audio.voices.create(name="carol", audio_sample=sample, consent=consent.id)
+    carol = client.audio.speech.create(**same | {"voice": {"id": made.id}}, response_format="pcm").content
+    check.equal(f"a voice made through the SDK ({made.id}) = its clip's, same seed", "bitwise equal",
+                bool(np.array_equal(np.frombuffer(carol, "<i2"), pcm)), True)
+
+# %% [markdown]
 # ## 8. A key
-# With `$QTTS_API_KEY` (or `--api-key`) set, every `/v1/` path, the schema at `/openapi.json` and `/metrics` need
-# `Authorization: Bearer KEY`, what OpenAI's clients send; the scheme's name is matched in any case, as HTTP says
-# (RFC 7235). The page at `/` and `/health` stay open. The key came from the environment, so it is not on the
-# server's command line, which any user of the machine can read:
+# With `$QTTS_API_KEY` (or `--api-key`) set, every `/v1/` path, `/openapi.json` and `/metrics` need `Authorization:
+# Bearer KEY`, what OpenAI's clients send (the scheme's name in any case, RFC 7235); `/` and `/health` stay open.
+# The key came from the environment, so it is not on the server's command line, which any user can read:
 
 # %%
 keys = {"none": None, "a wrong one": "Bearer sk-wrong", "bearer, lower case": f"bearer {KEY}"}
@@ -335,9 +344,8 @@ check.equal("the key is not on the server's command line", "found", KEY.encode()
 
 # %% [markdown]
 # ## 9. Bound the work
-# A server shares one engine among strangers, so every request's work has a bound, and a request past one is
-# refused at once, not served late. The bounds and their defaults, then two of them live on a second server with a
-# small frame budget and one place (`--max-batch 1 --queue 0`):
+# A server shares one engine among strangers, so every request's work is bounded and a request past a bound is
+# refused at once. The bounds and their defaults, then two of them live on a second server (one place, a small budget):
 
 # %%
 d = cli.parser().parse_args(["serve"])  # the defaults, as `qtts serve --help` shows them
@@ -366,9 +374,8 @@ check.equal("every place taken: 503 at once, with Retry-After", "status retry", 
             f"{full.headers.get('retry-after') is not None}", "503 True")
 
 # %% [markdown]
-# Failures are seen, not hidden: an engine whose thread has died (an exception inside ncnn, say) makes `/health`
-# answer 503 and every request a JSON 5xx, so a supervisor restarts the process. Shown in this process, on the same
-# app with its engine's step made to raise:
+# Failures are seen: an engine whose thread has died makes `/health` answer 503 and every request a JSON 5xx, so a
+# supervisor restarts the process. Shown in this process, on the same app with its engine's step made to raise:
 
 # %%
 engine = server.Engine(synth, voices_dir, max_frames=MAX_FRAMES)
@@ -382,12 +389,11 @@ check.equal("a dead engine: the request a 5xx, /health 503", "statuses", (failed
 
 # %% [markdown]
 # ## 10. The server under load, at full size
-# `python -m qtts_lib.bench serve` starts a real server and sends it streaming clients, 1 to 8 at once and 8
-# arriving a few seconds apart, each a text of two segments, timing every chunk of every stream. Its committed runs
-# on one reference machine, `full-base` in int8: *before*, a long text's next segment queued behind new requests;
-# *after*, a request keeps its place from its first segment to its last (chapter 16's lanes), and a joining request
-# is prefilled in pieces between frames. Each file records the machine, its load average at the start and the end,
-# and the read bandwidth it measured: a shared host varies, so only large differences between the runs count.
+# `python -m qtts_lib.bench serve` sends a real server streaming clients, 1 to 8 at once and 8 arriving a few
+# seconds apart, each a text of two segments, timing every chunk. Its committed runs on one reference machine,
+# `full-base` in int8: *before*, a long text's next segment queued behind new requests; *after*, a request keeps its
+# place from its first segment to its last (chapter 16's lanes), and a joining one is prefilled in pieces between
+# frames. Each file records the machine and its load: a shared host varies, so only large differences count.
 
 # %%
 files = [paths.DATA / "bench" / "serve" / f"dev-2core-xeon-amx-full-base-int8-{run}.json" for run in
@@ -403,27 +409,22 @@ display(load.pivot(index="scenario", columns="run", values=cols).reindex(load.sc
         .reindex(columns=["before", "after"], level=1))
 bench_serve.plot(files)
 plt.show()
-for (scenario, g) in load.groupby("scenario", sort=False):
-    b, a = (g[g.run == r].iloc[0] for r in ("before", "after"))
-    print(f"{scenario:>16}: gap p99/p50 {b.gap_p99_over_p50} -> {a.gap_p99_over_p50}; longest gap per stream (p99) "
-          f"{b.longest_gap_p99_ms / 1000:.1f} -> {a.longest_gap_p99_ms / 1000:.1f} s; first audio (p99) "
-          f"{b.ttfa_p99_ms / 1000:.1f} -> {a.ttfa_p99_ms / 1000:.1f} s")
 
 # %% [markdown]
 # Look at the ratio of a stream's p99 gap to its median (`gap_p99_over_p50`, the bench's target: at most 2) and at
-# each stream's longest gap. With room in the batch both runs stay under the target. Past it (8 clients, 4 places),
-# *before*, newcomers took a running stream's place between its segments and its longest gap grew to tens of seconds
-# and more; *after*, every stream that started keeps its pace, and the wait moves to where a client sees it and a
-# server can bound it: the first audio of a request that waits for a place. Here even one stream is slower than real
-# time at full size (`rtf` above 1), so the figure is about evenness, not playback without stalls; other machines
-# are on the [results](results.ipynb) page.
+# each stream's longest gap (ms). With room in the batch both runs stay under the target. Past it (8 clients, 4
+# places), *before*, newcomers took a running stream's place between its segments and its longest gap grew to tens
+# of seconds; *after*, every stream that started keeps its pace, and the wait moves to where a server can bound it:
+# the first audio of a request that waits for a place. Here one stream is already slower than real time (`rtf`
+# above 1): the figure is about evenness; other machines are on the [results](results.ipynb) page.
 
 # %% [markdown]
 # ## Summary
 # - `qtts serve` speaks OpenAI's speech API: the official SDK works with only `base_url` changed, in six formats,
 #   whole or streamed as a chunked body or server-sent events; its samples are `stream_long`'s, bit for bit.
 # - A request without a seed is a fresh take that `X-Seed` lets you replay exactly; `speed` changes the tempo and
-#   keeps the spectrum; voices are listed, uploaded (with `qtts say`'s clip checks) and deleted while it runs.
+#   keeps the spectrum; voices are listed, uploaded (with `qtts say`'s clip checks, or through OpenAI's SDK with a
+#   consent recording) and deleted while it runs.
 # - A key from `$QTTS_API_KEY` guards the API (any case of `Bearer`); every request's work is bounded, refused at
 #   once past a bound (400, 413, 503 with Retry-After), and a dead engine shows in `/health`.
 # - Under load, a request keeps its place from its first segment to its last: running streams stay even, and the
@@ -432,8 +433,7 @@ for (scenario, g) in load.groupby("scenario", sort=False):
 # **Artifacts left:** `data/outputs/<ckpt>/17_voices/` (the voices folder), `17_server_*.log`, the chapter report.
 #
 # **If your numbers differ**
-# - *The server does not come up* → read `17_server_*.log`: the `serve` extra missing (`pip install 'qtts[serve]'`),
-#   or a checkpoint not exported (chapters 04–05).
+# - *The server does not come up* → read `17_server_*.log`: `pip install 'qtts[serve]'`, or export (chapters 04–05).
 # - *Served pcm ≠ `stream_long`* → another thread count in the server than here (`--threads`), or another seed or
 #   language; the server's default language is `auto`.
 # - *Two requests without a seed give the same audio* → a server that does not resolve a fresh seed per request.
