@@ -41,6 +41,8 @@ def test_a_program_starts_again_once_with_the_tunable_and_its_arguments():
 @needs_huge_pages
 def test_it_stays_as_started_when_told_or_when_main_was_not_given_its_own_command_line(monkeypatch):
     assert run({"QTTS_HUGE_PAGES": "0"}, "serve") == ["started None ['serve']", "running None"]
+    off = "glibc.malloc.hugetlb=0"  # the user's own choice stands
+    assert run({"GLIBC_TUNABLES": off}, "serve") == [f"started {off} ['serve']", f"running {off}"]
     starts = []
     monkeypatch.setattr(hugepages.os, "execve", lambda *args: starts.append(args))
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)

@@ -31,6 +31,11 @@ def asked(environ=os.environ) -> bool:
     return TUNABLE in environ.get("GLIBC_TUNABLES", "").split(":")
 
 
+def chosen(environ=os.environ) -> bool:
+    """Whether this environment sets glibc's hugetlb tunable at all (asking for huge pages or not)."""
+    return any(t.startswith("glibc.malloc.hugetlb=") for t in environ.get("GLIBC_TUNABLES", "").split(":"))
+
+
 def tunables(environ, huge_pages: bool) -> str:
     """`environ`'s GLIBC_TUNABLES with TUNABLE or without it (any other hugetlb setting dropped, the rest kept)."""
     kept = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb")]
@@ -54,10 +59,11 @@ def why_not() -> str | None:
 
 
 def restart_with_huge_pages(argv: Sequence[str] | None) -> None:
-    """Start this program again with TUNABLE (`os.execve`: it does not return) unless it has it already, the
-    machine cannot use it (`why_not`), QTTS_HUGE_PAGES=0 says not to, or `argv` (the arguments `main` was given)
-    are not this process's own command line (a `main` called from inside another program is left alone)."""
-    if asked() or os.environ.get("QTTS_HUGE_PAGES") == "0" or why_not() is not None:
+    """Start this program again with TUNABLE (`os.execve`: it does not return) unless its environment sets glibc's
+    hugetlb tunable already (TUNABLE or another value: the user's choice), the machine cannot use it (`why_not`),
+    QTTS_HUGE_PAGES=0 says not to, or `argv` (the arguments `main` was given) are not this process's own command
+    line (a `main` called from inside another program is left alone)."""
+    if chosen() or os.environ.get("QTTS_HUGE_PAGES") == "0" or why_not() is not None:
         return
     if argv is not None and list(sys.argv[1:]) != list(argv):
         return
