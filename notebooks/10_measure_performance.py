@@ -60,9 +60,10 @@ thread_counts = sorted({1, THREADS})
 
 # %% [markdown]
 # ## 1. Describe the machine
-# A number without its machine is not a result. `bench.machine.describe` reads the CPU model, cores, memory, the load
-# average and the versions, and **measures** the streaming-read bandwidth at each thread count: threads take the max
-# of their slice of a 1 GiB array (numpy releases the GIL inside the reduction), median of five passes.
+# A number without its machine is not a result. `bench.machine.describe` reads the CPU's name, family, model, SIMD
+# extensions and caches (one name such as "AMD EPYC" covers generations with and without AVX-512), cores, memory, the
+# load average and the versions, and **measures** the streaming-read bandwidth at each thread count: threads take the
+# max of their slice of a 1 GiB array (numpy releases the GIL inside the reduction), median of five passes.
 
 # %%
 machine = describe(thread_counts)

@@ -56,6 +56,18 @@ def test_read_bandwidth_is_positive():
     assert machine.read_bandwidth_gbs(1, gib=0.05, repeats=2) > 0.1
 
 
+def test_cpu_identity_names_the_generation():
+    """'AMD EPYC' names Zen 3, 4 and 5 alike: the family, model and SIMD extensions tell them apart."""
+    zen3 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nstepping\t: 1\n"
+            "flags\t\t: fpu sse2 avx fma avx2 f16c\n\nprocessor\t: 1\nflags\t\t: avx512f\n")
+    got = machine.cpu_identity(zen3)
+    assert {k: got[k] for k in ("vendor", "family", "model", "stepping", "simd")} == {
+        "vendor": "AuthenticAMD", "family": 25, "model": 1, "stepping": 1, "simd": ["avx2", "fma", "f16c"]}
+    assert machine.cpu_identity("flags\t: avx512f avx512_vnni amx_int8\n")["simd"] == ["avx512f", "avx512_vnni",
+                                                                                    "amx_int8"]
+    assert {"cpu", "family", "simd"} <= set(machine.describe([1]))
+
+
 def test_gpu_rows_have_no_floor():
     r = loop.row("ncnn", 1, fake_runs() * 3, floor_ms=None, device="vulkan")
     assert r["device"] == "vulkan" and r["floor_ms_per_frame"] is None and r["floor_ratio"] is None

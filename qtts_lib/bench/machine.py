@@ -32,6 +32,45 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# The x86 extensions ncnn's CPU kernels choose between (and what sets a VM's int8 and bf16 speed): "AMD EPYC" alone
+# names three generations whose int8 kernels differ (Zen 3 has no AVX-512, Zen 4 and 5 have VNNI and BF16).
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+              "amx_int8", "amx_bf16")
+
+
+def cpu_identity(cpuinfo: str | None = None) -> dict:
+    """Vendor, family, model and stepping as /proc/cpuinfo gives them for the first CPU, the SIMD extensions of
+    SIMD_FLAGS it lists, and the sizes of the data caches CPU 0 sees (MiB per level, one instance each)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    out: dict = {k: fields[f] for k, f in (("vendor", "vendor_id"), ("family", "cpu family"), ("model", "model"),
+                                           ("stepping", "stepping")) if f in fields}
+    for k in ("family", "model", "stepping"):
+        if str(out.get(k, "")).isdigit():
+            out[k] = int(out[k])
+    out["simd"] = [f for f in SIMD_FLAGS if f in flags]
+    caches = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind = (index / "level").read_text().strip(), (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind != "Instruction" and size.endswith("K"):
+            caches[f"L{level}"] = round(int(size[:-1]) / 1024, 3)
+    if caches:
+        out["cache_mib"] = caches
+    return out
+
+
 def memory_gb() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -83,11 +122,13 @@ def gpus() -> dict:
 
 
 def describe(thread_counts: list[int]) -> dict:
-    """CPU, cores, memory, load, versions, the read bandwidth at each thread count (measured now), the GPU."""
+    """CPU (its name, family, model, SIMD extensions and caches), cores, memory, load, versions, the read bandwidth
+    at each thread count (measured now), the GPU."""
     from importlib import metadata
 
     return {
         "cpu": cpu_model(),
+        **cpu_identity(),
         "cores": os.cpu_count(),
         "memory_gb": memory_gb(),
         "python": platform.python_version(),
