@@ -62,14 +62,16 @@ print(f"{len(results)} result files ({len(top)} end to end, {len(results) - len(
 # %% [markdown]
 # ## 1. The machines
 # What each machine is, as its files describe it (the first file's description; the read bandwidth is what the
-# harness measured at the start of each run, so it varies from file to file on a shared virtual machine).
+# harness measured at the start of each run, so it varies from file to file on a shared virtual machine). The SIMD
+# extensions are listed by files written since the harness began recording them.
 
 # %%
 machines = {}
 for f, doc in results.items():
     m = doc["machine"]
     name = machine_name(f.stem)
-    entry = machines.setdefault(name, {"CPU": m.get("cpu"), "cores": m.get("cores"), "memory GB": m.get("memory_gb"),
+    entry = machines.setdefault(name, {"CPU": m.get("cpu"), "SIMD": " ".join(m.get("simd", [])),
+                                       "cores": m.get("cores"), "memory GB": m.get("memory_gb"),
                                        "GPU": m.get("gpu", ""), "ncnn": m.get("ncnn", ""), "bandwidth GB/s": [],
                                        "files": 0})
     entry["files"] += 1
