@@ -65,6 +65,7 @@ def test_cpu_identity_names_the_generation():
         "vendor": "AuthenticAMD", "family": 25, "model": 1, "stepping": 1, "simd": ["avx2", "fma", "f16c"]}
     assert machine.cpu_identity("flags\t: avx512f avx512_vnni amx_int8\n")["simd"] == ["avx512f", "avx512_vnni",
                                                                                     "amx_int8"]
+    assert "cache_mib" not in got  # another machine's text: this machine's caches are not its
     assert {"cpu", "family", "simd"} <= set(machine.describe([1]))
 
 

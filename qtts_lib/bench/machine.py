@@ -39,9 +39,11 @@ SIMD_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512_
 
 
 def cpu_identity(cpuinfo: str | None = None) -> dict:
-    """Vendor, family, model and stepping as /proc/cpuinfo gives them for the first CPU, the SIMD extensions of
-    SIMD_FLAGS it lists, and the sizes of the data caches CPU 0 sees (MiB per level, one instance each)."""
-    if cpuinfo is None:
+    """Vendor, family, model and stepping as /proc/cpuinfo gives them for the first CPU, and the SIMD extensions of
+    SIMD_FLAGS it lists; describing this machine (`cpuinfo` None), also the sizes of the data caches CPU 0 sees (MiB
+    per level, one instance each). `cpuinfo`: another machine's /proc/cpuinfo text instead."""
+    here = cpuinfo is None
+    if here:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
@@ -58,7 +60,7 @@ def cpu_identity(cpuinfo: str | None = None) -> dict:
             out[k] = int(out[k])
     out["simd"] = [f for f in SIMD_FLAGS if f in flags]
     caches = {}
-    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")) if here else ():
         try:
             level, kind = (index / "level").read_text().strip(), (index / "type").read_text().strip()
             size = (index / "size").read_text().strip()
