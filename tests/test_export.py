@@ -87,6 +87,19 @@ def test_to_mat_owns_its_memory():
         np.testing.assert_array_equal(from_mat(mat), expected)
 
 
+def test_from_mat_reads_padded_channels():
+    """A 3-D or 4-D Mat's channels start at a 16-byte step (cstep > h*w when h*w*4 is not a multiple of 16): the
+    copy holds the values, not the padding between channels."""
+    rng = np.random.default_rng(1)
+    for shape in [(3, 5), (2, 3, 5), (4, 2, 3, 5), (3, 1, 128)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        mat = to_mat(x)
+        y = from_mat(mat)
+        assert y.flags.c_contiguous and y.dtype == np.float32
+        np.testing.assert_array_equal(y, x)
+    assert to_mat(np.ones((2, 3, 5), np.float32)).cstep == 16  # the case above that pads
+
+
 def test_to_mat_dtypes_and_batch_axis():
     ids = np.arange(6, dtype=np.int64)
     np.testing.assert_array_equal(np.asarray(to_mat(ids).numpy()).view(np.int32), ids.astype(np.int32))

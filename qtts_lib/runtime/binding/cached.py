@@ -58,11 +58,20 @@ class KvCache:
     `lengths[b]` are sequence b's own (one sequence: `lengths == [past]`; module docstring)."""
 
     def __init__(self, layers: int, sequences: int = 1, device: str = "cpu"):
-        self.blobs: dict[str, ncnn.Mat] = {b: ncnn.Mat() for i in range(layers) for b in cache_blob_names(i)[:2]}
+        self.blobs = {b: ncnn.Mat() for i in range(layers) for b in cache_blob_names(i)[:2]}
         self.past = 0
         self.lengths = [0] * sequences
         self.device = device  # whose SDPA layer wrote the blobs: their layout (`cache_layout.probe`)
         self.slots = 0        # sequences the blobs have memory for, once `reserve`d (0: the layer's own Mats)
+
+    @property
+    def blobs(self) -> dict[str, ncnn.Mat]:
+        return self._blobs
+
+    @blobs.setter
+    def blobs(self, mats: dict[str, ncnn.Mat]) -> None:
+        self._blobs = mats
+        self._room: int | None = None  # the least capacity of these Mats (`appends_in_place`), read when first asked
 
     @property
     def sequences(self) -> int:
@@ -99,8 +108,9 @@ class KvCache:
             layout = self.layout
         except BatchError:  # a layout qtts cannot read: the caches come back from every call
             return False
-        need = self.past + positions
-        return layout.appends and all(layout.capacity(m) >= need for m in self.blobs.values())
+        if self._room is None:  # a Mat's capacity changes only with the Mat: asked every step, read once
+            self._room = min(layout.capacity(m) for m in self.blobs.values())
+        return layout.appends and self._room >= self.past + positions
 
     def extended(self, positions: int) -> None:
         """After a call that appended `positions` positions in place (`appends_in_place`): the Mats hold them."""
@@ -237,13 +247,14 @@ def merge(caches: Sequence[KvCache]) -> KvCache:
     layout = cache_layout.probe(caches[0].device)
     arrays = [c.arrays() for c in caches]
     out = KvCache(0, device=caches[0].device)
-    out.blobs = {}
+    blobs = {}
     for name in caches[0].blobs:
         parts = []
         for c, a in zip(caches, arrays):
             x = a[name]
             parts.append(np.pad(x, ((0, 0), (past - c.past, 0), (0, 0))) if c.past < past else x)
-        out.blobs[name] = layout.write(np.concatenate(parts), _kind(name))
+        blobs[name] = layout.write(np.concatenate(parts), _kind(name))
+    out.blobs = blobs
     out.past = past
     out.lengths = [n for c in caches for n in c.lengths]
     return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 import shutil
 import sys
@@ -146,13 +145,13 @@ def to_mat(array: np.ndarray, batch_axis: int = NO_BATCH) -> ncnn.Mat:
 
 
 def from_mat(mat, batch_axis: int = NO_BATCH) -> np.ndarray:
-    """A numpy copy of an ncnn.Mat (float32), with the batch axis restored if the graph had one. A Mat whose data
-    is one contiguous run (1-D, 2-D, or channels with no padding between them) is read as raw bytes: `Mat.numpy()`
-    describes its buffer in a format numpy parses in Python, about 10x the cost (the generation loop reads 32
-    outputs a frame)."""
-    shape = {1: (mat.w,), 2: (mat.h, mat.w), 3: (mat.c, mat.h, mat.w), 4: (mat.c, mat.d, mat.h, mat.w)}[mat.dims]
-    if mat.elemsize == 4 and mat.elempack == 1 and (mat.dims < 3 or mat.cstep == mat.w * mat.h * max(mat.d, 1)):
-        a = np.frombuffer(mat, np.float32, count=math.prod(shape)).reshape(shape).copy()  # not np.prod: 30 µs
+    """A numpy copy of an ncnn.Mat (float32), with the batch axis restored if the graph had one. A plain fp32 Mat is
+    read through the binding's buffer (its shape, and the channel step as a stride): one call into the binding.
+    Every attribute read is one too, and in the generation loop each runs with cold caches after a call that streamed
+    the weights (tens of µs a Mat, read attribute by attribute); `Mat.numpy()` describes the buffer in a format numpy
+    parses in Python, about 10x the cost. (A packed Mat must not reach the buffer: the binding has no format for it.)"""
+    if mat.elemsize == 4 and mat.elempack == 1:
+        a = np.asarray(mat).copy()
     else:
         a = np.array(mat.numpy(), copy=True)
     return a[None] if batch_axis == 0 else a
@@ -247,9 +246,12 @@ def run(net: ncnn.Net, inputs: Mapping[str, np.ndarray | ncnn.Mat], outputs: Seq
     ex = net.create_extractor()
     if not light:
         ex.set_light_mode(False)
-    held = {k: v if isinstance(v, ncnn.Mat) else to_mat(v, axes.get(k, NO_BATCH)) for k, v in inputs.items()}
-    for k, m in held.items():
-        ex.input(k, m)
+    held = []  # the Mats made here from numpy, alive until the last extract
+    for k, v in inputs.items():
+        if not isinstance(v, ncnn.Mat):
+            v = to_mat(v, axes.get(k, NO_BATCH))
+            held.append(v)
+        ex.input(k, v)
     out = []
     for k in outputs:
         m = ncnn.Mat()

@@ -99,11 +99,10 @@ class CodePredictor:
             logits = out if fused else self.heads.run([out], [s])[0]
             for b, sampler in enumerate(samplers):
                 codes[b].append(sampler.code(logits[b], codes[b][1:], s))
-            e = np.stack([self.embed.acoustic(s, c[-1]) for c in codes])
+            e = self.embed.acoustic(s, [c[-1] for c in codes])  # (B, hidden) float32, as the table
             embed = embed + e
             if s < groups - 2:
-                out = self.decoder.forward(e[:, None].astype(np.float32), cache,
-                                           f"logits_{s + 1}" if fused else "out0")[:, -1]
+                out = self.decoder.forward(e[:, None], cache, f"logits_{s + 1}" if fused else "out0")[:, -1]
         return [Frame(np.array(c, np.int64), x) for c, x in zip(codes, embed)]
 
     def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
