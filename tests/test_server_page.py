@@ -109,6 +109,7 @@ def test_the_page_speaks_plays_as_it_streams_and_downloads(page):
     # played as it streamed: the server sends a piece per 4 frames, and the page scheduled each as it arrived
     assert 0 < samples <= MAX_FRAMES * 1920 and pieces >= 2 and int(data["firstMs"]) >= 0
     assert data["audioState"] == "running"  # the Web Audio context played the pieces as they came
+    assert 0 <= int(data["pauses"]) < pieces  # counted (a pause is a piece that came after the queue ran out)
     # the download: mp3, asked again with the same fields (same seed, same audio), saved by the browser
     Select(driver.find_element(By.ID, "format")).select_by_value("mp3")
     driver.find_element(By.ID, "download").click()
@@ -119,6 +120,23 @@ def test_the_page_speaks_plays_as_it_streams_and_downloads(page):
     driver.find_element(By.ID, "download").click()
     wav = saved(driver, downloads / "speech.wav")  # built in the page from the pcm it played
     assert wav[:4] == b"RIFF" and struct.unpack("<I", wav[40:44])[0] == 2 * samples == len(wav) - 44
+
+
+def test_the_page_queues_more_audio_at_each_pause_of_a_slow_stream(page):
+    """Where the server speaks slower than real time the queued audio runs out: the next piece waits twice the lead
+    of the last pause (at most 4 s), so that playback pauses a few times, for longer each time, not before every
+    piece. The page's `schedule(queuedUntil, now, lead, first)` decides when a piece starts."""
+    driver, url, _ = page
+    driver.get(url + "/")
+    wait_for(driver, "document.body.dataset.state === 'ready'")
+    queued, first, late, later, capped = driver.execute_script(
+        "return [schedule(1.5, 1.0, 0.05, false), schedule(0, 2.0, 0.05, true), schedule(1.0, 2.0, 0.05, false), "
+        "schedule(1.0, 2.0, 0.1, false), schedule(1.0, 2.0, 3, false)]")
+    assert queued == {"start": 1.5, "lead": 0.05, "paused": False}  # right behind the audio queued before it
+    assert first["start"] == pytest.approx(2.05) and not first["paused"]  # the first piece is no pause
+    assert late["start"] == pytest.approx(2.1) and late["lead"] == pytest.approx(0.1) and late["paused"]
+    assert later["start"] == pytest.approx(2.2) and later["lead"] == pytest.approx(0.2)
+    assert capped["lead"] == 4 and capped["start"] == pytest.approx(6.0)
 
 
 def data_of(driver) -> dict:
