@@ -109,7 +109,6 @@ def test_the_page_speaks_plays_as_it_streams_and_downloads(page):
     # played as it streamed: the server sends a piece per 4 frames, and the page scheduled each as it arrived
     assert 0 < samples <= MAX_FRAMES * 1920 and pieces >= 2 and int(data["firstMs"]) >= 0
     assert data["audioState"] == "running"  # the Web Audio context played the pieces as they came
-    assert 0 <= int(data["pauses"]) < pieces  # counted (a pause is a piece that came after the queue ran out)
     # the download: mp3, asked again with the same fields (same seed, same audio), saved by the browser
     Select(driver.find_element(By.ID, "format")).select_by_value("mp3")
     driver.find_element(By.ID, "download").click()
