@@ -246,12 +246,8 @@ def run(net: ncnn.Net, inputs: Mapping[str, np.ndarray | ncnn.Mat], outputs: Seq
     ex = net.create_extractor()
     if not light:
         ex.set_light_mode(False)
-    held = []  # the Mats made here from numpy, alive until the last extract
-    for k, v in inputs.items():
-        if not isinstance(v, ncnn.Mat):
-            v = to_mat(v, axes.get(k, NO_BATCH))
-            held.append(v)
-        ex.input(k, v)
+    for k, v in inputs.items():  # the extractor holds a reference to each Mat (and `to_mat`'s own its copy)
+        ex.input(k, v if isinstance(v, ncnn.Mat) else to_mat(v, axes.get(k, NO_BATCH)))
     out = []
     for k in outputs:
         m = ncnn.Mat()

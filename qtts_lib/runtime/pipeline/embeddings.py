@@ -51,7 +51,7 @@ class Embeddings:
 
     def acoustic(self, s: int, code) -> np.ndarray:
         """Codebook s + 1's row for `code` (s = 0..14) -> (hidden,); for a list of codes, one row each (n, hidden)."""
-        return self.acoustic_table[s * self.codebook + (np.asarray(code, np.int64) if isinstance(code, list) else code)]
+        return self.acoustic_table[s * self.codebook + np.asarray(code, np.int64)]
 
     def frame(self, codes: np.ndarray) -> np.ndarray:
         """codes (T, groups) -> (T, hidden): the codec table at codebook 0 plus the acoustic tables at 1..15 (what
