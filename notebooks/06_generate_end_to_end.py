@@ -27,7 +27,7 @@
 #
 # **You need:** `data/golden/<ckpt>/` (chapter 03: this chapter stops without it; `xvec_greedy`, `xvec_eos`,
 # `icl_greedy`); `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing or stale).
-# **Leaves behind:** `data/outputs/<ckpt>/06_ncnn.wav`, `data/reports/<ckpt>/06_generate_end_to_end.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/06_ncnn.wav`, the report, `models/<ckpt>/ncnn/talker_text_table.npy`.
 
 # %%
 import inspect
@@ -432,7 +432,7 @@ for label, extra in [("empty text", ["--text", "   "]),
 #   parity with the goldens passes `Sampling(greedy=True)`. Decode in the reference's chunks (300 + 25 left context).
 # - `qtts say` runs the whole thing with torch unimportable.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/06_ncnn.wav`, `06_cli.wav`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/06_ncnn.wav`, `06_cli.wav`, `ncnn/talker_text_table.npy`, the chapter report.
 #
 # **If your numbers differ**
 # - *Codes diverge at frame 0, codebook ≥ 1* → the code predictor's table/head offset (head *s* predicts codebook

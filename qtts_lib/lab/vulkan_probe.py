@@ -286,7 +286,7 @@ def gpu_forms(model_dir: str | Path, device: str = "vulkan", threads: int = 2, l
 
     cfg = ModelConfig.load(model_dir)
     t = cfg.talker
-    loop = Loop.load(cfg, Embeddings(cfg, threads, "cpu"), threads, device, log=log)
+    loop = Loop.load(cfg, Embeddings(cfg, threads, log), threads, device, log=log)
     talker, pred = loop.talker, loop.predictor
     rng = np.random.default_rng(0)
     out: dict = {"ms_per_call": {}, "layers": {}}

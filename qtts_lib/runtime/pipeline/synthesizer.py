@@ -84,11 +84,11 @@ class Synthesizer:
         """`threads`: CPU threads for ncnn; `device`: cpu, vulkan or vulkan:N; `precision`: fp32 (the default, the
         parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 12);
         `codec_precision`: fp32 (the default), bf16 or int8, the codec's upsampling stages (CPU only; chapter 13).
-        `log` hears about one-time work (writing a tier's files, calibrating the codec's int8 tier). `decoders`: where
-        frames become audio, if not this process's codec (`experimental.codec_process`). `gpu_batches`, on a GPU:
-        load the graphs that take several sequences per call (the CPU's, folded: about 240 round trips per step,
-        shared by the batch) instead of the GPU forms that take one (18 per frame; chapter 09). On the CPU the loop
-        always batches."""
+        `log` hears about one-time work (writing the text table or a tier's files, calibrating the codec's int8 tier).
+        `decoders`: where frames become audio, if not this process's codec (`experimental.codec_process`).
+        `gpu_batches`, on a GPU: load the graphs that take several sequences per call (the CPU's, folded: about 240
+        round trips per step, shared by the batch) instead of the GPU forms that take one (18 per frame; chapter 09).
+        On the CPU the loop always batches."""
         if not (Path(model_dir) / "config.json").is_file():
             raise MissingArtifact(f"{model_dir} has no config.json: not a checkpoint directory; pass one, or run "
                                   "notebooks/00_get_checkpoint.py")
@@ -97,7 +97,7 @@ class Synthesizer:
         missing_graphs(Path(model_dir) / "ncnn", raise_error=True)  # what a checkpoint without exports needs first
         self.config = cfg = ModelConfig.load(model_dir)
         self.tokenizer = Tokenizer.from_dir(cfg.directory)
-        self.embeddings = Embeddings(cfg, threads, device)
+        self.embeddings = Embeddings(cfg, threads, log)
         self.prompts = PromptBuilder(cfg, self.tokenizer, self.embeddings)
         self.voices = VoiceEncoder(cfg, threads, device)
         self.loop = Loop.load(cfg, self.embeddings, threads, device, self.precision, gpu_forms=not gpu_batches,
