@@ -73,6 +73,49 @@ def test_incremental_decode_equals_decode_once_and_needs_the_cpu_form(synth):
     assert not StreamDecoder(exported).incremental
 
 
+def first_piece_sizes(chunk: int) -> list[int]:
+    """A stream's first piece in pieces (`StreamDecoder.drain`): an eighth of a frame, an eighth again, then each
+    piece as long as all before it, up to the piece's `chunk` frames."""
+    total, sizes = chunk * SAMPLES_PER_FRAME, []
+    while sum(sizes) < total:
+        sizes.append(min(max(SAMPLES_PER_FRAME // 8, sum(sizes)), total - sum(sizes)))
+    return sizes
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_the_first_piece_in_pieces_is_the_same_audio(synth, chunk):
+    """A stream hands out its first piece in pieces (held ones one per `drain`, or all at the next push): the samples
+    are bit for bit those of the same incremental decode fed a piece at a time."""
+    codes = np.random.default_rng(4).integers(0, 2048, size=(3 * chunk + 2, 16))
+    inc = synth.codec.incremental()
+    ref = np.concatenate([inc.push(codes[a:a + chunk]) for a in range(0, len(codes), chunk)])
+    for drain in (True, False):
+        dec, got = StreamDecoder(synth.codec, chunk_frames=chunk), []
+        for frame in codes:
+            got.append(dec.push(frame))
+            while drain and dec.held:
+                got.append(dec.drain())
+        assert not dec.held
+        first = first_piece_sizes(chunk)
+        assert [len(p) for p in got[chunk - 1]] == first[:1]  # the push that completes the first piece: its head
+        assert [len(p) for step in got for p in step][:len(first)] == first
+        ours = np.concatenate([p for step in got for p in step] + [dec.finish()])
+        assert np.array_equal(ours, ref), drain
+
+
+def test_the_first_pieces_come_before_the_next_frame(synth, voices):
+    """The stream's first piece is an eighth of a frame; the rest of it comes before the loop makes another frame."""
+    generated, seen = [], []
+    with synth.stream(TEXT, "english", voices["xvector"], max_frames=20, chunk_frames=1,
+                      on_frame=generated.append) as pieces:
+        for piece in pieces:
+            seen.append((len(piece), len(generated)))
+            if len(seen) == 5:
+                break
+    e = SAMPLES_PER_FRAME // 8
+    assert seen == [(e, 1), (e, 1), (2 * e, 1), (4 * e, 1), (SAMPLES_PER_FRAME, 2)]
+
+
 @pytest.mark.parametrize("mode", ["xvector", "icl"])
 @pytest.mark.parametrize("chunk", [4, 7])
 def test_stream_equals_synthesize(synth, voices, mode, chunk):
@@ -82,7 +125,9 @@ def test_stream_equals_synthesize(synth, voices, mode, chunk):
     pieces = synth.stream(TEXT, "english", voice, synth.sampling.replace(seed=whole.seed), max_frames=30,
                           chunk_frames=chunk, on_frame=frames.append)
     got = list(pieces)
-    assert all(len(p) == chunk * SAMPLES_PER_FRAME for p in got[:-1])
+    sizes, first = [len(p) for p in got], first_piece_sizes(chunk)
+    if len(whole.codes) > chunk:  # else its one piece is the end's
+        assert sizes[:len(first)] == first and set(sizes[len(first):-1]) <= {chunk * SAMPLES_PER_FRAME}
     ours = np.concatenate(got)
     # ICL: synthesize cuts the clip's share by a float ratio (as the reference does), which sometimes keeps one
     # sample of the clip's decode in front; the stream starts exactly at the first generated frame.
@@ -178,8 +223,13 @@ def test_warming_the_prefix_changes_when_audio_comes_not_what(synth, voices, war
     warms = 0
     while warm is not None and not dec.warm(warm):
         warms += 1
-    pieces = [[p for p in dec.push(f)] for f in codes]
-    ours = np.concatenate([p for ps in pieces for p in ps] + [dec.finish()])
+    pieces, audio = [], []  # what each push gave; every piece in order (with the first piece's, drained)
+    for f in codes:
+        pieces.append(dec.push(f))
+        audio += pieces[-1]
+        while dec.held:  # as the scheduler drains them
+            audio += dec.drain()
+    ours = np.concatenate(audio + [dec.finish()])
     assert warm is None or warms > 2  # a few frames a call
     np.testing.assert_array_equal(ours, ref)
     assert all(len(ps) <= 2 for ps in pieces)

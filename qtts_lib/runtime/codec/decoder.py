@@ -24,6 +24,7 @@ chapter 12; fp32 is the parity tier.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ from ..errors import InputError, PrecisionError
 from ..rewrites.decode_step import one_thread_small_layers
 from .cpu_form import fast_graph, load_parts, manifest_axes
 from .gpu_form import gpu_graph
-from .int8_form import int8_graph
+from .int8_form import int8_graph, stage_of_part
 from .parts import Part, PartChain, attention_inputs, pack_codes, run_codes, run_parts, transformer_output
 
 CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 300, 25  # the reference's chunked_decode defaults
@@ -92,6 +93,10 @@ class Codec:
                                             one_thread_small_layers if parse_device(device) is None else None)
             self.transformer_layers = sum(1 for line in self.transformer_kv.read_text().splitlines()
                                           if line.startswith("SDPA"))
+            # where an incremental decode cuts its pieces (`IncrementalDecode.pieces`): the first decoder stage's
+            # input in quarter frames, the second's in eighths, as (index among the upsampling parts, samples)
+            stage = [next(k for k in range(len(self.parts)) if stage_of_part(k, config) == s) for s in (1, 2)]
+            self.cuts = [(k - 2, max(1, self.parts[k].spf // d)) for k, d in zip(stage, (4, 8))]
         elif form == "gpu":
             (p0, b0), (p1, b1) = gpu_graph(ncnn_dir, config)
             self.in_axes = manifest_axes(Path(ncnn_dir) / "manifest.json")
@@ -175,6 +180,20 @@ class IncrementalDecode:
         codes = np.asarray(codes, np.int64).reshape(-1, self.codec.groups)
         if len(codes) == 0:
             return np.zeros(0, np.float32)
+        return self.chain.push(self._transformer(codes)).reshape(-1)
+
+    def pieces(self, codes: np.ndarray) -> Iterator[tuple[np.ndarray, bool]]:
+        """`push(codes)`'s samples in pieces as they are made, (piece, whether it is the last): an eighth of a frame
+        first, an eighth again, then each piece as long as all before it (`Codec.cuts`). The parts before the decoder
+        stages run whole: they read their weights once a call, whatever its length, and pass on few samples. The
+        first stage takes a quarter frame a call (one sample), the first of them cut again into eighths at the second
+        stage, from which on the work is per sample. Every piece must be taken before the next push."""
+        codes = np.asarray(codes, np.int64).reshape(-1, self.codec.groups)
+        for piece, last in self.chain.pieces(self._transformer(codes), self.codec.cuts):
+            yield piece.reshape(-1), last
+
+    def _transformer(self, codes: np.ndarray) -> np.ndarray:
+        """Parts 0 and 1 on new frames: the codebooks with their left context, the transformer with its cache."""
         ctx = min(self.codec.parts[0].context, len(self.codes))
         window = np.concatenate([self.codes[len(self.codes) - ctx:], codes])
         x = run_codes(self.codec.parts[0], window, self.config, self.codec.in_axes)[..., ctx:]
@@ -183,4 +202,4 @@ class IncrementalDecode:
         out, *mats = run(self.net, inputs, ["out0", *self.cache_outputs], raw=self.cache_outputs,
                          name="codec transformer")
         self.cache.grow(self.cache_outputs, mats, len(codes))
-        return self.chain.push(out).reshape(-1)
+        return out

@@ -13,6 +13,7 @@ int8 tier's calibration, chapter 11's measurements) is fed instead.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,17 +94,45 @@ class PartStream:
 class PartChain:
     """The upsampling parts in a row, fed piece by piece (`push`): each part's chunks (`chunk_frames` frames of
     its input) go on to the next part as soon as they are made, so no stage is ever held whole; `push` returns
-    the last part's output for what it was given. Every call gets whole frames (a time-tiled convolution needs at
-    least one), so pushes must be whole frames too."""
+    the last part's output for what it was given, `pieces` the same in pieces as they are made. A time-tiled
+    convolution needs a sample in each of its tiles (`cpu_form.part_time_tiles`): whole frames always give that, and
+    so do the pieces `Codec.cuts` asks for (quarter frames into the first decoder stage, which has no tiles, eighths
+    into the second and on, two tiles at most there)."""
 
     def __init__(self, parts: list[Part]):
         self.streams = [PartStream(p) for p in parts]
 
     def push(self, x: np.ndarray) -> np.ndarray:
+        return self._feed(x, 0, len(self.streams))
+
+    def pieces(self, x: np.ndarray, cuts: list[tuple[int, int]]) -> Iterator[tuple[np.ndarray, bool]]:
+        """`push(x)` with its output handed out in pieces as they are made. `cuts`: (level, first) pairs, levels
+        rising. The parts before the first level take all of x; from there part `level`'s input goes on in pieces of
+        `first` samples, `first` again, then each as long as all before it (first, first, 2·first, 4·first, ...), and
+        the first of those is cut again the same way at the next level. Yields (piece, whether it is the last).
+        Every piece must be taken before the chain is pushed again."""
+        yield from self._cut(self._feed(x, 0, cuts[0][0]), cuts, True)
+
+    def _cut(self, x: np.ndarray, cuts: list[tuple[int, int]], last_of_all: bool):
+        (level, first), inner = cuts[0], cuts[1:]
+        stop = inner[0][0] if inner else len(self.streams)
+        start = 0
+        while start < x.shape[-1]:
+            n = max(first, start)
+            y, last = self._feed(x[..., start:start + n], level, stop), last_of_all and start + n >= x.shape[-1]
+            if inner and start == 0:
+                yield from self._cut(y, inner, last)
+            else:
+                yield (self._feed(y, stop, len(self.streams)) if inner else y), last
+            start += n
+
+    def _feed(self, x: np.ndarray, level: int, stop: int) -> np.ndarray:
+        """x through the parts `level` .. `stop` - 1, each part's chunks (`chunk_frames` frames of its input) passed
+        on as soon as they are made."""
         pieces: list[np.ndarray] = []
 
         def feed(level: int, piece: np.ndarray) -> None:
-            if level == len(self.streams):
+            if level == stop:
                 pieces.append(piece)
                 return
             p = self.streams[level].part
@@ -111,7 +140,7 @@ class PartChain:
             for start in range(0, piece.shape[-1], step):
                 feed(level + 1, self.streams[level].push(piece[..., start : start + step]))
 
-        feed(0, x)
+        feed(level, x)
         return np.concatenate(pieces, axis=-1)
 
 

@@ -31,9 +31,18 @@ so that a clip's hundreds of frames never stall other streams in one go), and a 
 frames come decodes one piece per frame pushed, then catches up at most two pieces of audio per push. Where the
 work is done changes when the audio comes, never what it is.
 
+The first piece comes in pieces, so that the first audio does not wait for a whole piece's decode. The codec's
+decoder stages cost mostly per sample, not per call (`IncrementalDecode.pieces`), so an incremental stream hands out
+the first eighth of a frame of its first piece (10 ms of audio) as soon as that is decoded and holds the rest
+(`held`): an eighth again, then pieces each as long as all before them, one per `drain`. The scheduler drains them
+before it makes another frame; `push` and `finish` hand out whatever is still held first. No held piece is longer
+than the audio in front of it, and those stages decode faster than real time, so a player that starts at the first
+piece has audio while the next is decoded. The samples are the same either way.
+
 Both decoders here share one protocol, which every consumer of the generation loop uses: `push(frame)` returns the
-pieces of audio that are ready, `finish()` the rest. `WholeDecoder` is `synthesize`'s (nothing until the end, then
-the reference's whole decode); `StreamDecoder` is `stream`'s.
+pieces of audio that are ready, `finish()` the rest (a decoder that holds pieces, `held`, hands them out one per
+`drain()`). `WholeDecoder` is `synthesize`'s (nothing until the end, then the reference's whole decode);
+`StreamDecoder` is `stream`'s.
 """
 from __future__ import annotations
 
@@ -73,9 +82,9 @@ def receptive_field(config: dict) -> int:
 
 # ------------------------------------------------------------ the streaming decoder
 class StreamDecoder:
-    """Feed frames one at a time (`push`); get back the samples of every full chunk of `chunk_frames`
-    frames; `finish` returns the rest. Concatenated, the pieces equal `codec.decode(prefix + frames)`
-    minus the prefix's samples (see the module docstring for exactly how equal).
+    """Feed frames one at a time (`push`); get back the samples of every full chunk of `chunk_frames` frames (the
+    first chunk in pieces: `held`, `drain`); `finish` returns the rest. Concatenated, the pieces equal
+    `codec.decode(prefix + frames)` minus the prefix's samples (see the module docstring for exactly how equal).
 
     `prefix`: frames decoded in front but never emitted (an ICL voice clip's codes, as the reference does).
 
@@ -97,14 +106,19 @@ class StreamDecoder:
         self.context = receptive_field(codec.config) if context_frames is None else context_frames
         self.frames: list[np.ndarray] = [] if prefix is None else list(np.asarray(prefix, np.int64))
         self.emitted = len(self.frames)  # frames whose samples are out (or never will be: the prefix)
+        self.start = self.emitted        # the first piece starts here
+        self._rest = None                # the first piece's pieces not handed out yet (`drain`)
         self._decodes: dict[int, list] = {}  # reference chunk start -> [its incremental decode, frames fed to it]
 
     def push(self, frame: np.ndarray) -> list[np.ndarray]:
+        out = self._drain_all()
         self.frames.append(np.asarray(frame, np.int64))
         if not self.warm(PREFIX_PIECE):
-            return []
-        out = []
+            return out
         while len(self.frames) - self.emitted >= self.chunk and len(out) < CATCH_UP:
+            if self.emitted == self.start and self.incremental:  # the first piece: its head now, the rest held
+                out.append(self._first(self.emitted, self.emitted + self.chunk))
+                break
             out.append(self._decode(self.emitted, self.emitted + self.chunk))
         if self.incremental:  # the next reference chunk's left context, a piece as soon as its frames are here
             start = (self.emitted // CHUNK_FRAMES + 1) * CHUNK_FRAMES
@@ -118,12 +132,47 @@ class StreamDecoder:
         left. Incremental decodes only."""
         return not self.incremental or self._context(self.emitted, self.emitted, frames)
 
+    @property
+    def held(self) -> bool:
+        """Whether pieces of the first one are held (`drain` hands them out)."""
+        return self._rest is not None
+
+    def drain(self) -> list[np.ndarray]:
+        """The next held piece of the first one (module docstring), [] if none is held."""
+        if self._rest is None:
+            return []
+        piece, last = next(self._rest)
+        if last:
+            self._rest = None
+        return [piece]
+
     def finish(self) -> np.ndarray:
         """The samples of every frame pushed since the last piece (the decoder can go on after it)."""
-        return self._decode(self.emitted, len(self.frames))
+        return np.concatenate(self._drain_all() + [self._decode(self.emitted, len(self.frames))])
 
     def close(self) -> None:
+        self._rest = None
         self._decodes.clear()
+
+    def _drain_all(self) -> list[np.ndarray]:
+        out = []
+        while self._rest is not None:
+            out += self.drain()
+        return out
+
+    def _first(self, a: int, b: int) -> np.ndarray:
+        """The first piece [a, b) of the stream, in pieces (`IncrementalDecode.pieces`): the first returned, the
+        rest held for `drain`. One reference chunk's frames only, as every first piece is (else `_decode`)."""
+        chunk_start = a // CHUNK_FRAMES * CHUNK_FRAMES
+        if b > chunk_start + CHUNK_FRAMES:
+            return self._decode(a, b)
+        self._context(a, a)
+        entry = self._decodes[chunk_start]
+        rest = entry[0].pieces(np.stack(self.frames[a:b]))
+        entry[1], self.emitted = b, b
+        piece, last = next(rest)
+        self._rest = None if last else rest
+        return piece
 
     def _decode(self, a: int, b: int) -> np.ndarray:
         parts = []

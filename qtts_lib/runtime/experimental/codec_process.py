@@ -256,6 +256,9 @@ def child_loop(ncnn_dir: Path, decoder_config: dict, threads: int, stdin_fd: int
                 if dec is not None:
                     for piece in dec.push(np.frombuffer(payload, "<i8").astype(np.int64)):
                         send(uid, piece)
+                    while dec.held:  # the first piece's pieces, each sent as soon as it is made
+                        for piece in dec.drain():
+                            send(uid, piece)
             elif kind == b"E":
                 dec = decoders.pop(uid, None)
                 adaptive = adaptive and bool(decoders)

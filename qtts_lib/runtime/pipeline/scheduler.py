@@ -27,6 +27,9 @@ What a step does, and why each part is bounded (a step is what every running str
    (an ICL clip's codes, `codec.stream.StreamDecoder.warm`) a step.
 3. **One frame** of every running utterance (`Batch.step`), pushed into each one's decoder; one that ends leaves.
 
+A step in which a stream's decoder holds pieces of its first piece (`codec.stream.StreamDecoder.held`) does none of
+that: it hands out the next of those pieces, for each stream that holds some (a fraction of a frame's decode each).
+
 Prefilling in pieces and joining a batch give each sequence's codes to float rounding of running it alone (chapter
 16 measures how close; on the tiny checkpoints every code is equal). Cancelling a ticket (`cancel`) frees its place
 at once, whatever stage it is in. One thread only: the one that runs ncnn.
@@ -296,7 +299,12 @@ class Scheduler:
     # ------------------------------------------------------------ one step
     def step(self) -> list[Event]:
         """Admit waiting tickets while places are free, prefill (a piece, or whole into an empty batch), then one
-        frame of every running ticket."""
+        frame of every running ticket. A step in which some stream's decoder holds pieces of its first piece
+        (`codec.stream.StreamDecoder.drain`) hands out one of those instead, for each such stream, and nothing else:
+        its audio is playing, the next piece is due first."""
+        held = [t for t in self.running.values() if getattr(t.decoder, "held", False)]
+        if held:
+            return [self._drain(t) for t in held]
         self._admit()
         self._prefill()
         events = []
@@ -312,6 +320,12 @@ class Scheduler:
                 self._finish(ticket, event)
             events.append(event)
         return events
+
+    def _drain(self, ticket: Ticket) -> Event:
+        t0 = time.perf_counter()
+        pieces = ticket.decoder.drain()
+        ticket.codec_s += time.perf_counter() - t0
+        return Event(ticket, pieces)
 
     def _admit(self) -> None:
         while self.waiting and self.places > 0:
