@@ -243,6 +243,25 @@ def test_sample_greedy_is_argmax(parity):
         assert got == int(torch.argmax(torch.from_numpy(ref))), label
 
 
+def test_only_a_processor_free_greedy_config_skips_to_the_argmax(ckpt, parity):
+    """`SamplerConfig.argmax_only`: the greedy sub-talker's picks skip the processors; a config with a penalty, a
+    suppressed range, an end of speech to hold back or draws does not. Where it holds, the pick equals `sample`'s."""
+    gen, cfg = ckpt
+    assert subtalker_of(gen, cfg["talker_config"], greedy=True).argmax_only
+    assert not subtalker_of(gen, cfg["talker_config"], greedy=False).argmax_only
+    assert not talker_of(gen, cfg["talker_config"], greedy=True).argmax_only  # suppressed ids, penalty, min tokens
+    assert not SamplerConfig(repetition_penalty=1.05).argmax_only
+    assert not SamplerConfig(eos_id=3, min_new_tokens=2).argmax_only
+    assert SamplerConfig(eos_id=3).argmax_only
+    one = sampler.Sampler(Sampling(greedy=True), cfg["talker_config"])
+    checked = 0
+    for _label, c, _ours, _ref, _, x, h in parity:
+        if c.argmax_only:
+            assert one.code(x, np.asarray(h, np.int64), 0) == sampler.sample(x, h, len(h), c, None)
+            checked += 1
+    assert checked
+
+
 # ---------------------------------------------------------------- sampling
 def _run(seed: int, c: SamplerConfig, x: np.ndarray, n: int = 200) -> list[int]:
     rng = np.random.default_rng(seed)

@@ -89,7 +89,8 @@ class CodePredictor:
         prefill per sequence, then 14 steps (table s-1, head s), one graph call for all B; each code is looked up
         once."""
         groups = self.embed.groups
-        codes = [[c] for c in c0]
+        codes = np.zeros((len(c0), groups), np.int64)  # filled a codebook a step
+        codes[:, 0] = c0
         embed = self.embed.codec(c0)
         fused = self.heads is None
         out, cache = self.decoder.prefill(np.stack([hidden, embed], axis=1).astype(np.float32),
@@ -98,12 +99,12 @@ class CodePredictor:
         for s in range(groups - 1):
             logits = out if fused else self.heads.run([out], [s])[0]
             for b, sampler in enumerate(samplers):
-                codes[b].append(sampler.code(logits[b], codes[b][1:], s))
-            e = self.embed.acoustic(s, [c[-1] for c in codes])  # (B, hidden) float32, as the table
+                codes[b, s + 1] = sampler.code(logits[b], codes[b, 1:s + 1], s)
+            e = self.embed.acoustic(s, codes[:, s + 1])  # (B, hidden) float32, as the table
             embed = embed + e
             if s < groups - 2:
                 out = self.decoder.forward(e[:, None], cache, f"logits_{s + 1}" if fused else "out0")[:, -1]
-        return [Frame(np.array(c, np.int64), x) for c, x in zip(codes, embed)]
+        return [Frame(c, x) for c, x in zip(codes, embed)]
 
     def frame(self, hidden: np.ndarray, c0: int, sampler: Sampler) -> Frame:
         """One sequence's frame (`frames` of one)."""

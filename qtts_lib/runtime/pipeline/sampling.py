@@ -205,6 +205,14 @@ class SamplerConfig:
         )
 
     @cached_property
+    def argmax_only(self) -> bool:
+        """Whether the next id is the raw logits' argmax at every step: greedy, no penalty, nothing suppressed and
+        no end of speech to hold back (the greedy sub-talker's 15 codes a frame: `Sampler.code` skips the copy and
+        the processors, which change nothing then)."""
+        return (not self.do_sample and self.repetition_penalty == 1.0 and not self.suppress_ids
+                and (self.eos_id is None or self.min_new_tokens == 0))
+
+    @cached_property
     def _suppress(self) -> np.ndarray:
         # built once per config; cached_property writes __dict__, so it works on a frozen dataclass
         return np.asarray(self.suppress_ids, dtype=np.int64)
@@ -362,6 +370,8 @@ class Sampler:
         """Codebook 0 from the talker's logits, after `generated` (the codebook-0 tokens so far)."""
         return sample(logits, generated, len(generated), self.talker, self.rng)
 
-    def code(self, logits: np.ndarray, codes: list[int], s: int) -> int:
+    def code(self, logits: np.ndarray, codes: np.ndarray, s: int) -> int:
         """Codebook s + 1 from the code predictor's head s, after this frame's `codes` (codebooks 1..s)."""
+        if self.subtalker.argmax_only:
+            return int(np.argmax(np.asarray(logits, np.float32)))
         return sample(logits, codes, s, self.subtalker, self.rng)
