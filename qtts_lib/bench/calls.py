@@ -94,7 +94,8 @@ def profile(model_dir: str, frames: int, threads: int, precision: str = "int8") 
     finally:
         net.run, cached.run = saved
     made = len(frame_s)
-    return {"frames": made, "frame_ms": 1000 * statistics.median(frame_s),
+    return {"frames": made, "frame_ms": 1000 * statistics.mean(frame_s),
+            "frame_median_ms": 1000 * statistics.median(frame_s),
             "calls": {k: {"calls_per_frame": len(v) / made, "ms_per_call": 1000 * statistics.median(v),
                           "ms_per_frame": 1000 * sum(v) / made} for k, v in spent.items()},
             "projections_ms_per_call": {k: 1000 * statistics.median(v) for k, v in kernel_s.items()},
@@ -122,8 +123,9 @@ def projection_nets(ncnn_dir: Path, threads: int, precision: str) -> dict:
 def report(runs: list[dict], weights: dict[str, int]) -> dict:
     """Medians over runs, per graph: ms per call; the weight-read ms at the runs' probed bandwidth; the projections
     alone where measured; the rest (beyond the projections alone, else beyond the probe's read); and per frame: the
-    calls, their reads, the rest and the glue (a frame less its calls). A predictor run with its heads in its graph
-    (no `predictor_heads` calls) reads one head per decoder call."""
+    calls, their reads, the rest and the glue (a frame less its calls). Per frame is a run's mean over its frames, for
+    the frame as for its calls, so that the glue is what the calls leave of the same frames. A predictor run with its
+    heads in its graph (no `predictor_heads` calls) reads one head per decoder call."""
     gbs = statistics.median(statistics.median(r["read_bandwidth_gbs"]) for r in runs)
     med = statistics.median
     weights = dict(weights)
