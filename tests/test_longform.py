@@ -130,15 +130,16 @@ def test_streamed_fades_equal_the_whole_fade(sizes):
 
 
 def test_stream_long_equals_synthesize_long(synth):
-    """Both sample (the checkpoint's defaults), each segment with its own seed: the same audio (the stream given the
-    seed the whole text drew)."""
+    """Both sample (the checkpoint's defaults), each segment with its own seed, one segment at a time: the same audio
+    (the stream given the seed the whole text drew). One at a time on both sides: a batch's rows agree with the same
+    rows alone only to float rounding, which flips a sampled code in about one text in a hundred here (chapter 16)."""
     voice = synth.voice(wav=load_wav(paths.voice_wav()))
     todo = longform.plan(synth, PARAGRAPH, max_tokens=20, max_frames=6)
     assert len(todo) >= 3
-    long = longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=6)
+    long = longform.synthesize_long(synth, PARAGRAPH, "english", voice, max_tokens=20, max_frames=6, max_batch=1)
     whole = long.wav
     pieces = list(longform.stream_long(synth, PARAGRAPH, "english", voice, synth.sampling.replace(seed=long.seed),
-                                       max_tokens=20, max_frames=6, chunk_frames=2))
+                                       max_tokens=20, max_frames=6, chunk_frames=2, max_batch=1))
     streamed = np.concatenate(pieces)
     assert len(streamed) == len(whole)
     snr = 10 * np.log10(np.sum(whole.astype(np.float64) ** 2) / max(np.sum((streamed - whole) ** 2), 1e-30))

@@ -577,7 +577,7 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                                              "each event ended by a blank line", "oneOf": [
                                                  ref("SpeechAudioDelta"), ref("SpeechAudioDone")]}}
     headers = {SEED_HEADER: {"description": "The seed the request sampled with (drawn afresh when it gave none): send "
-                                            "it as `seed` to hear this take again, bit for bit",
+                                            "it as `seed` to hear this take again (bit for bit when it runs alone)",
                              "schema": {"type": "integer", "minimum": 0}},
                "X-Sample-Rate": {"description": "Always 24000", "schema": {"type": "integer"}}}
     secured = {"security": [{"bearer": []}]} if auth else {}

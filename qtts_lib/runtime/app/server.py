@@ -15,8 +15,9 @@ CustomVoice checkpoint, the voice itself on a VoiceDesign one, whose one voice i
 the checkpoint cannot follow it), and the sampling parameters of `pipeline.sampling.Sampling` (`temperature`,
 `top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing ones take the checkpoint's generation_config, so
 the server samples as the reference does. Without a `seed` every request draws a fresh one, and every answer says
-the seed it used in its `X-Seed` header: a request with that seed gives the same audio again, bit for bit (greedy
-decoding needs none and says 0).
+the seed it used in its `X-Seed` header: a request with that seed gives the same audio again, bit for bit when it
+runs alone (batched beside other requests, to float rounding, which now and then flips a sampled code: chapter 16;
+greedy decoding needs no seed and says 0).
 
 A `voice` is a built-in speaker (CustomVoice checkpoints) or the name of `<name>.wav` in the voices folder (Base
 checkpoints: x-vector cloning; with `<name>.txt` beside it holding the clip's transcript, ICL), given as the name or

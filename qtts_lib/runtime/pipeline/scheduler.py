@@ -30,8 +30,10 @@ What a step does, and why each part is bounded (a step is what every running str
 A step in which a stream's decoder holds pieces of its first piece (`codec.stream.StreamDecoder.held`) does none of
 that: it hands out the next of those pieces, for each stream that holds some (a fraction of a frame's decode each).
 
-Prefilling in pieces and joining a batch give each sequence's codes to float rounding of running it alone (chapter
-16 measures how close; on the tiny checkpoints every code is equal). Cancelling a ticket (`cancel`) frees its place
+Prefilling in pieces and joining a batch give each sequence's hidden states to float rounding of running it alone
+(chapter 16 measures how close): its greedy codes on the tiny checkpoints, and its sampled ones unless a draw sits
+within that rounding of a boundary (on tiny-base, one four-segment text in a hundred has a code that goes its own
+way). Cancelling a ticket (`cancel`) frees its place
 at once, whatever stage it is in. One thread only: the one that runs ncnn.
 """
 from __future__ import annotations
