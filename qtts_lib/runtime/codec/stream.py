@@ -40,8 +40,9 @@ than the audio in front of it, and those stages decode faster than real time, so
 piece has audio while the next is decoded. The samples are the same either way.
 
 Both decoders here share one protocol, which every consumer of the generation loop uses: `push(frame)` returns the
-pieces of audio that are ready, `finish()` the rest (a decoder that holds pieces, `held`, hands them out one per
-`drain()`). `WholeDecoder` is `synthesize`'s (nothing until the end, then the reference's whole decode);
+pieces of audio that are ready, `finish()` the rest; `warm(frames)` decodes ahead what is never emitted (False while
+some is left), and a decoder that holds pieces (`held`) hands them out one per `drain()`. `WholeDecoder` is
+`synthesize`'s (nothing until the end, then the reference's whole decode; nothing to warm, nothing held);
 `StreamDecoder` is `stream`'s.
 """
 from __future__ import annotations
@@ -221,8 +222,16 @@ class WholeDecoder:
     def __init__(self, codec: Codec, prefix: np.ndarray | None = None):
         self.codec, self.prefix, self.frames = codec, prefix, []
 
+    held = False  # the protocol (module docstring): a whole decode holds nothing back and warms nothing
+
     def push(self, frame: np.ndarray) -> list[np.ndarray]:
         self.frames.append(np.asarray(frame, np.int64))
+        return []
+
+    def warm(self, frames: int | None = None) -> bool:
+        return True
+
+    def drain(self) -> list[np.ndarray]:
         return []
 
     def finish(self) -> np.ndarray:

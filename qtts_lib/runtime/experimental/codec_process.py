@@ -174,6 +174,14 @@ class RemoteDecoder:
         process._send(b"B", uid, struct.pack("<i", chunk_frames) + prefix.astype("<i8").tobytes())
         self.done = False
 
+    held = False  # the child decodes ahead on its own and sends pieces as they are made: nothing held here
+
+    def warm(self, frames: int | None = None) -> bool:
+        return True
+
+    def drain(self) -> list[np.ndarray]:
+        return []
+
     def _take(self, kind: bytes, payload: bytes, pieces: list) -> None:
         if kind == b"A":
             pieces.append(np.frombuffer(payload, "<f4").astype(np.float32))

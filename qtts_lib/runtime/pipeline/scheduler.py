@@ -304,7 +304,7 @@ class Scheduler:
         frame of every running ticket. A step in which some stream's decoder holds pieces of its first piece
         (`codec.stream.StreamDecoder.drain`) hands out one of those instead, for each such stream, and nothing else:
         its audio is playing, the next piece is due first."""
-        held = [t for t in self.running.values() if getattr(t.decoder, "held", False)]
+        held = [t for t in self.running.values() if t.decoder.held]
         if held:
             return [self._drain(t) for t in held]
         self._admit()
@@ -352,9 +352,7 @@ class Scheduler:
             if seq.prefilled < head:  # the head is a call (or pieces) of its own: its cache is kept
                 positions = min(head - seq.prefilled, positions or head)
             done = self.loop.prefill(seq, positions)
-            warm = getattr(ticket.decoder, "warm", None)  # a stream's decoder: the clip's codes, a few at a time
-            if warm is not None:
-                warm(None if whole else WARM_FRAMES)
+            ticket.decoder.warm(None if whole else WARM_FRAMES)  # a stream's decoder: the clip's codes, a few at a time
             if head and seq.prefilled == head and not done:
                 self.prefixes.put(job.prompt.embeds[:head], seq.cache)
                 if whole:
