@@ -169,6 +169,31 @@ def test_a_text_keeps_its_place_from_its_first_segment_to_its_last(synth):
     assert a.lane.started
 
 
+def test_a_step_that_hands_out_held_pieces_makes_no_frame(synth):
+    """Streams in pieces of one frame: the steps that drain a first piece's held pieces are marked `drained` and
+    make no frame, so the other steps make exactly one frame per utterance (what the server's batch metric counts)."""
+    from qtts_lib.runtime.pipeline.scheduler import Scheduler
+    from qtts_lib.runtime.pipeline.synthesizer import Utterance
+
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    scheduler = Scheduler(synth, max_batch=2)
+    tickets = [scheduler.submit(Utterance(t, "english", voice, Sampling(seed=i), max_frames=5), chunk_frames=1)
+               for i, t in enumerate(["One stream.", "And another."])]
+    framed = {t.id: 0 for t in tickets}
+    drained = 0
+    while any(t.result is None for t in tickets):
+        events = scheduler.step()
+        assert len({e.drained for e in events}) <= 1  # a step drains or makes frames, never both
+        for e in events:
+            if e.drained:
+                drained += 1
+                assert len(e.pieces) == 1 and 0 < len(e.pieces[0]) < SAMPLES_PER_FRAME
+            else:
+                framed[e.ticket.id] += 1
+    assert drained >= len(tickets)
+    assert framed == {t.id: len(t.result.codes) for t in tickets}
+
+
 def test_a_text_over_its_budget_is_refused_before_any_work(synth):
     voice = synth.voice(wav=load_wav(paths.voice_wav()))
     todo = longform.plan(synth, PARAGRAPH, max_tokens=20, max_frames=6)

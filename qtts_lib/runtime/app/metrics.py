@@ -31,8 +31,8 @@ class Metrics:
         self.real_time_factor = Histogram("qtts_real_time_factor", "Wall seconds per second of audio, per finished "
                                           "request (request to last byte)", buckets=RTF_BUCKETS, registry=r)
         batch_buckets = tuple(range(1, engine.max_batch + 1))
-        self.batch_size = Histogram("qtts_batch_size", "Utterances decoded together, per step of the scheduler",
-                                    buckets=batch_buckets, registry=r)
+        self.batch_size = Histogram("qtts_batch_size", "Utterances decoded together, per step of the scheduler that "
+                                    "makes frames", buckets=batch_buckets, registry=r)
         Gauge("qtts_queue_depth", "Requests waiting beside the batch", registry=r).set_function(
             lambda: max(engine.pending - engine.active, 0))
         Gauge("qtts_requests_speaking", "Requests being spoken", registry=r).set_function(lambda: engine.active)

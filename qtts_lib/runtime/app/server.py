@@ -447,7 +447,7 @@ class Engine:
         self.active = 0                # requests the engine is speaking
         self.largest_batch = self.served = 0
         self.failure: BaseException | None = None
-        self.on_step: Callable[[int], None] | None = None  # told each step's batch size (the metrics), on this thread
+        self.on_step: Callable[[int], None] | None = None  # each frame step's batch size (the metrics), this thread
         self.voices.preload()
         release_threads()  # loading ran ncnn in this thread; from now on only the engine's thread does
         self.thread = threading.Thread(target=self._work, name="qtts-engine", daemon=True)
@@ -562,9 +562,10 @@ class Engine:
 
     def _step(self) -> None:
         events = self.scheduler.step()
-        self.largest_batch = max(self.largest_batch, len(events))  # one event per utterance in the batch
-        if self.on_step is not None:
-            self.on_step(len(events))
+        batch = sum(not e.drained for e in events)  # one event per utterance in the batch; none if it only drained
+        self.largest_batch = max(self.largest_batch, batch)
+        if batch and self.on_step is not None:
+            self.on_step(batch)
         for job in list(self.speaking):
             for piece in job.long.take(events):
                 job.send("audio", piece)

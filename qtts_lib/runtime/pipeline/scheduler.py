@@ -230,9 +230,10 @@ class Ticket:
 @dataclass
 class Event:
     """What one `Scheduler.step` produced for one ticket: audio `pieces` (maybe none); on its last frame the
-    ticket has its `result`."""
+    ticket has its `result`. `drained`: a held piece handed out, no frame made (a step of these decodes nothing)."""
     ticket: Ticket
     pieces: list[np.ndarray]
+    drained: bool = False
 
 
 class Scheduler:
@@ -327,7 +328,7 @@ class Scheduler:
         t0 = time.perf_counter()
         pieces = ticket.decoder.drain()
         ticket.codec_s += time.perf_counter() - t0
-        return Event(ticket, pieces)
+        return Event(ticket, pieces, drained=True)
 
     def _admit(self) -> None:
         while self.waiting and self.places > 0:
