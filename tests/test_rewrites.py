@@ -487,11 +487,12 @@ def test_reach_of_a_causal_convolution(tmp_path):
 
 def test_small_layers_run_on_one_thread_and_compute_the_same(tiny_ncnn):
     """`one_thread_small_layers`: ncnn's one-thread bit (128) joins each small layer's featmask (an fp16 mask kept),
-    projections and attention keep every thread; the talker's cached graph gives the same numbers either way."""
+    projections and attention keep every thread; the talker's cached graph gives the same numbers either way, and
+    with its shapes made static as well (`cpu_graph`, what the runtime loads)."""
     from qtts_lib.runtime.binding.cached import KvCacheNet
     from qtts_lib.runtime.binding.graph import Graph, params_dict
     from qtts_lib.runtime.binding.net import make_net
-    from qtts_lib.runtime.rewrites.decode_step import ONE_THREAD, SMALL_LAYERS, one_thread_small_layers
+    from qtts_lib.runtime.rewrites.decode_step import ONE_THREAD, SMALL_LAYERS, cpu_graph, one_thread_small_layers
 
     text = "7767517\n3 3\nInput in0 0 1 in0\nRMSNorm n 1 1 in0 a 0=4 31=2\nGemm g 1 1 a out0 7=4\n"
     masks = {lyr.type: params_dict(lyr).get("31") for lyr in Graph(one_thread_small_layers(text)).layers}
@@ -502,12 +503,30 @@ def test_small_layers_run_on_one_thread_and_compute_the_same(tiny_ncnn):
     cfg = json.loads((tiny_ncnn.parent / "config.json").read_text())["talker_config"]
     x = np.random.default_rng(5).standard_normal((1, 9, cfg["hidden_size"])).astype(np.float32)
     outs = []
-    for rewrite in (None, one_thread_small_layers):
+    for rewrite in (None, one_thread_small_layers, cpu_graph):
         net = KvCacheNet(make_net(param, bin_, 2, rewrite=rewrite), cfg["num_hidden_layers"], cfg["head_dim"],
                          cfg["rope_theta"])
         h, cache = net.prefill(x[:, :6])
         outs.append(np.concatenate([h] + [net.forward(x[:, t:t + 1], cache) for t in range(6, 9)], axis=1))
     np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    reshapes = [params_dict(lyr) for lyr in Graph(cpu_graph(param.read_text())).layers if lyr.type == "Reshape"]
+    assert reshapes and not [d for d in reshapes if "6" in d]  # every shape of the exported graph made static
+
+
+def test_static_reshapes_name_a_shape_with_one_input_dim_inferred():
+    """`static_reshapes`: an expression of whole numbers and one of the input's dims becomes the same numbers with
+    that dim -1 (w, h, c as 0, 1, 2; d as 11); an expression over two blobs or with arithmetic stays as it was."""
+    from qtts_lib.runtime.binding.graph import Graph, params_dict
+    from qtts_lib.runtime.rewrites.decode_step import static_reshapes
+
+    shapes = ['6="128,16,0h"', '6="2048,0c"', '6="0w,4,2,3"', '6="0w,1h,//(0h,1h),0c"', '6="*(0w,0h),0c"', "0=7 1=-1"]
+    text = "7767517\n" + f"{len(shapes) + 1} {len(shapes) + 1}\nInput in0 0 1 x0\n" + "".join(
+        f"Reshape r{i} 1 1 x{i} x{i + 1} {p}\n" for i, p in enumerate(shapes))
+    got = [params_dict(lyr) for lyr in Graph(static_reshapes(text)).layers[1:]]
+    assert got == [{"0": "128", "1": "16", "2": "-1"}, {"0": "2048", "1": "-1"},
+                   {"0": "-1", "1": "4", "11": "2", "2": "3"}, {"6": '"0w,1h,//(0h,1h),0c"'},
+                   {"6": '"*(0w,0h),0c"'}, {"0": "7", "1": "-1"}]
 
 
 def test_fresh_names_are_fresh_in_a_graph_an_earlier_rewrite_named():

@@ -138,6 +138,10 @@ def to_mat(array: np.ndarray, batch_axis: int = NO_BATCH) -> ncnn.Mat:
         a = a[0]
     if a.ndim == 0 or a.ndim > 4:
         raise ValueError(f"ncnn takes 1-4 dims after the batch axis, got shape {a.shape}")
+    if a.dtype == np.float32 and a.size:  # a Mat of that shape filled through its buffer: half the cost of a clone
+        mat = ncnn.Mat(*reversed(a.shape))
+        np.asarray(mat)[...] = a
+        return mat
     held = np.ascontiguousarray(a)  # keep a reference until the clone owns the data
     mat = ncnn.Mat(held).clone()
     del held
@@ -167,9 +171,16 @@ def memory_pool() -> ncnn.PoolAllocator:
     return ncnn.PoolAllocator()
 
 
+# A cached decoder's one-position step on the CPU moves a few thousand numbers between its hundreds of small layers:
+# converting them to and from ncnn's packed layouts (8 or 4 elements a lane) costs more than the layouts save. With
+# packing off the int8 talker's step ran 0.35 ms faster at full size (2-core VM), the fp32 one the same, and every
+# output was bit for bit the same.
+PACKING_OFF = {"use_packing_layout": False}
+
+
 def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu",
              rewrite: Callable[[str], str] | None = None, fp16_weights: bool = False, bf16: bool = False,
-             allocator: ncnn.PoolAllocator | None = None):
+             allocator: ncnn.PoolAllocator | None = None, packing: bool = True):
     """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin.
 
     `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.rewrites`);
@@ -177,13 +188,14 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
     precision tier, chapter 12: the .param masks every layer that should stay fp32). `bf16` turns ncnn's bf16
     storage on (weights and activations held as bfloat16 between layers; on x86 with AVX512-BF16 its
     convolutions multiply in bf16 and accumulate in fp32: the codec's bf16 tier, chapter 13). `allocator`: blobs and
-    workspaces from this pool (`memory_pool`) instead of the net's own."""
+    workspaces from this pool (`memory_pool`) instead of the net's own. `packing=False` turns ncnn's packed layouts
+    off (`PACKING_OFF`: blobs of one element per lane between layers)."""
     for f in (param, bin):
         if not Path(f).is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/04_export_align.py to export the modules")
     text = Path(param).read_text()
     try:
-        options = ({"use_bf16_storage": True} if bf16 else {}) | (
+        options = ({"use_bf16_storage": True} if bf16 else {}) | ({} if packing else PACKING_OFF) | (
             {"blob_allocator": allocator, "workspace_allocator": allocator} if allocator is not None else {})
         return net_from_text(text if rewrite is None else rewrite(text), bin, threads, device, fp16_weights,
                              options or None)
@@ -217,7 +229,8 @@ def net_from_text(text: str, bin: str | Path, threads: int = 2, device: str = "c
     return net
 
 
-def nets_from_bins(texts: Sequence[str], bins: Sequence[str | Path], threads: int = 2, device: str = "cpu") -> list:
+def nets_from_bins(texts: Sequence[str], bins: Sequence[str | Path], threads: int = 2, device: str = "cpu",
+                   options: dict | None = None) -> list:
     """Nets of graphs whose weights are several `.bin` files one after the other (graphs merged from others, as the
     code predictor with its heads: weights are read in layer order), each `texts` loaded over their concatenation,
     copied into a temporary file for the load (`net_from_text`: weights come from files only)."""
@@ -227,7 +240,7 @@ def nets_from_bins(texts: Sequence[str], bins: Sequence[str | Path], threads: in
             for part in bins:
                 with Path(part).open("rb") as f:
                     shutil.copyfileobj(f, out, 1 << 24)
-        return [net_from_text(text, merged, threads, device) for text in texts]
+        return [net_from_text(text, merged, threads, device, options=options) for text in texts]
 
 
 def run(net: ncnn.Net, inputs: Mapping[str, np.ndarray | ncnn.Mat], outputs: Sequence[str], *,

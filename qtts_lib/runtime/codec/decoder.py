@@ -34,7 +34,7 @@ from ..binding import rope
 from ..binding.cached import KvCache, layer_cache_outputs
 from ..binding.net import Net, make_net, memory_pool, parse_device, run
 from ..errors import InputError, PrecisionError
-from ..rewrites.decode_step import one_thread_small_layers
+from ..rewrites.decode_step import cpu_graph
 from .cpu_form import fast_graph, load_parts, manifest_axes
 from .gpu_form import gpu_graph
 from .int8_form import int8_graph, stage_of_part
@@ -90,7 +90,7 @@ class Codec:
             kv_bin = (self.directory / desc["transformer_kv_bin"] if "transformer_kv_bin" in desc  # the int8 tier's
                       else self.part_files[1][1])
             self.transformer_net = make_net(self.transformer_kv, kv_bin, threads, device,
-                                            one_thread_small_layers if parse_device(device) is None else None)
+                                            cpu_graph if parse_device(device) is None else None)
             self.transformer_layers = sum(1 for line in self.transformer_kv.read_text().splitlines()
                                           if line.startswith("SDPA"))
             # where an incremental decode cuts its pieces (`IncrementalDecode.pieces`): the first decoder stage's

@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 
 from ..binding.cached import KvCacheNet
-from ..binding.net import Net, make_net, nets_from_bins, parse_device
+from ..binding.net import PACKING_OFF, Net, make_net, nets_from_bins, parse_device
 from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
-from ..rewrites.decode_step import decode_step, fp16_step, one_thread_small_layers
+from ..rewrites.decode_step import cpu_graph, decode_step, fp16_step, static_reshapes
 from ..rewrites.gpu import fused_predictor_param
 from ..rewrites.int8 import int8_graph
 
@@ -172,7 +172,8 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
     whether steps run the step graph (the lab notes time fp32 both ways). On a GPU, fp32 only, the exported graph.
 
-    One sequence's graph runs its small layers on one thread (`rewrites.decode_step.one_thread_small_layers`).
+    One sequence's graph runs with static shapes and its small layers on one thread (`rewrites.decode_step.cpu_graph`),
+    on the CPU with ncnn's packed layouts off (`binding.net.PACKING_OFF`).
     `heads` (the config's num_attention_heads) lets calls take several sequences at once: the graph folded by
     `rewrites.batch.fold_batch` (at one sequence it computes what the exported graph does), on the CPU and on a GPU
     alike, loaded when a call first needs it (`KvCacheNet.batched_net`: its weights are held a second time). fp16's
@@ -188,10 +189,11 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     else:
         bin_ = ncnn_dir / f"{name}.bin"
     batched = None if heads is None else partial(make_net, param, bin_, threads, device,
-                                                 partial(fold_batch, heads=heads))
+                                                 lambda text: fold_batch(static_reshapes(text), heads))
     fast = tier == "fp16" if fast_steps is None else fast_steps
     step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast and tier != "int8" else None
-    return KvCacheNet(make_net(param, bin_, threads, device, one_thread_small_layers), layers, head_dim, theta,
+    cpu = parse_device(device) is None
+    return KvCacheNet(make_net(param, bin_, threads, device, cpu_graph, packing=not cpu), layers, head_dim, theta,
                       step=step, name=name, heads=heads, device=device, batched=batched)
 
 
@@ -215,7 +217,10 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
         if not f.is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/05_inject_kv_cache.py")
     fused = fused_predictor_param(param.read_text(), heads_param.read_text())
-    load = lambda text: nets_from_bins([text], [dec_bin, heads_bin], threads, device)[0]  # noqa: E731
-    batched = None if heads is None else (lambda: load(fold_batch(fused, heads)))
-    return KvCacheNet(load(one_thread_small_layers(fused)), cached_layers(ncnn_dir, "predictor_decoder"), head_dim,
+
+    def load(text: str, options: dict | None = None):
+        return nets_from_bins([text], [dec_bin, heads_bin], threads, device, options)[0]
+
+    batched = None if heads is None else (lambda: load(fold_batch(static_reshapes(fused), heads)))
+    return KvCacheNet(load(cpu_graph(fused), PACKING_OFF), cached_layers(ncnn_dir, "predictor_decoder"), head_dim,
                       theta, name="predictor_decoder", heads=heads, device=device, logits=True, batched=batched)

@@ -11,8 +11,15 @@
   element-wise ops, rope) run on one thread (`31=128`, ncnn's per-layer "no threading" bit): at one position the
   fork and join of a second thread costs more than the work it shares. The projections and attention keep every
   thread. The same numbers (no sum changes order).
+- `static_reshapes`: a Reshape whose shape pnnx wrote as an expression over its input's dims (`6="128,16,0h"`) gets
+  the same shape as plain numbers, the referenced dim inferred (`0=128 1=16 2=-1`). ncnn parses and evaluates an
+  expression's text on every call (a full-size talker step has 112 such Reshapes: about 0.35 ms of it on a 2-core
+  VM). The same numbers.
+- `cpu_graph`: both of the last two, how one sequence's cached decoder runs on the CPU.
 """
 from __future__ import annotations
+
+import re
 
 from ..binding.graph import Graph, int_param, params_dict, set_params
 from ..binding.param import ParamLayer
@@ -49,8 +56,9 @@ def gemm_decode_as_innerproduct(text: str) -> str:
 
 
 def decode_step(text: str) -> str:
-    """A cached decoder's `_kv.param` for one-position steps: Gemm -> InnerProduct on a 1-D input. Same .bin."""
-    return gemm_decode_as_innerproduct(text)
+    """A cached decoder's `_kv.param` for one-position steps: Gemm -> InnerProduct on a 1-D input, static shapes.
+    Same .bin."""
+    return gemm_decode_as_innerproduct(static_reshapes(text))
 
 
 def fp16_step(text: str) -> str:
@@ -75,3 +83,32 @@ def one_thread_small_layers(text: str, types=SMALL_LAYERS) -> str:
             d["31"] = str(int_param(d, "31", 0) | ONE_THREAD)
             set_params(layer, d)
     return g.text()
+
+
+RESHAPE_KEYS = {1: ("0",), 2: ("0", "1"), 3: ("0", "1", "2"), 4: ("0", "1", "11", "2")}  # w, h, (d,) c
+
+
+def static_reshapes(text: str) -> str:
+    """Every Reshape whose shape expression (`6="..."`) lists whole numbers and exactly one of its input's dims
+    (`0w`, `0h`, `0d` or `0c`) -> the same shape as static params, that dim inferred (-1): ncnn infers it as the
+    input's size over the others', which is the referenced dim whenever the reshape is valid. Other expressions
+    (two blobs, arithmetic) stay."""
+    g = Graph(text)
+    for layer in g.layers:
+        if layer.type != "Reshape":
+            continue
+        d = params_dict(layer)
+        terms = d.get("6", "").strip('"').split(",")
+        refs = [t for t in terms if re.fullmatch(r"0[whdc]", t)]
+        if not 1 <= len(terms) <= 4 or len(refs) != 1 or not all(t in refs or re.fullmatch(r"[1-9]\d*", t)
+                                                                   for t in terms):
+            continue
+        del d["6"]
+        d |= {k: "-1" if t in refs else t for k, t in zip(RESHAPE_KEYS[len(terms)], terms)}
+        set_params(layer, d)
+    return g.text()
+
+
+def cpu_graph(text: str) -> str:
+    """A cached decoder's graph as one sequence runs it on the CPU: `static_reshapes`, `one_thread_small_layers`."""
+    return one_thread_small_layers(static_reshapes(text))
