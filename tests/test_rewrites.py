@@ -514,6 +514,48 @@ def test_small_layers_run_on_one_thread_and_compute_the_same(tiny_ncnn):
     assert reshapes and not [d for d in reshapes if "6" in d]  # every shape of the exported graph made static
 
 
+def test_one_position_graphs_drop_the_permutes_and_compute_the_same(tiny_ncnn):
+    """`one_position`: the code predictor's graph with its heads (what the runtime loads, fp32 and int8) and the
+    talker's lose every Permute; steps through them give what the graph with the Permutes gives, bit for bit, and
+    so does the runtime's predictor (`precision.predictor_with_heads`: prefill in one, steps in the other)."""
+    from qtts_lib.runtime.binding.cached import KvCacheNet
+    from qtts_lib.runtime.binding.graph import Graph
+    from qtts_lib.runtime.binding.net import PACKING_OFF, nets_from_bins
+    from qtts_lib.runtime.pipeline import precision
+    from qtts_lib.runtime.rewrites.decode_step import cpu_graph, one_position, static_reshapes
+    from qtts_lib.runtime.rewrites.gpu import fused_predictor_param
+
+    cfg = json.loads((tiny_ncnn.parent / "config.json").read_text())["talker_config"]
+    p = cfg["code_predictor_config"]
+    talker = (tiny_ncnn / "talker_decoder_kv.param").read_text()
+    assert "Permute" in talker and "Permute" not in one_position(static_reshapes(talker))
+    with pytest.raises(ValueError, match="Permute"):
+        one_position(one_position(static_reshapes(talker)))
+    x = np.random.default_rng(6).standard_normal((1, 16, p["hidden_size"])).astype(np.float32)
+    for tier in ("fp32", "int8"):
+        if tier == "int8":
+            (param, dec_bin), (heads_param, heads_bin) = (precision.ensure_int8(tiny_ncnn, n) for n in
+                                                          ("predictor_decoder", "predictor_heads"))
+        else:
+            param, dec_bin = tiny_ncnn / "predictor_decoder_kv.param", tiny_ncnn / "predictor_decoder.bin"
+            heads_param, heads_bin = tiny_ncnn / "predictor_heads.param", tiny_ncnn / "predictor_heads.bin"
+        fused = cpu_graph(fused_predictor_param(param.read_text(), heads_param.read_text()))
+        step_text = one_position(fused)
+        assert {lyr.type for lyr in Graph(fused).layers} - {lyr.type for lyr in Graph(step_text).layers} == {"Permute"}
+        nets = nets_from_bins([fused, step_text], [dec_bin, heads_bin], 2, options=PACKING_OFF)
+        runtime = precision.predictor_with_heads(tiny_ncnn, p["head_dim"], p["rope_theta"], precision=tier)
+        assert runtime.step_net is not None
+        outs = []
+        for decoder in (KvCacheNet(nets[0], p["num_hidden_layers"], p["head_dim"], p["rope_theta"], logits=True),
+                        KvCacheNet(nets[0], p["num_hidden_layers"], p["head_dim"], p["rope_theta"], step=nets[1],
+                                   logits=True), runtime):
+            logits, cache = decoder.prefill(x[:, :2], "logits_0")
+            outs.append([logits] + [decoder.forward(x[:, s + 2:s + 3], cache, f"logits_{s + 1}") for s in range(14)])
+        for other in outs[1:]:
+            for a, b in zip(outs[0], other):
+                np.testing.assert_array_equal(a, b)
+
+
 def test_static_reshapes_name_a_shape_with_one_input_dim_inferred():
     """`static_reshapes`: an expression of whole numbers and one of the input's dims becomes the same numbers with
     that dim -1 (w, h, c as 0, 1, 2; d as 11); an expression over two blobs or with arithmetic stays as it was."""

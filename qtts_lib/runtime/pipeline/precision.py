@@ -7,10 +7,10 @@ transformer layers (and, int8 only, the code predictor's heads: one of its 15 pe
 frame at full size); the embeddings, the talker's codec head (codebook 0 and the end of speech: 13 MB a frame) and
 the codec stay fp32 in every tier (the codec has tiers of its own, `codec.decoder`).
 
-    fp32  the exported graph for prefill and steps: one net, each weight held once. (Its Gemms are
-          threaded at one row; `decode_step`'s InnerProduct form, which the runtime ran for steps before,
-          measured the same on full-base at 2 threads and held a second copy of every weight.)
-          The parity default.
+    fp32  the exported graph for prefill and steps: one net, each weight held once (the code
+          predictor's steps aside: `predictor_with_heads`). (Its Gemms are threaded at one row;
+          `decode_step`'s InnerProduct form, which the runtime ran for steps before, measured the same
+          on full-base at 2 threads and held a second copy of every weight.) The parity default.
     fp16  one-position steps run `decode_step` with ncnn's fp16 weight storage on the InnerProducts
           (x86 F16C: weights held as fp16, converted while they are read, fp32 arithmetic). Every other
           layer is masked back to fp32 (`31=2`), so only the weights are rounded. Same .bin. Prefill
@@ -41,7 +41,7 @@ from ..binding.cached import KvCacheNet
 from ..binding.net import PACKING_OFF, Net, make_net, nets_from_bins, parse_device
 from ..errors import MissingArtifact, PrecisionError
 from ..rewrites.batch import fold_batch
-from ..rewrites.decode_step import cpu_graph, decode_step, fp16_step, static_reshapes
+from ..rewrites.decode_step import cpu_graph, decode_step, fp16_step, one_position, static_reshapes
 from ..rewrites.gpu import fused_predictor_param
 from ..rewrites.int8 import int8_graph
 
@@ -201,9 +201,11 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
                          precision: str = "fp32", log=None, heads: int | None = None) -> KvCacheNet | None:
     """The code predictor's cached decoder with its 15 heads in the same graph (`rewrites.gpu.fused_predictor_param`
     over `predictor_decoder_kv.param`): a call extracts `logits_s` (head s on the positions fed) and the caches, so
-    each predictor step is one graph call, not a decoder call and a head call. The CPU's fp32 and int8 tiers (one
-    graph for prefill and steps); None elsewhere (fp16's step graph, a GPU: `decoder` and `head` apart). The .bin
-    is the decoder's followed by the heads' (`binding.net.nets_from_bins`)."""
+    each predictor step is one graph call, not a decoder call and a head call. The CPU's fp32 and int8 tiers: the
+    prefill in that graph, the 14 steps of a frame in its one-position form (`rewrites.decode_step.one_position`:
+    20 layers fewer a call), two nets, so the predictor's weights are held twice (int8: 110 MB more, fp32 440 MB).
+    None elsewhere (fp16's step graph, a GPU: `decoder` and `head` apart). The .bin is the decoder's followed by the
+    heads' (`binding.net.nets_from_bins`)."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     if tier == "fp16" or parse_device(device) is not None:
         return None
@@ -218,9 +220,10 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
             raise MissingArtifact(f"{f} not found; run notebooks/05_inject_kv_cache.py")
     fused = fused_predictor_param(param.read_text(), heads_param.read_text())
 
-    def load(text: str, options: dict | None = None):
-        return nets_from_bins([text], [dec_bin, heads_bin], threads, device, options)[0]
+    def load(*texts: str, options: dict | None = None) -> list:
+        return nets_from_bins(texts, [dec_bin, heads_bin], threads, device, options)
 
-    batched = None if heads is None else (lambda: load(fold_batch(static_reshapes(fused), heads)))
-    return KvCacheNet(load(cpu_graph(fused), PACKING_OFF), cached_layers(ncnn_dir, "predictor_decoder"), head_dim,
-                      theta, name="predictor_decoder", heads=heads, device=device, logits=True, batched=batched)
+    batched = None if heads is None else (lambda: load(fold_batch(static_reshapes(fused), heads))[0])
+    prefill, step = load(cpu_graph(fused), one_position(cpu_graph(fused)), options=PACKING_OFF)
+    return KvCacheNet(prefill, cached_layers(ncnn_dir, "predictor_decoder"), head_dim, theta, step=step,
+                      name="predictor_decoder", heads=heads, device=device, logits=True, batched=batched)

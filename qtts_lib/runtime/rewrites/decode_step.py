@@ -16,6 +16,10 @@
   expression's text on every call (a full-size talker step has 112 such Reshapes: about 0.35 ms of it on a 2-core
   VM). The same numbers.
 - `cpu_graph`: both of the last two, how one sequence's cached decoder runs on the CPU.
+- `one_position`: a graph that only ever sees one position keeps its attention heads where they are. pnnx's graph
+  turns each of q, k and v from (heads, positions) rows into (positions, heads) channels with a Permute, and SDPA's
+  output back with another: at one position a Reshape does the first alone and the second is no move at all, so the
+  four Permutes of every layer go (the code predictor's steps: 20 layers fewer a call). The same numbers.
 """
 from __future__ import annotations
 
@@ -112,3 +116,46 @@ def static_reshapes(text: str) -> str:
 def cpu_graph(text: str) -> str:
     """A cached decoder's graph as one sequence runs it on the CPU: `static_reshapes`, `one_thread_small_layers`."""
     return one_thread_small_layers(static_reshapes(text))
+
+
+def one_position(text: str) -> str:
+    """A cached decoder's graph (after `static_reshapes`) for calls of exactly one position, without the Permutes
+    around attention (module docstring): every SDPA input made as Reshape(w, heads, -1) [-> RMSNorm] -> Permute(0=2)
+    becomes Reshape(w, 1, heads) [-> RMSNorm], and SDPA's output Permute(0=2) -> Reshape(N, -1) loses the Permute.
+    Raises ValueError where a graph is not that pattern."""
+    g = Graph(text)
+    dropped = []
+    for sdpa in [lyr for lyr in g.layers if lyr.type == "SDPA"]:
+        for blob in sdpa.inputs[:3]:
+            layer = g.producer(blob)
+            while layer is not None and layer.type == "RotaryEmbed":
+                layer = g.producer(layer.inputs[0])
+            if layer is None or layer.type != "Permute" or params_dict(layer).get("0") != "2":
+                raise ValueError(f"{sdpa.name}: {blob} is not made by a Permute(0=2)")
+            chain = [g.producer(layer.inputs[0])]
+            if chain[0] is not None and chain[0].type == "RMSNorm":
+                chain.append(g.producer(chain[0].inputs[0]))
+            reshape = chain[-1]
+            d = params_dict(reshape) if reshape is not None and reshape.type == "Reshape" else {}
+            if _shape(d) != {"0", "1", "2"} or d["2"] != "-1":
+                raise ValueError(f"{sdpa.name}: {blob} does not come from a static Reshape(w, heads, -1)")
+            set_params(reshape, d | {"1": "1", "2": d["1"]})
+            dropped.append(layer)
+        permute = (g.consumers(sdpa.outputs[0]) or [None])[0]
+        rows = g.consumers(permute.outputs[0]) if permute is not None else []
+        d = params_dict(rows[0]) if len(rows) == 1 and rows[0].type == "Reshape" else {}
+        if (permute is None or permute.type != "Permute" or params_dict(permute).get("0") != "2"
+                or _shape(d) != {"0", "1"} or d["1"] != "-1"):
+            raise ValueError(f"{sdpa.name}: its output does not go back to rows through Permute(0=2) -> Reshape(N, -1)")
+        dropped.append(permute)
+    for permute in dropped:
+        for consumer in g.consumers(permute.outputs[0]):
+            consumer.inputs = [permute.inputs[0] if b == permute.outputs[0] else b for b in consumer.inputs]
+    gone = {id(layer) for layer in dropped}
+    g.layers = [layer for layer in g.layers if id(layer) not in gone]
+    return g.text()
+
+
+def _shape(d: dict[str, str]) -> set[str]:
+    """The shape keys a Reshape's params set (w, h, d, c; the expression)."""
+    return set(d) & {"0", "1", "11", "2", "6"}
