@@ -516,8 +516,9 @@ def test_small_layers_run_on_one_thread_and_compute_the_same(tiny_ncnn):
 
 def test_one_position_graphs_drop_the_permutes_and_compute_the_same(tiny_ncnn):
     """`one_position`: the code predictor's graph with its heads (what the runtime loads, fp32 and int8) and the
-    talker's lose every Permute; steps through them give what the graph with the Permutes gives, bit for bit, and
-    so does the runtime's predictor (`precision.predictor_with_heads`: prefill in one, steps in the other)."""
+    talker's lose every Permute; steps through them with ncnn's packed layouts off (`PACKING_OFF`) give what the
+    graph with the Permutes gives with them on, bit for bit, and so does the runtime's predictor
+    (`precision.predictor_with_heads`: prefill in one, steps in the other)."""
     from qtts_lib.runtime.binding.cached import KvCacheNet
     from qtts_lib.runtime.binding.graph import Graph
     from qtts_lib.runtime.binding.net import PACKING_OFF, nets_from_bins
@@ -542,15 +543,17 @@ def test_one_position_graphs_drop_the_permutes_and_compute_the_same(tiny_ncnn):
         fused = cpu_graph(fused_predictor_param(param.read_text(), heads_param.read_text()))
         step_text = one_position(fused)
         assert {lyr.type for lyr in Graph(fused).layers} - {lyr.type for lyr in Graph(step_text).layers} == {"Permute"}
-        nets = nets_from_bins([fused, step_text], [dec_bin, heads_bin], 2, options=PACKING_OFF)
+        nets = nets_from_bins([fused, step_text], [dec_bin, heads_bin], 2, options=[None, PACKING_OFF])
         runtime = precision.predictor_with_heads(tiny_ncnn, p["head_dim"], p["rope_theta"], precision=tier)
         assert runtime.step_net is not None
         outs = []
-        for decoder in (KvCacheNet(nets[0], p["num_hidden_layers"], p["head_dim"], p["rope_theta"], logits=True),
-                        KvCacheNet(nets[0], p["num_hidden_layers"], p["head_dim"], p["rope_theta"], step=nets[1],
-                                   logits=True), runtime):
+        for step in (None, nets[1]):  # the graph's own steps (packed layouts on); one-position steps (off)
+            decoder = KvCacheNet(nets[0], p["num_hidden_layers"], p["head_dim"], p["rope_theta"], step=step,
+                                 logits=True)
             logits, cache = decoder.prefill(x[:, :2], "logits_0")
             outs.append([logits] + [decoder.forward(x[:, s + 2:s + 3], cache, f"logits_{s + 1}") for s in range(14)])
+        logits, cache = runtime.prefill(x[:, :2], "logits_0")
+        outs.append([logits] + [runtime.forward(x[:, s + 2:s + 3], cache, f"logits_{s + 1}") for s in range(14)])
         for other in outs[1:]:
             for a, b in zip(outs[0], other):
                 np.testing.assert_array_equal(a, b)

@@ -172,15 +172,16 @@ def memory_pool() -> ncnn.PoolAllocator:
 
 
 # A cached decoder's one-position step on the CPU moves a few thousand numbers between its hundreds of small layers:
-# converting them to and from ncnn's packed layouts (8 or 4 elements a lane) costs more than the layouts save. With
-# packing off the int8 talker's step ran 0.35 ms faster at full size (2-core VM), the fp32 one the same, and every
-# output was bit for bit the same.
+# converting them to and from ncnn's packed layouts (8 or 4 elements a lane) costs more than the layouts save (the
+# code predictor's step, full size, 2-core VM: about 25 µs a call of its layers beside the projections), and at one
+# position the outputs are bit for bit the same. Not at several: there a Gemm's input packed or not sums in another
+# order (an fp32 prefill differed by 1e-5), so only a one-position graph may turn packing off.
 PACKING_OFF = {"use_packing_layout": False}
 
 
 def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str = "cpu",
              rewrite: Callable[[str], str] | None = None, fp16_weights: bool = False, bf16: bool = False,
-             allocator: ncnn.PoolAllocator | None = None, packing: bool = True):
+             allocator: ncnn.PoolAllocator | None = None):
     """An ncnn.Net with fp16/bf16 off, `threads` set and on `device` (cpu, vulkan, vulkan:N), loaded from param/bin.
 
     `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.rewrites`);
@@ -188,14 +189,13 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
     precision tier, chapter 12: the .param masks every layer that should stay fp32). `bf16` turns ncnn's bf16
     storage on (weights and activations held as bfloat16 between layers; on x86 with AVX512-BF16 its
     convolutions multiply in bf16 and accumulate in fp32: the codec's bf16 tier, chapter 13). `allocator`: blobs and
-    workspaces from this pool (`memory_pool`) instead of the net's own. `packing=False` turns ncnn's packed layouts
-    off (`PACKING_OFF`: blobs of one element per lane between layers)."""
+    workspaces from this pool (`memory_pool`) instead of the net's own."""
     for f in (param, bin):
         if not Path(f).is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/04_export_align.py to export the modules")
     text = Path(param).read_text()
     try:
-        options = ({"use_bf16_storage": True} if bf16 else {}) | ({} if packing else PACKING_OFF) | (
+        options = ({"use_bf16_storage": True} if bf16 else {}) | (
             {"blob_allocator": allocator, "workspace_allocator": allocator} if allocator is not None else {})
         return net_from_text(text if rewrite is None else rewrite(text), bin, threads, device, fp16_weights,
                              options or None)
@@ -230,17 +230,19 @@ def net_from_text(text: str, bin: str | Path, threads: int = 2, device: str = "c
 
 
 def nets_from_bins(texts: Sequence[str], bins: Sequence[str | Path], threads: int = 2, device: str = "cpu",
-                   options: dict | None = None) -> list:
+                   options: Sequence[dict | None] | None = None) -> list:
     """Nets of graphs whose weights are several `.bin` files one after the other (graphs merged from others, as the
     code predictor with its heads: weights are read in layer order), each `texts` loaded over their concatenation,
-    copied into a temporary file for the load (`net_from_text`: weights come from files only)."""
+    copied into a temporary file for the load (`net_from_text`: weights come from files only). `options`: each
+    text's (`net_from_text`), if given."""
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "merged.bin"
         with merged.open("wb") as out:
             for part in bins:
                 with Path(part).open("rb") as f:
                     shutil.copyfileobj(f, out, 1 << 24)
-        return [net_from_text(text, merged, threads, device, options=options) for text in texts]
+        return [net_from_text(text, merged, threads, device, options=opts)
+                for text, opts in zip(texts, options or [None] * len(texts))]
 
 
 def run(net: ncnn.Net, inputs: Mapping[str, np.ndarray | ncnn.Mat], outputs: Sequence[str], *,

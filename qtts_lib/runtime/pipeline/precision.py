@@ -172,8 +172,7 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     `step_graph` (fp16 InnerProducts) for one-position steps, two nets over the same `.bin`. `fast_steps` overrides
     whether steps run the step graph (the lab notes time fp32 both ways). On a GPU, fp32 only, the exported graph.
 
-    One sequence's graph runs with static shapes and its small layers on one thread (`rewrites.decode_step.cpu_graph`),
-    on the CPU with ncnn's packed layouts off (`binding.net.PACKING_OFF`).
+    One sequence's graph runs with static shapes and its small layers on one thread (`rewrites.decode_step.cpu_graph`).
     `heads` (the config's num_attention_heads) lets calls take several sequences at once: the graph folded by
     `rewrites.batch.fold_batch` (at one sequence it computes what the exported graph does), on the CPU and on a GPU
     alike, loaded when a call first needs it (`KvCacheNet.batched_net`: its weights are held a second time). fp16's
@@ -192,8 +191,7 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
                                                  lambda text: fold_batch(static_reshapes(text), heads))
     fast = tier == "fp16" if fast_steps is None else fast_steps
     step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast and tier != "int8" else None
-    cpu = parse_device(device) is None
-    return KvCacheNet(make_net(param, bin_, threads, device, cpu_graph, packing=not cpu), layers, head_dim, theta,
+    return KvCacheNet(make_net(param, bin_, threads, device, cpu_graph), layers, head_dim, theta,
                       step=step, name=name, heads=heads, device=device, batched=batched)
 
 
@@ -203,7 +201,8 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
     over `predictor_decoder_kv.param`): a call extracts `logits_s` (head s on the positions fed) and the caches, so
     each predictor step is one graph call, not a decoder call and a head call. The CPU's fp32 and int8 tiers: the
     prefill in that graph, the 14 steps of a frame in its one-position form (`rewrites.decode_step.one_position`:
-    20 layers fewer a call), two nets, so the predictor's weights are held twice (int8: 110 MB more, fp32 440 MB).
+    20 layers fewer a call; ncnn's packed layouts off, `binding.net.PACKING_OFF`), two nets, so the predictor's
+    weights are held twice (int8: 110 MB more, fp32 440 MB).
     None elsewhere (fp16's step graph, a GPU: `decoder` and `head` apart). The .bin is the decoder's followed by the
     heads' (`binding.net.nets_from_bins`)."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
@@ -220,10 +219,10 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
             raise MissingArtifact(f"{f} not found; run notebooks/05_inject_kv_cache.py")
     fused = fused_predictor_param(param.read_text(), heads_param.read_text())
 
-    def load(*texts: str, options: dict | None = None) -> list:
+    def load(texts: list[str], options=None) -> list:
         return nets_from_bins(texts, [dec_bin, heads_bin], threads, device, options)
 
-    batched = None if heads is None else (lambda: load(fold_batch(static_reshapes(fused), heads))[0])
-    prefill, step = load(cpu_graph(fused), one_position(cpu_graph(fused)), options=PACKING_OFF)
+    batched = None if heads is None else (lambda: load([fold_batch(static_reshapes(fused), heads)])[0])
+    prefill, step = load([cpu_graph(fused), one_position(cpu_graph(fused))], [None, PACKING_OFF])
     return KvCacheNet(prefill, cached_layers(ncnn_dir, "predictor_decoder"), head_dim, theta, step=step,
                       name="predictor_decoder", heads=heads, device=device, logits=True, batched=batched)
