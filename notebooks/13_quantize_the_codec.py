@@ -163,12 +163,17 @@ display(Audio(codec_int8.decode(codes40), rate=SAMPLE_RATE))
 # through its KV cache, reading all of its weights for one frame. So the tier also gives that cached form the
 # loop's int8 projections (chapter 12: per-row weight scales, each call's activations measured, no calibration),
 # all but the transformer's input and output projections, which stay fp32 (made int8 too, they alone cost the
-# stream several dB). A whole decode runs the fp32 transformer once over all frames. The check: streamed one frame
-# at a time, the int8 tier stays as close to fp32's audio as its whole decode does.
+# stream several dB). A whole decode runs the fp32 transformer once over all frames. The ConvNeXt upsampler after
+# the transformer has pointwise projections as well (1024 <-> 4096, two per upsampling part): they get the same int8
+# Gemm, in the whole decode and the stream alike. The check: streamed one frame at a time, the int8 tier stays as
+# close to fp32's audio as its whole decode does.
 
 # %%
 kv_stats = int8_desc["transformer_kv_stats"]
 print(f"the stream's transformer: {kv_stats['gemms']} int8 projections; fp32: {', '.join(kv_stats['kept_fp32'])}")
+up_gemms = sum(v["gemms"] for v in int8_desc["gemm_stats"].values())
+print(f"the upsampler: {up_gemms} int8 projections in parts {', '.join(int8_desc['gemm_stats'])}")
+check.at_least("codec int8: the upsampler's projections made int8", "layers", up_gemms, 1)
 inc = codec_int8.incremental()
 streamed = np.concatenate([inc.push(codes40[i : i + 1]) for i in range(len(codes40))])
 whole_fp32 = codec_fp32.decode(codes40)

@@ -92,7 +92,8 @@ def test_calibration_groups_join_the_time_tiles_of_a_layer():
 
 
 def test_the_codec_int8_tier_is_another_codec_close_to_fp32(exported, tmp_path):
-    """Int8 residual convolutions in the last decoder stages: not fp32's samples but the same sound; the calibration
+    """Int8 residual convolutions in the last decoder stages and int8 projections in the upsampler: not fp32's
+    samples but the same sound; the calibration
     is recorded and the files are reused; reachable from the Synthesizer and the CLI."""
     from qtts_lib.runtime.app.cli import main
     from qtts_lib.runtime.codec.decoder import Codec
@@ -107,8 +108,14 @@ def test_the_codec_int8_tier_is_another_codec_close_to_fp32(exported, tmp_path):
     assert stages == sorted(s for s in INT8_STAGES if s <= len(cfg.codec["upsample_rates"]))
     assert all(v["convolutions"] > 0 for v in desc["stats"].values())
     assert all(a > 0 for c in desc["calibration"].values() for a in c.values())
-    int8_params = [f for p in desc["parts"] for f in p["files"] if not f.startswith("..") and f.endswith(".param")]
-    assert int8_params and all(" 8=1" in (exported / "ncnn" / INT8_DIR / f).read_text() for f in int8_params)
+    int8_params = {f: (exported / "ncnn" / INT8_DIR / f).read_text() for p in desc["parts"] for f in p["files"]
+                   if not f.startswith("..") and f.endswith(".param")}
+    assert sum(" 8=1" in t for t in int8_params.values()) == len(desc["stats"]) > 0   # int8 convolutions
+    # the ConvNeXt upsampler's projections: the loop's int8 Gemm (run-time scales), every Gemm of the written parts
+    gemms = {f: [line for line in t.splitlines() if line.startswith("Gemm")] for f, t in int8_params.items()}
+    upsampler = {f"codec_decoder.part{k}.param": v["gemms"] for k, v in desc["gemm_stats"].items()}
+    assert upsampler and all(len(gemms[f]) == n > 0 for f, n in upsampler.items())
+    assert all(" 18=2 " in g + " " for lines in gemms.values() for g in lines)
     codes = np.random.default_rng(3).integers(0, cfg.codec["codebook_size"], (24, cfg.codec["num_quantizers"]))
     a, b = fp32.decode(codes), q8.decode(codes)
     assert a.shape == b.shape and not np.array_equal(a, b)

@@ -17,8 +17,8 @@ by about 10 MB per frame, which also matters for speed where fresh memory is slo
 
 `precision="bf16"` (CPU form only) runs the upsampling parts with ncnn's bf16 storage: weights and the
 activations between layers held as bfloat16 (8 bits of mantissa), fp32 accumulation. `precision="int8"` keeps fp32
-storage and makes the residual units of the last three decoder stages int8 convolutions, calibrated once
-(`codec.int8_form`). Both
+storage and makes the residual units of the last three decoder stages int8 convolutions, calibrated once, and the
+ConvNeXt upsampler's projections int8 Gemms with run-time scales (`codec.int8_form`). Both
 are approximations, measured against fp32 on the same codes (SNR, spectral distance, the codes Mimi hears) in
 chapter 12; fp32 is the parity tier.
 """
