@@ -93,8 +93,8 @@ def test_calibration_groups_join_the_time_tiles_of_a_layer():
 
 def test_the_codec_int8_tier_is_another_codec_close_to_fp32(exported, tmp_path):
     """Int8 residual convolutions in the last decoder stages and int8 projections in the upsampler: not fp32's
-    samples but the same sound; the calibration
-    is recorded and the files are reused; reachable from the Synthesizer and the CLI."""
+    samples but the same sound; the calibration is recorded and the files are reused; reachable from the Synthesizer
+    and the CLI."""
     from qtts_lib.runtime.app.cli import main
     from qtts_lib.runtime.codec.decoder import Codec
     from qtts_lib.runtime.codec.int8_form import INT8_DIR, INT8_STAGES
