@@ -63,10 +63,6 @@ class _Observed:
         return out
 
 
-def _has_gemms(text: str) -> bool:
-    return any(lyr.type == "Gemm" for lyr in Graph(text).layers)
-
-
 def stage_of_part(k: int, config: dict) -> int:
     """The decoder stage (1..) that part `k` of the CPU form runs, 0 for the codes, transformer and upsampler."""
     return max(0, k - 1 - len(config["upsampling_ratios"]))
@@ -121,13 +117,15 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
         moves.append((tmp, out / name))
 
     for k, p in enumerate(fast["parts"]):
-        if k < 2 or (k not in chosen and not _has_gemms((fast_dir / p["files"][0]).read_text())):
+        text = (fast_dir / p["files"][0]).read_text() if k >= 2 else ""
+        gemms = any(lyr.type == "Gemm" for lyr in Graph(text).layers) if text else False
+        if k not in chosen and not gemms:
             desc["parts"].append(p | {"files": [f"../{FAST_DIR}/{f}" for f in p["files"]]})
             continue
-        text, data = (fast_dir / p["files"][0]).read_text(), (fast_dir / p["files"][1]).read_bytes()
+        data = (fast_dir / p["files"][1]).read_bytes()
         files = [f"codec_decoder.part{k}.param", f"codec_decoder.part{k}.bin"]
         desc["parts"].append(p | {"files": files})
-        if _has_gemms(text):  # the ConvNeXt upsampler's pointwise projections: the loop's int8 Gemm
+        if gemms:  # the ConvNeXt upsampler's pointwise projections: the loop's int8 Gemm
             text, data, stats = int8_projections(text, data)
             desc.setdefault("gemm_stats", {})[str(k)] = {"gemms": stats["gemms"], "weights": stats["weights"]}
         if k not in chosen:
