@@ -107,7 +107,7 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
     run_parts([observed.get(k, part) for k, part in enumerate(parts) if k >= 2], x)
     seen = {k: o.absmax for k, o in observed.items()}
     del parts, observed  # the fp32 nets
-    desc = {"key": key, "parts": [], "calibration": {}, "stats": {}}
+    desc = {"key": key, "parts": [], "calibration": {}, "stats": {}, "gemm_stats": {}}
     moves = []
 
     def stage(name: str, content) -> None:
@@ -118,32 +118,29 @@ def int8_graph(ncnn_dir, config: dict, threads: int = 2, log=None) -> tuple[Path
 
     for k, p in enumerate(fast["parts"]):
         text = (fast_dir / p["files"][0]).read_text() if k >= 2 else ""
-        gemms = any(lyr.type == "Gemm" for lyr in Graph(text).layers) if text else False
-        if k not in chosen and not gemms:
+        has_gemms = any(lyr.type == "Gemm" for lyr in Graph(text).layers) if text else False
+        if k not in chosen and not has_gemms:
             desc["parts"].append(p | {"files": [f"../{FAST_DIR}/{f}" for f in p["files"]]})
             continue
         data = (fast_dir / p["files"][1]).read_bytes()
-        files = [f"codec_decoder.part{k}.param", f"codec_decoder.part{k}.bin"]
-        desc["parts"].append(p | {"files": files})
-        if gemms:  # the ConvNeXt upsampler's pointwise projections: the loop's int8 Gemm
+        if has_gemms:  # the ConvNeXt upsampler's pointwise projections: the loop's int8 Gemm
             text, data, stats = int8_projections(text, data)
-            desc.setdefault("gemm_stats", {})[str(k)] = {"gemms": stats["gemms"], "weights": stats["weights"]}
-        if k not in chosen:
-            stage(files[0], text)
-            stage(files[1], data)
-            continue
-        group_max: dict[str, float] = {}
-        for name, blob in chosen[k].items():
-            g = calibration_group(name)
-            group_max[g] = max(group_max.get(g, 0.0), seen[k][blob])
-        absmax = {name: group_max[calibration_group(name)] for name in chosen[k]}
-        text, data, stats = int8_convolutions(text, data, absmax)
+            desc["gemm_stats"][str(k)] = {"gemms": stats["gemms"], "weights": stats["weights"]}
+        if k in chosen:
+            group_max: dict[str, float] = {}
+            for name, blob in chosen[k].items():
+                g = calibration_group(name)
+                group_max[g] = max(group_max.get(g, 0.0), seen[k][blob])
+            absmax = {name: group_max[calibration_group(name)] for name in chosen[k]}
+            text, data, stats = int8_convolutions(text, data, absmax)
+            desc["calibration"][str(k)] = {g: round(v, 6) for g, v in sorted(group_max.items())}
+            desc["stats"][str(k)] = {"stage": stage_of_part(k, config), "convolutions": stats["convolutions"],
+                                     "weights": stats["weights"],
+                                     "weight_rel_rms_max": round(max(stats["weight_rel_rms"]), 5)}
+        files = [f"codec_decoder.part{k}.param", f"codec_decoder.part{k}.bin"]
         stage(files[0], text)
         stage(files[1], data)
-        desc["calibration"][str(k)] = {g: round(v, 6) for g, v in sorted(group_max.items())}
-        desc["stats"][str(k)] = {"stage": stage_of_part(k, config), "convolutions": stats["convolutions"],
-                                 "weights": stats["weights"],
-                                 "weight_rel_rms_max": round(max(stats["weight_rel_rms"]), 5)}
+        desc["parts"].append(p | {"files": files})
     # the transformer's cached form (what a stream runs, one position a push): its inner projections int8
     kv_text = (fast_dir / fast["transformer_kv"]).read_text()
     gemms = [lyr.name for lyr in Graph(kv_text).layers if lyr.type == "Gemm"]
