@@ -10,7 +10,7 @@ CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py)) $(sort $(wildcard note
 # The chapters that port a checkpoint (split, goldens, export, KV cache, generation, voices, every kind, the batch,
 # and the two pitfall appendices) run again on each of VARIANTS after the default pass: a 1.7B talker wider than its
 # code predictor, with instructions, and a VoiceDesign checkpoint.
-PER_CHECKPOINT := 02 03 04 05 06 07 08 16 appendix_a appendix_b
+PER_CHECKPOINT := 02 03 04 05 06 07 08 09 17 appendix_a appendix_b
 VARIANT_CHAPTERS := $(filter $(foreach n,$(PER_CHECKPOINT),notebooks/$(n)_%),$(CHAPTERS))
 VARIANTS := tiny-1.7b-customvoice tiny-voicedesign
 NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q
@@ -57,7 +57,7 @@ notebooks: setup
 
 # PyTorch vs ncnn on BENCH_CKPT (default full-base, built and exported first if missing), interleaved repeats,
 # the machine described; writes data/bench/$(BENCH_NAME).json. See qtts_lib/bench/loop.py. BENCH_PRECISION lists the
-# ncnn tiers to time (chapter 12: fp32,fp16,int8); `make quality` measures what they cost against fp32.
+# ncnn tiers to time (chapter 13: fp32,fp16,int8); `make quality` measures what they cost against fp32.
 BENCH_CKPT ?= full-base
 BENCH_NAME ?= $(shell hostname -s)-$(BENCH_CKPT)
 BENCH_PRECISION ?= fp32

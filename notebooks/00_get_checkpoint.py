@@ -67,7 +67,7 @@ print(f"checkpoint: {ckpt}   threads: {settings.threads()}   torch {torch.__vers
 #   clip's Mimi codes and its transcript into the prompt, and the talker continues in that voice.
 #
 # The default checkpoint kind, **Base**, clones a voice clip in either mode; the other kinds (built-in
-# speakers, voices described in words) are chapter 08.
+# speakers, voices described in words) are chapter 09.
 
 # %% [markdown]
 # ## 1. Choose a checkpoint
@@ -189,7 +189,7 @@ display(Audio(voice_wav, rate=SAMPLE_RATE))
 # %% [markdown]
 # ## 6. Run the original once
 # Clone the voice clip in x-vector mode (the speaker encoder's x-vector only), greedy (always the most likely
-# code) on CPU fp32. (`reference.default_voice` picks the voice argument of the checkpoint's kind; chapter 08.)
+# code) on CPU fp32. (`reference.default_voice` picks the voice argument of the checkpoint's kind; chapter 09.)
 # `max_new_tokens=N` yields N-1 frames: the last sampled codebook-0 token never gets its other 15 codes.
 
 # %%

@@ -289,7 +289,7 @@ for new in range(3):
 # **If your numbers differ**
 # - *mrope diff not 0.0* → position ids with unequal rows (e.g. left padding in a batch);
 #   the port assumes batch 1 without padding.
-# - *A block missing from the tables* → a checkpoint of another kind (chapter 08) has no speaker encoder; that is
+# - *A block missing from the tables* → a checkpoint of another kind (chapter 09) has no speaker encoder; that is
 #   expected.
 
 # %%

@@ -209,7 +209,7 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 # - *Decoders off by ~1e-1* → mask or rope table layout (full vs half width, or a transposed table).
 # - *Codec SNR low* → the sliding-window mask is off by one, or a codebook was folded without its projection.
 # - *predictor_decoder off where the two widths printed in section 1 differ* → `small_to_mtp_projection` not
-#   applied (chapter 08).
+#   applied (chapter 09).
 
 # %%
 check.table()

@@ -50,7 +50,7 @@ cfg = checkpoint.load_config(ckpt)
 EOS = cfg["talker_config"]["codec_eos_token_id"]
 kind = cfg["tts_model_type"]
 cases = golden.cases(tts)     # every greedy golden of the checkpoint: name -> the reference's voice arguments
-mode = golden.mode_of(tts)    # the main golden's stem (xvec on Base; each other kind's own name: chapter 08)
+mode = golden.mode_of(tts)    # the main golden's stem (xvec on Base; each other kind's own name: chapter 09)
 voice = cases[f"{mode}_greedy"]
 print(f"{ckpt} ({kind}); goldens on {golden.THREADS} thread, the port later on {THREADS}:",
       {name: sorted(args) for name, args in cases.items()})
@@ -117,10 +117,10 @@ save(f"{mode}_greedy", main, EOS)
 save(f"{mode}_eos", early, early_eos)
 
 # %% [markdown]
-# Then the **ICL** golden, which chapter 07 matches: the voice clip's transcript goes into the text track and its
+# Then the **ICL** golden, which chapter 08 matches: the voice clip's transcript goes into the text track and its
 # codes from the Mimi encoder into the codec track, so the prompt carries the clip itself, frame by frame. Its
 # decoded audio includes the voice clip's part, which the original cuts off by frame ratio. The same cell makes the
-# extra goldens of the other checkpoint kinds and checks each for what makes it different (chapter 08):
+# extra goldens of the other checkpoint kinds and checks each for what makes it different (chapter 09):
 
 # %%
 instruct_rows = lambda text: len(tts.processor.tokenizer(f"<|im_start|>user\n{text}<|im_end|>\n")["input_ids"])
@@ -139,7 +139,7 @@ for name, args in extra.items():
 if "icl_greedy" in made:
     check.at_least("icl_greedy: voice codes of the clip in the prompt", "frames",
                    int(made["icl_greedy"]["voice_codes"].shape[0]), 1)
-# the other kinds (chapter 08): an instruction is one user turn of text rows in front of the prompt
+# the other kinds (chapter 09): an instruction is one user turn of text rows in front of the prompt
 for with_it, without in (("speaker_instruct_greedy", "speaker_greedy"), ("design_greedy", "design_plain_greedy")):
     if with_it in made and without in made:
         text = cases[with_it]["instruct"]
@@ -240,7 +240,7 @@ ax.set_title("how close each greedy decision was");
 #   argmax can flip. Compare only within one numeric domain.
 #
 # **Artifacts left:** `data/golden/<ckpt>/{xvec_greedy,xvec_eos,icl_greedy}.npz` (the other kinds' names:
-# chapter 08) and `manifest.json`.
+# chapter 09) and `manifest.json`.
 #
 # **If your numbers differ**
 # - *Rerun not bitwise equal* → something else in this process changed torch's thread count while a golden ran, or
@@ -249,7 +249,7 @@ ax.set_title("how close each greedy decision was");
 # - *A later chapter says a golden is stale* → the checkpoint was rebuilt; re-run this chapter.
 # - *Tokens differ across domains here* → a near tie; the histogram shows which margin was under the change.
 # - *A prompt-rows check fails on another checkpoint kind* → the reference's prompt layout changed (qwen-tts
-#   version); chapter 06 draws the layout the runtime's `pipeline.prompt` follows, chapter 08 each kind's.
+#   version); chapter 07 draws the layout the runtime's `pipeline.prompt` follows, chapter 09 each kind's.
 
 # %%
 check.table()

@@ -199,7 +199,7 @@ for name, layers, extra in (("talker_decoder", cfg["talker_config"]["num_hidden_
                 export.read_param(out_dir / f"{name}.param").counts["Gemm"], 7 * layers + extra)
 first_gemm = next(line for line in (out_dir / "predictor_decoder.param").read_text().splitlines()
                   if line.startswith("Gemm"))
-print(" ".join(first_gemm.split()), "<- small_to_mtp_projection (chapter 08)" if projected else "<- q_proj of layer 0")
+print(" ".join(first_gemm.split()), "<- small_to_mtp_projection (chapter 09)" if projected else "<- q_proj of layer 0")
 
 # %% [markdown]
 # ### The one rewrite after pnnx: half-width rope tables
@@ -314,7 +314,7 @@ plots.layer_errors(probes, threshold=LAYER_TOL, title=title);
 # %% [markdown]
 # ### The same probe between two ncnn runs
 # `probe.probe_ncnn` compares one graph under two configurations blob by blob, the output of *every* computing
-# layer (nothing to pair: the blob names are the same). Chapter 09 uses it for Vulkan against CPU, the precision
+# layer (nothing to pair: the blob names are the same). Chapter 10 uses it for Vulkan against CPU, the precision
 # tiers for fp16 or int8 against fp32. Here one thread against the chapter's thread count, on the talker decoder:
 
 # %%

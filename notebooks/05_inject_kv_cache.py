@@ -51,7 +51,7 @@ report = check.begin("05_inject_kv_cache", ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)["talker_config"]
 DECODERS = {"talker_decoder": cfg, "predictor_decoder": cfg["code_predictor_config"]}
-# both graphs take talker-wide rows (where the predictor is narrower, its graph projects them: chapter 08)
+# both graphs take talker-wide rows (where the predictor is narrower, its graph projects them: chapter 09)
 WIDTH = cfg["hidden_size"]
 out_dir = paths.ncnn_dir(ckpt)
 export.export_all(tts, ckpt, names=list(DECODERS))  # reuses chapter 04's exports when they are current
@@ -149,7 +149,7 @@ for i, (x, hidden, kv_cache) in enumerate(zip(xs, turns, caches)):
 
 # %% [markdown]
 # The runtime's `KvCacheNet` (`runtime.binding.cached`) is this cache for many sequences at once, padded to one
-# length (chapter 16). For one sequence it computes what `forward` computes, bit for bit:
+# length (chapter 17). For one sequence it computes what `forward` computes, bit for bit:
 
 # %%
 runtime_net = precision.decoder(out_dir, "predictor_decoder", c["head_dim"], c["rope_theta"], threads=THREADS)
@@ -302,7 +302,7 @@ for mode, outs in ways.items():
 # - The cache interface is a text rewrite: SDPA 4-in/1-out → 6-in/3-out with `7=1`, one `Input` line for all cache
 #   blobs, counts recomputed; the weights are shared with the uncached graph.
 # - The cache is the sequence's (`OneCache`: its Mats and `past`), the net only the graph: a prefill starts a
-#   cache, each `forward` grows it. The runtime's `KvCacheNet` is the same for many sequences (chapter 16).
+#   cache, each `forward` grows it. The runtime's `KvCacheNet` is the same for many sequences (chapter 17).
 # - Prefill with empty caches and a causal mask; each step with the previous caches untouched, a zero mask
 #   `(1, past+1)` and rope rows at the absolute position. Every step matches torch to ~1e-7 relative, at the
 #   output and at every layer the probe pairs.

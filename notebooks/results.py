@@ -16,15 +16,15 @@
 # > Every committed full-size measurement side by side, read from `data/bench/` by the cells of this page.
 #
 # Each file in `data/bench/` is one run of the benchmark harness (`make bench`, `python -m qtts_lib.bench loop`) on
-# one named machine, written in the schema `qtts_lib.bench.results.check_schema` enforces. Chapter 10 teaches how a
+# one named machine, written in the schema `qtts_lib.bench.results.check_schema` enforces. Chapter 11 teaches how a
 # run is made and read (fresh processes, interleaved repeats, medians, the machine described and its read bandwidth
 # probed during the run); this page only gathers the runs. Rules for reading it:
 # - A frame is 80 ms of audio; **RTF** is seconds of compute per second of audio (below 1 is faster than real time).
 # - **× PyTorch** compares a row with PyTorch's row of the same file (same threads; on a GPU, PyTorch on CUDA):
 #   ratios are only made within one run, never across files.
 # - **loop / floor** is the generation loop (talker + predictor) against the time the weights it must read take at
-#   the bandwidth measured in that run (chapter 10); GPU rows have no floor.
-# - The precision tiers are chapters 12 and 13; the batch rows (many utterances at once) chapter 16; the GPU chapter 09.
+#   the bandwidth measured in that run (chapter 11); GPU rows have no floor.
+# - The precision tiers are chapters 13 and 14; the batch rows (many utterances at once) chapter 17; the GPU chapter 10.
 
 # %%
 import json
@@ -50,7 +50,7 @@ def machine_name(stem: str) -> str:
 files = {f: json.loads(f.read_text()) for f in sorted(BENCH.glob("*.json")) + sorted(BENCH.glob("batch/*.json"))}
 results = {}
 for f, doc in files.items():
-    if "rows" not in doc:  # batch parity files: codes, not speed (chapter 16)
+    if "rows" not in doc:  # batch parity files: codes, not speed (chapter 17)
         continue
     check_schema(doc)
     results[f] = doc
@@ -154,7 +154,7 @@ fig.tight_layout()
 
 # %% [markdown]
 # ## 3. Many utterances at once
-# The batched harness (`python -m qtts_lib.bench batch`, chapter 16): B utterances through one scheduler, times per
+# The batched harness (`python -m qtts_lib.bench batch`, chapter 17): B utterances through one scheduler, times per
 # *aggregate* frame (all B sequences' frames together), the frames made per second, and how fast each utterance
 # advances on its own.
 
@@ -174,7 +174,7 @@ fig.tight_layout()
 
 # %% [markdown]
 # ## 4. Streaming, and a frame call by call
-# `python -m qtts_lib.bench stream` (chapter 14): time to first audio with pieces of one frame, the time from which
+# `python -m qtts_lib.bench stream` (chapter 15): time to first audio with pieces of one frame, the time from which
 # playback never waits for a piece (newer files), and whole streams against `synthesize`, medians of fresh
 # processes, with the weights in huge pages (as `qtts serve` runs) or not. `python -m qtts_lib.bench calls` (chapter
 # 12): a frame of the int8 loop, its graph calls against their weights read by the same kernels alone. A file may

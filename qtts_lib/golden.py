@@ -1,6 +1,6 @@
 """Golden references: greedy fp32 CPU runs of the reference, saved with a manifest. Introduced in 03.
 
-Chapter 03 makes them and explains each field; chapters 06-09 and tests/test_golden.py hold the runtime to them.
+Chapter 03 makes them and explains each field; chapters 06-11 and tests/test_golden.py hold the runtime to them.
 A golden run captures (`reference.capture_generation`) the prompt embeddings, the x-vector, the codes going into the
 codec and the decoded waveform, and (a forward hook on `codec_head`) the talker's logits at every step, which tell
 later how close each argmax decision was. Each `.npz` has a manifest entry (producer chapter, inputs, sha256,

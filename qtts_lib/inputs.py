@@ -4,7 +4,7 @@ The reference voice is espeak-ng speech resampled by sox to 24 kHz mono 16-bit:
 native 24 kHz, so no chapter ever needs a resampler it cannot reproduce; padded with
 silence to a whole number of 1920-sample codec frames, because the reference's Mimi
 encoder pads inside every strided conv while a fixed graph can only pad up front
-(chapter 07 measures the difference on a wav that is not padded).
+(chapter 08 measures the difference on a wav that is not padded).
 Run `python -m qtts_lib.inputs` to remake it (needs espeak-ng and sox).
 """
 from __future__ import annotations

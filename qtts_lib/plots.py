@@ -255,7 +255,7 @@ def architecture(cfg: dict, title: str = ""):
         arrow((6.1, 1.9), (7.1, 3.3), "x-vector", color=purple, dx=0.05, dy=-0.45)
         ax.text(4.6, 0.95, "cloning (Base checkpoints)", ha="center", fontsize=7.5, style="italic", color="0.4")
     else:
-        box(1.3, 3.2, 2.0, 1.1, "voice: a speaker\nor a description\n(chapter 08)", "in")
+        box(1.3, 3.2, 2.0, 1.1, "voice: a speaker\nor a description\n(chapter 09)", "in")
         arrow((2.3, 3.2), (7.1, 3.8))
 
     # the prompt

@@ -5,7 +5,7 @@ Two probes, one result type:
 - `probe(wrapper, ...)`: the torch wrapper (the module pnnx exported) with forward hooks, against the
   ncnn graph extracting its intermediate blobs, for the same inputs.
 - `probe_ncnn(...)`: one ncnn graph under two configurations (CPU vs Vulkan, fp32 vs fp16, ...), blob by
-  blob; chapter 09 and the precision tiers use it.
+  blob; chapter 10 and the precision tiers use it.
 
 How torch and ncnn pair. pnnx inlines the traced graph and names layers by op (`gemm_3`, `conv1d_44`), not by
 module path (only MemoryData keeps one), and blobs are numbered. So pairing is by **op kind, then order, then
@@ -149,7 +149,7 @@ def probe_ncnn(param_dir: str | Path, name: str, inputs: Sequence[np.ndarray], a
 
     Each opts dict may hold `threads`, `device` ("cpu", "vulkan", "vulkan:N"), `param` (another .param over the
     same `<name>.bin`; a path relative to `param_dir`, without .param), `bin` (another weight file: a precision
-    tier's, chapter 12), `rewrite` (a function of the .param text, e.g. `rewrites.decode_step.decode_step`) and any
+    tier's, chapter 13), `rewrite` (a function of the .param text, e.g. `rewrites.decode_step.decode_step`) and any
     `net.opt` attribute (`use_fp16_storage`, ...); unset ones are the runtime's defaults (fp32, 2 threads, CPU,
     `<name>.param`). Blobs that only one side has (renamed or added by a rewrite) are skipped. The inputs' batch
     axes are those of `<name>.param` in the export manifest (a cached graph is fed its first inputs only)."""

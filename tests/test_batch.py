@@ -1,7 +1,7 @@
-"""Batched generation (chapter 16): the folded graph, the cache layout it moves sequences with, and a batch of
+"""Batched generation (chapter 17): the folded graph, the cache layout it moves sequences with, and a batch of
 different prompts against each prompt run alone.
 
-What holds, stated exactly (and measured over 200 frames at full size in chapter 16): at one sequence the folded
+What holds, stated exactly (and measured over 200 frames at full size in chapter 17): at one sequence the folded
 graph is bitwise the exported one; in a batch every row's hidden state agrees with its alone run to float32
 rounding (the projections run M rows instead of one, attention over padded positions), so on the tiny checkpoint
 every code is equal, greedy and sampled with a seed per sequence."""

@@ -1,4 +1,4 @@
-"""Chapter 09 and the GPU tests may record a skip where no Vulkan device exists, never where QTTS_REQUIRE_VULKAN is
+"""Chapter 10 and the GPU tests may record a skip where no Vulkan device exists, never where QTTS_REQUIRE_VULKAN is
 set (.ci/run sets it after installing lavapipe)."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""The codec's int8 tier (runtime.rewrites.codec_int8, runtime.codec.int8_form; chapter 13): ncnn's int8
+"""The codec's int8 tier (runtime.rewrites.codec_int8, runtime.codec.int8_form; chapter 14): ncnn's int8
 Convolution against a numpy model of it, the .bin it reads, the tier on tiny-base against fp32, its cached files."""
 import json
 

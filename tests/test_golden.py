@@ -31,7 +31,7 @@ def assert_matches(synth, voice, gold):
     assert (bad, total) == (0, FRAMES * 16), f"{bad}/{total} codes differ (shapes {result.codes.shape})"
     assert result.eos_step == int(gold["eos_step"])
     assert result.stopped == ("cap" if result.eos_step < 0 else "eos")
-    extra = len(result.wav) - len(gold["wav"])  # ICL: the reference's float-ratio cut (chapter 14)
+    extra = len(result.wav) - len(gold["wav"])  # ICL: the reference's float-ratio cut (chapter 15)
     assert 0 <= extra <= 1
     assert check.snr_db(result.wav[extra:], gold["wav"]) >= 60.0
 

@@ -132,7 +132,7 @@ def test_streamed_fades_equal_the_whole_fade(sizes):
 def test_stream_long_equals_synthesize_long(synth):
     """Both sample (the checkpoint's defaults), each segment with its own seed, one segment at a time: the same audio
     (the stream given the seed the whole text drew). One at a time on both sides: a batch's rows agree with the same
-    rows alone only to float rounding, which flips a sampled code in about one text in a hundred here (chapter 16)."""
+    rows alone only to float rounding, which flips a sampled code in about one text in a hundred here (chapter 17)."""
     voice = synth.voice(wav=load_wav(paths.voice_wav()))
     todo = longform.plan(synth, PARAGRAPH, max_tokens=20, max_frames=6)
     assert len(todo) >= 3

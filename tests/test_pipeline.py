@@ -38,7 +38,7 @@ def test_synthesize_with_a_codec_process_is_synthesize(pair, voices, mode):
     a = local.synthesize(TEXT, "english", lv[mode], GREEDY, max_frames=40)
     b = piped.synthesize(TEXT, "english", pv[mode], GREEDY, max_frames=40)
     assert np.array_equal(a.codes, b.codes)
-    extra = len(a.wav) - len(b.wav)  # ICL: synthesize's float-ratio cut may keep one sample of the clip (chapter 14)
+    extra = len(a.wav) - len(b.wav)  # ICL: synthesize's float-ratio cut may keep one sample of the clip (chapter 15)
     assert 0 <= extra <= (1 if mode == "icl" else 0)
     assert snr_db(b.wav, a.wav[extra:]) >= 100.0
 

@@ -1,4 +1,4 @@
-"""Precision tiers (runtime.pipeline.precision, runtime.rewrites.int8; chapter 12): the int8 arithmetic against a
+"""Precision tiers (runtime.pipeline.precision, runtime.rewrites.int8; chapter 13): the int8 arithmetic against a
 numpy model of it, the tiers on tiny-base against fp32, the cached int8 files, the runtime and CLI options."""
 import json
 import os

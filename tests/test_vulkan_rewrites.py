@@ -1,4 +1,4 @@
-"""The .param rewrites of runtime.vulkan (chapter 09), on small hand-written graphs."""
+"""The .param rewrites of runtime.vulkan (chapter 10), on small hand-written graphs."""
 from qtts_lib.runtime.rewrites import gpu as vulkan
 
 KV = """7767517

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     batch.add_argument("--device", default="cpu", help="cpu, or vulkan / vulkan:N (the graphs that batch, fp32)")
     batch.add_argument("--parity", action="store_true",
                        help="instead: the first --batch prompts alone vs batched, greedy, --frames frames")
-    proj = measurement("projections", "the int8 loop's projections alone against its floor (chapter 12)")
+    proj = measurement("projections", "the int8 loop's projections alone against its floor (chapter 13)")
     proj.add_argument("--threads", type=int, default=2)
     proj.add_argument("--repeats", type=int, default=9)
     parity = measurement("parity", "greedy parity of the runtime against qwen-tts, every prompt kind", frames=48)

@@ -19,7 +19,7 @@ On the CPU the generation loop is memory-bound: every frame reads the talker's w
 and its ratio to it. Every run measures the bandwidth while it runs (`machine.Probe`: every 8 frames, between frames,
 outside the timed code) and is held against the floor of that bandwidth.
 
-ncnn CPU rows can also differ by the codec's tier (`codec_precision`, chapter 13): a tier end to end beside the
+ncnn CPU rows can also differ by the codec's tier (`codec_precision`, chapter 14): a tier end to end beside the
 loop's floor in one file.
 """
 from __future__ import annotations
@@ -171,7 +171,7 @@ def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: i
               precisions=("fp32",), devices=("cpu",), progress: bool = True, codecs=("fp32",),
               huge_pages=(False,)) -> dict:
     """Interleaved repeats of every (runtime, device, precision, threads); the result in data/bench's schema.
-    PyTorch runs fp32 on cpu or cuda; the ncnn runtime every tier in `precisions` (chapter 12) on cpu, fp32 on
+    PyTorch runs fp32 on cpu or cuda; the ncnn runtime every tier in `precisions` (chapter 13) on cpu, fp32 on
     vulkan, and on the cpu each of `codecs` (the codec's tiers). A device a runtime cannot use is left out. Each
     of `huge_pages` (False, True) is a row of its own: children started with glibc's malloc asking for transparent
     huge pages or not (`runtime.app.hugepages`); a row says how much of its memory the kernel gave in them."""

@@ -3,7 +3,7 @@ Introduced in 10.
 
 Every committed result in data/bench/ carries this description, measured when the run started (and the load again
 when it ended): a number without its machine says nothing. The read bandwidth is what the memory-bound generation
-loop is held against (its floor, chapter 10); `Probe` measures it again inside a run, since a VM's drifts by 20%
+loop is held against (its floor, chapter 11); `Probe` measures it again inside a run, since a VM's drifts by 20%
 from minute to minute.
 """
 from __future__ import annotations

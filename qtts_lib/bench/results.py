@@ -15,7 +15,7 @@ SCHEMA_KEYS = ("runtime", "device", "precision", "threads", "ms_per_frame", "pre
 
 
 def check_schema(result: dict) -> None:
-    """Raise if `result` does not have data/bench's shape (chapter 10, the results page and the tests use this)."""
+    """Raise if `result` does not have data/bench's shape (chapter 11, the results page and the tests use this)."""
     for key in ("machine", "checkpoint", "frames", "rows"):
         if key not in result:
             raise ValueError(f"bench result has no {key!r}")

@@ -242,7 +242,7 @@ def table(result: dict) -> str:
 
 
 def load_table(paths: list[Path]) -> list[dict]:
-    """Rows for a figure or a table (chapter 17): one per scenario of each committed result, with its label
+    """Rows for a figure or a table (chapter 18): one per scenario of each committed result, with its label
     ("before"/"after" from the file name, else the commit)."""
     rows = []
     for p in paths:
@@ -261,7 +261,7 @@ def load_table(paths: list[Path]) -> list[dict]:
 
 def plot(paths: list[Path], ax=None):
     """The load table as a figure: per scenario, the p50 and p99 gap of a running stream before and after, against
-    the piece's duration (chapter 17 draws it)."""
+    the piece's duration (chapter 18 draws it)."""
     import matplotlib.pyplot as plt
 
     rows = load_table(paths)

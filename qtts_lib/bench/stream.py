@@ -3,7 +3,7 @@ Introduced in 14.
 
     python -m qtts_lib.bench stream --checkpoint full-base --threads 1,2 --repeats 3 -o data/bench/stream/NAME.json
 
-The analysis helpers (`decode_with_context`, `context_snr`, `smallest_context`) are what chapter 14 draws its
+The analysis helpers (`decode_with_context`, `context_snr`, `smallest_context`) are what chapter 15 draws its
 context curve with; the runtime streams exactly (`runtime.codec.stream.StreamDecoder`) and needs none of them.
 """
 from __future__ import annotations

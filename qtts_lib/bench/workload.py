@@ -23,7 +23,7 @@ def voice_wav() -> Path:
 def weight_bytes_per_frame(ncnn_dir: Path, groups: int = 16, precision: str = "fp32") -> int:
     """Weights one frame reads: the talker decoder and codec head once, the code predictor's decoder
     and one of its heads per predicted codebook (15). Embedding lookups read a few rows only. A precision
-    tier (chapter 12) stores the two decoders in fewer bytes per weight, and int8 the predictor's heads too."""
+    tier (chapter 13) stores the two decoders in fewer bytes per weight, and int8 the predictor's heads too."""
     size = lambda name: (ncnn_dir / f"{name}.bin").stat().st_size  # noqa: E731
     shrink = weight_bytes(precision) / 4.0
     heads = shrink if precision == "int8" and "predictor_heads" in HEADS else 1.0

@@ -1,4 +1,4 @@
-"""What ncnn's C++ API buys on Vulkan over the pip binding: the probe of chapter 09.
+"""What ncnn's C++ API buys on Vulkan over the pip binding: the probe of chapter 10.
 
     python -m qtts_lib.lab.cpp_probe MODEL_DIR NCNN_SRC OUT.json [--pasts 16,64,128]
 

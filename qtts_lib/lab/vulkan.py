@@ -1,4 +1,4 @@
-"""Chapter 09's lab: the Vulkan gate, ncnn's conventions tested on small graphs, fp16 forced on, extracts counted.
+"""Chapter 10's lab: the Vulkan gate, ncnn's conventions tested on small graphs, fp16 forced on, extracts counted.
 Introduced in 09.
 
 Nothing here is part of the runtime: these are the probes the chapter runs to show what the GPU does and costs.
@@ -19,7 +19,7 @@ REQUIRE = "QTTS_REQUIRE_VULKAN"  # set by .ci/run: a missing Vulkan device is th
 
 
 class VulkanRequired(RuntimeError):
-    """QTTS_REQUIRE_VULKAN is set and ncnn sees no Vulkan device: chapter 09 and the GPU tests must not pass as
+    """QTTS_REQUIRE_VULKAN is set and ncnn sees no Vulkan device: chapter 10 and the GPU tests must not pass as
     skips there."""
 
 
@@ -48,7 +48,7 @@ def vulkan_or_skip(gpu_count: int | None = None, required: str | None = None) ->
 def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int = 16, rewritten: bool = False) -> int:
     """Blocking extracts (each one GPU submission + download in the pip binding) per generated frame. Embedding
     lookups are numpy on every device (`pipeline.embeddings`), so they make none."""
-    if rewritten:  # the GPU forms (chapter 09): one talker call (hidden and caches in one blob), the codec head,
+    if rewritten:  # the GPU forms (chapter 10): one talker call (hidden and caches in one blob), the codec head,
         return 1 + 1 + groups  # the predictor's first position and one call per codebook 1..15
     kv = lambda layers: 1 + 2 * layers  # noqa: E731  (output, then K and V of every layer)
     talker = kv(talker_layers) + 1  # + codec head
@@ -58,7 +58,7 @@ def submissions_per_frame(talker_layers: int, predictor_layers: int, groups: int
 
 def packed_decoder(out_dir: Path, name: str, config: dict, threads: int, device: str):
     """A cached decoder whose caches travel as one blob (`rewrites.gpu.packed_cache_params` over the exported
-    `_kv` graph): the packed form chapter 09 steps beside the exported one and the GPU forms."""
+    `_kv` graph): the packed form chapter 10 steps beside the exported one and the GPU forms."""
     from ..runtime.binding.cached import KvCacheNet
     from ..runtime.pipeline import precision
     from ..runtime.rewrites.gpu import packed_cache_params
@@ -114,7 +114,7 @@ SDPA = "5 5\nInput q 0 1 q\nInput k 0 1 k\nInput v 0 1 v\nInput m 0 1 m\nSDPA sd
 
 def convention_rows(devices: list[str], threads: int = 2) -> list[dict]:
     """Rope with half- and full-width tables, SDPA with 2-D and 3-D masks, on each device, against numpy
-    (max |diff|). The seed found full width and 3-D masks wrong on Vulkan; chapter 09 shows this version."""
+    (max |diff|). The seed found full width and 3-D masks wrong on Vulkan; chapter 10 shows this version."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 5, 8)).astype(np.float32)  # (heads, seq, head_dim): ncnn's c, h, w
     ang = np.arange(5, dtype=np.float32)[:, None] / 10000 ** (np.arange(0, 8, 2, dtype=np.float32) / 8)

@@ -9,7 +9,7 @@ Registry contract (one `ModuleSpec` per module, registered by the submodules):
   build(tts)                 -> torch.nn.Module   the wrapper, eval, fp32
   inputs(tts, length, seed)  -> dict[str, Tensor] named graph inputs, in order
   run_original(tts, inputs)  -> dict[str, Tensor] the original model's blocks on the same inputs
-  metric, tolerance          how this module's outputs are compared (chapters 02, 04, 09)
+  metric, tolerance          how this module's outputs are compared (chapters 02, 04, 10)
 The wrapper's forward(*inputs.values()) returns a tensor or a tuple whose order
 matches the keys of run_original(...).
 """

@@ -5,8 +5,8 @@
     qtts say --checkpoint tiny-customvoice --speaker serena ...        (built-in voice)
     qtts say --checkpoint tiny-1.7b-customvoice --speaker serena --instruct "Speak cheerfully." ...
     qtts say --checkpoint tiny-voicedesign --instruct "A calm, low female voice" ...   (a voice described)
-    qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 15, four segments at
-                                             a time, chapter 16, --max-batch N; - reads stdin)
+    qtts say --text-file chapter.txt ...     (any length: spoken segment by segment, chapter 16, four segments at
+                                             a time, chapter 17, --max-batch N; - reads stdin)
     qtts say ... --temperature 0.7 --top-k 30 --seed 3                 (sampling; --greedy for the argmax)
     qtts say ... --speed 1.25                                          (faster, same pitch: FFmpeg's atempo)
 

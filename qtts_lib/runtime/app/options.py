@@ -54,11 +54,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
     g.add_argument("--precision", default="fp32", choices=TIERS,
                    help="weights of the talker and code predictor: fp32 (exact) or fewer bytes (faster, approximate;"
-                        " CPU only; chapter 12 measures the cost)")
+                        " CPU only; chapter 13 measures the cost)")
     g.add_argument("--codec-precision", default="fp32", choices=CODEC_TIERS,
                    help="the codec's upsampling stages: fp32 (exact), bf16 storage (faster where the CPU has"
                         " AVX512-BF16, approximate) or int8 (int8 residual convolutions, input scales calibrated once;"
-                        " approximate); CPU only; chapter 13 measures the cost")
+                        " approximate); CPU only; chapter 14 measures the cost")
 
 
 def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> None:
@@ -78,7 +78,7 @@ def add_generation_options(p: argparse.ArgumentParser, max_frames_help: str) -> 
 
 
 def add_batch_option(p, what: str) -> None:
-    """--max-batch: how many `what` are decoded together (chapter 16); default DEFAULT_MAX_BATCH on the CPU, one on
+    """--max-batch: how many `what` are decoded together (chapter 17); default DEFAULT_MAX_BATCH on the CPU, one on
     a GPU (where more than one loads the batching graphs instead of the faster single-sequence ones)."""
     p.add_argument("--max-batch", type=positive_int, default=None,
                    help=f"{what} decoded together in one batch (default {DEFAULT_MAX_BATCH}; on a GPU 1, and more "

@@ -16,7 +16,7 @@ the checkpoint cannot follow it), and the sampling parameters of `pipeline.sampl
 `top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing ones take the checkpoint's generation_config, so
 the server samples as the reference does. Without a `seed` every request draws a fresh one, and every answer says
 the seed it used in its `X-Seed` header: a request with that seed gives the same audio again, bit for bit when it
-runs alone (batched beside other requests, to float rounding, which now and then flips a sampled code: chapter 16;
+runs alone (batched beside other requests, to float rounding, which now and then flips a sampled code: chapter 17;
 greedy decoding needs no seed and says 0).
 
 A `voice` is a built-in speaker (CustomVoice checkpoints) or the name of `<name>.wav` in the voices folder (Base
@@ -37,11 +37,11 @@ Audio is 24 kHz mono, encoded piece by piece as frames are generated and sent as
 FLAC through FFmpeg. With `stream_format: "sse"` the same bytes come as OpenAI's server-sent events: a
 `speech.audio.delta` event per chunk (its bytes in base64, in any response_format), then `speech.audio.done` with
 the usage (the input's text tokens, the audio frames generated). A long `input` is spoken segment by segment with
-short pauses (`pipeline.longform.LongText`, chapter 15), each segment capped by its own length and by `--max-frames`.
+short pauses (`pipeline.longform.LongText`, chapter 16), each segment capped by its own length and by `--max-frames`.
 
 One thread runs every piece of ncnn work (`Engine`): OpenMP keeps a worker pool per thread that ran ncnn, so ncnn
-called from whichever thread the event loop lends would starve on a machine with few cores (chapter 14). Up to
-`--max-batch` requests are decoded together (`pipeline.scheduler.Scheduler`, chapter 16): each frame's graph calls
+called from whichever thread the event loop lends would starve on a machine with few cores (chapter 15). Up to
+`--max-batch` requests are decoded together (`pipeline.scheduler.Scheduler`, chapter 17): each frame's graph calls
 serve all of them, and each response streams as its own frames come. A request keeps its place from its first
 segment to its last; one that joins is prefilled a piece per frame, so the streams already running never wait for a
 whole prompt.

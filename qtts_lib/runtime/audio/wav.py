@@ -5,7 +5,7 @@ librosa's resampler cannot be reproduced bit for bit elsewhere, so we never resa
 silently: a wav at another rate or with several channels is converted with a note on
 stderr (never stdout: `qtts say -o -` writes the audio there), or refused with `strict=True`.
 
-The wire formats (stdout, chapter 14; HTTP, chapter 17): 16-bit little-endian PCM at 24 kHz mono, raw (`pcm`, as
+The wire formats (stdout, chapter 15; HTTP, chapter 18): 16-bit little-endian PCM at 24 kHz mono, raw (`pcm`, as
 OpenAI's speech API) or behind a WAV header whose sizes say "unknown length" (0xFFFFFFFF, `wav`), which players
 that read a pipe (ffplay, sox, aplay, mpv) accept; and `WavFile`, a float32 wav written piece by piece.
 """

@@ -17,7 +17,7 @@ The cache of one sequence is a `KvCache`, held by whoever runs the sequence (the
 utterance), so one `KvCacheNet` serves any number of sequences. A cache is the set of blobs to feed next time,
 whatever their layout: one pair per layer, or on a GPU all layers in one blob (`rewrites.gpu.packed_cache_params`).
 
-Several sequences decoded together (chapter 16) share one `KvCache`: the graph is `rewrites.batch.fold_batch`'s,
+Several sequences decoded together (chapter 17) share one `KvCache`: the graph is `rewrites.batch.fold_batch`'s,
 each sequence its own group of kv_heads channels of every cache blob, all with the same number of positions
 (`past`); a shorter one is left-padded and `lengths` says how many positions are each sequence's own. The inputs
 then are B·L rows (sequence-major), cos/sin rows at each sequence's own positions, and a per-head mask

@@ -100,7 +100,7 @@ def release_threads() -> bool:
     own first); the next ncnn call from this thread makes them again. Call it before another thread takes over the
     ncnn work: GNU OpenMP keeps every thread's pool, and once it manages more threads than there are CPUs it stops
     spinning between parallel regions and parks each worker in the kernel: on two cores, steps ran 2x slower
-    (chapter 14, tests/test_threads.py). Returns whether a runtime was found (False elsewhere: nothing to do)."""
+    (chapter 15, tests/test_threads.py). Returns whether a runtime was found (False elsewhere: nothing to do)."""
     global _OPENMP
     if _OPENMP is None:  # ncnn (imported above) has loaded its OpenMP runtime by now
         _OPENMP = []
@@ -166,7 +166,7 @@ def memory_pool() -> ncnn.PoolAllocator:
     `make_net(allocator=...)`). Each net's own pools hold that net's peak for the life of the net, so a chain of
     nets first touches the sum of their peaks; sharing one, it touches little more than the largest. First-touched
     memory is slow on a VM (page faults): the codec's first decode in a process touched about 160 MB with a pool
-    per part and about 65 MB with one shared (chapter 13). ncnn keeps a raw pointer to it: whoever holds the nets
+    per part and about 65 MB with one shared (chapter 14). ncnn keeps a raw pointer to it: whoever holds the nets
     must hold the pool too, and drop it after them (`codec.parts.Part` carries it)."""
     return ncnn.PoolAllocator()
 
@@ -186,9 +186,9 @@ def make_net(param: str | Path, bin: str | Path, threads: int = 2, device: str =
 
     `rewrite` turns the .param text into an equivalent faster form before loading (`runtime.rewrites`);
     the weights are read from `bin` unchanged. `fp16_weights` turns ncnn's fp16 storage on (the fp16
-    precision tier, chapter 12: the .param masks every layer that should stay fp32). `bf16` turns ncnn's bf16
+    precision tier, chapter 13: the .param masks every layer that should stay fp32). `bf16` turns ncnn's bf16
     storage on (weights and activations held as bfloat16 between layers; on x86 with AVX512-BF16 its
-    convolutions multiply in bf16 and accumulate in fp32: the codec's bf16 tier, chapter 13). `allocator`: blobs and
+    convolutions multiply in bf16 and accumulate in fp32: the codec's bf16 tier, chapter 14). `allocator`: blobs and
     workspaces from this pool (`memory_pool`) instead of the net's own."""
     for f in (param, bin):
         if not Path(f).is_file():

@@ -62,7 +62,7 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
         loads = [(int_param(d, "6", 0), True)]
         if int_param(d, "5", 0):
             loads.append((int_param(d, "0", 0), False))
-        if int8:  # an int8 Convolution (the codec's int8 tier, chapter 13): per-output weight scales, input scale
+        if int8:  # an int8 Convolution (the codec's int8 tier, chapter 14): per-output weight scales, input scale
             loads += [(int_param(d, "0", 0), False), (1, False)]
         return loads
     if t == "InnerProduct":
@@ -88,7 +88,7 @@ def layer_loads(layer: ParamLayer) -> list[tuple[int, bool]]:
         bt = int_param(d, "10", -1)
         if int_param(d, "6", 0) and bt != -1:
             loads.append(({0: 1, 1: M, 2: M, 3: M * N, 4: N}[bt], True))  # Gemm's C is tagged
-        if quantized:  # int8 Gemm (chapter 12): after the (int8-tagged) weights, raw fp32 scales
+        if quantized:  # int8 Gemm (chapter 13): after the (int8-tagged) weights, raw fp32 scales
             if int_param(d, "4", 0):
                 loads.append((M, False))   # one per row of A
             if int_param(d, "5", 0):

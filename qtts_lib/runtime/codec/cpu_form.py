@@ -4,7 +4,7 @@
 left context (`parts.reach`), sizes each part's chunk and time tiles from it, and writes the parts under
 `ncnn/fast/` with a description (`codec_decoder.json`) that `codec.decoder.Codec` loads.
 
-The tuning constants below were measured on the full-size random checkpoint at one thread (chapter 11 shows how);
+The tuning constants below were measured on the full-size random checkpoint at one thread (chapter 12 shows how);
 they only choose between equal computations, so a wrong guess costs speed, never correctness.
 """
 from __future__ import annotations

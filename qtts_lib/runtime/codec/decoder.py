@@ -7,7 +7,7 @@ decoded with up to 25 frames of left context whose samples are then dropped. The
 chunk equals a one-shot decode, later ones do not (25 frames is far less than the
 transformer's reach), so matching the reference means chunking exactly as it does.
 
-On the CPU the graph runs in a faster equivalent form (`codec.cpu_form`, chapter 11), cut in
+On the CPU the graph runs in a faster equivalent form (`codec.cpu_form`, chapter 12), cut in
 parts at the input of each upsampling stage. Part 0 (codebooks, transformer, ConvNeXt upsampler) runs over
 all frames; the stages after it are causal convolutions that reach only a few input samples back
 (`reach` measures how many), so each runs over chunks of a few frames with that much left context, and a
@@ -20,7 +20,7 @@ activations between layers held as bfloat16 (8 bits of mantissa), fp32 accumulat
 storage and makes the residual units of the last three decoder stages int8 convolutions, calibrated once, and the
 ConvNeXt upsampler's projections int8 Gemms with run-time scales (`codec.int8_form`). Both
 are approximations, measured against fp32 on the same codes (SNR, spectral distance, the codes Mimi hears) in
-chapter 12; fp32 is the parity tier.
+chapter 13; fp32 is the parity tier.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 under `ncnn/gpu/`: part 0 (the codebook sums and the pre_conv) runs on the CPU, part 1 (the transformer and every
 upsampling stage) is one Vulkan graph with no layer that lacks a Vulkan kernel. The exported graph on Vulkan runs
 its Deconvolution1D, ConvolutionDepthWise1D, Embed and MatMul layers on the CPU mid-graph (a download, the CPU op
-and an upload each), which at full size cost more than the rest of the decode on an H200 (chapter 09).
+and an upload each), which at full size cost more than the rest of the decode on an H200 (chapter 10).
 """
 from __future__ import annotations
 

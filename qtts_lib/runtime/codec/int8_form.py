@@ -12,7 +12,7 @@ against fp32's 27.0; the same with bf16 storage, 20.4 at 30.8 dB; stages 1-4, 15
 The input scales are static (ncnn's int8 Convolution has no per-call absmax), so they are only as good as the
 calibration's codes: random codes through the checkpoint's own codebooks, transformer and upsampler. With a real
 checkpoint, check the tier on real speech before relying on it (`python -m qtts_lib.bench codec --tiers` against
-fp32 on your codes; chapter 13).
+fp32 on your codes; chapter 14).
 
 The transformer's cached form, which a stream runs one position per push, gets int8 projections as the talker's
 (`rewrites.int8`: weights int8 per row, each call's activations quantized with their own absmax), all but its input
@@ -24,7 +24,7 @@ The ConvNeXt upsampler's pointwise projections (parts 2 and 3: two Gemms each, 1
 that every push reads whole) are the same int8 Gemm with run-time scales. On the AMD EPYC Zen 3 VM (full-base, 40
 frames of random codes, one process, rounds alternating) the tier's SNR against fp32 stayed 33.5 dB, its first
 one-frame push went from 22.7 to 20.7 ms and one-frame pieces from 53.1 to 50.0 ms a frame. The convolutions around
-them stay fp32: static int8 there cost 3 dB a layer or more (chapter 13's lab notes list what was tried).
+them stay fp32: static int8 there cost 3 dB a layer or more (chapter 14's lab notes list what was tried).
 """
 from __future__ import annotations
 

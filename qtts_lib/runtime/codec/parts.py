@@ -9,7 +9,7 @@ of any length then never holds a stage whole.
 The codec loads the upsampling parts stateful (`rewrites.codec_cpu.stateful_convolutions`): each causal convolution
 keeps the last input samples it needs from the call before, so a chunk needs no left context at all and a stream of
 one-frame pieces computes each sample once. Left context (`Part.context`) is what a part without states (the
-int8 tier's calibration, chapter 11's measurements) is fed instead.
+int8 tier's calibration, chapter 12's measurements) is fed instead.
 """
 from __future__ import annotations
 

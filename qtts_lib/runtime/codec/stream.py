@@ -5,7 +5,7 @@ frames back per layer) only looks left. A sample of frame k therefore depends on
 the *receptive field* (`receptive_field`): pre-conv 2 + layers x 71 + about 10 frames of the conv stack.
 Decoding frames [a, b) with c frames of left context (`codes[a-c:b]`, then dropping the first c·1920
 samples) gives the one-shot samples of [a, b) to float rounding once c >= R; with less context it is an
-approximation whose error falls as c grows (`qtts_lib.bench.stream.context_snr` measures it; chapter 14 plots it).
+approximation whose error falls as c grows (`qtts_lib.bench.stream.context_snr` measures it; chapter 15 plots it).
 
 On the CPU, `StreamDecoder` does not decode anything twice: `Codec.incremental` continues one decode as frames
 arrive (the transformer with a KV cache, the convolution stages from their kept left context), which is exact
@@ -95,7 +95,7 @@ class StreamDecoder:
       costs, and every piece is exact.
     - re-decode (`context_frames` given, or a codec without the CPU form, e.g. on a GPU): each piece is decoded
       again with `context_frames` frames of left context (default `receptive_field`, exact); less is cheaper and
-      approximate (chapter 14 measures how approximate; the product streams with the default, exact, on every
+      approximate (chapter 15 measures how approximate; the product streams with the default, exact, on every
     device)."""
 
     def __init__(self, codec: Codec, chunk_frames: int = 4, context_frames: int | None = None,

@@ -6,7 +6,7 @@
     synth.close()                                   # stops the child
 
 The pipeline runs at the slower of its halves, so it beats generating and then decoding on both cores only when the
-codec's time on both cores is more than what the loop loses on one; chapter 13 (section 5, `python -m qtts_lib.bench
+codec's time on both cores is more than what the loop loses on one; chapter 14 (section 5, `python -m qtts_lib.bench
 overlap`) measures it, and the measured gain has been within the noise of the machines this project runs on
 (`data/bench/overlap/`). Threads would not overlap: the ncnn binding holds the GIL inside `extract`.
 

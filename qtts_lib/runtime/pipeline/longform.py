@@ -17,7 +17,7 @@ an ICL clip's codes are computed once, by the caller), and joins the pieces:
   phoneme, so nothing spoken is lost. Fades do not change lengths: the joined wav has exactly
   `sum(segment samples) + (segments - 1) * pause samples`.
 
-The segments are independent generations, so they can run side by side (chapter 16): `LongText` submits up to
+The segments are independent generations, so they can run side by side (chapter 17): `LongText` submits up to
 `ahead` of them to a `Scheduler` at once and gives their audio back in order. `synthesize_long` runs
 `DEFAULT_MAX_BATCH` segments at a time; `stream_long` one (the next starts when one ends: a stream's first audio
 comes soonest that way), or `max_batch` when asked. A text is one request to the scheduler (its `Lane`): its next

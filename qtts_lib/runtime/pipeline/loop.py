@@ -19,7 +19,7 @@ codes so far), so the loop itself holds only the graphs: one `Loop` serves any n
 is a generator every consumer shares (`synthesize` decodes at the end, `stream` as frames come, the server's engine
 thread and long texts one segment at a time).
 
-Several sequences advance together in a `Batch` (chapter 16): each graph call then takes one row per sequence, so
+Several sequences advance together in a `Batch` (chapter 17): each graph call then takes one row per sequence, so
 the weights, which every step reads once, are read once for all of them. `Loop.step(seq)` is a batch of one: both
 run `Loop.advance`, the loop's one frame-making path. A sequence joins a batch after its own prefill (`Batch.add`)
 and leaves it the frame it ends (continuous batching).
@@ -112,7 +112,7 @@ class CodePredictor:
 
 
 class GemvCodePredictor:
-    """`CodePredictor` for a GPU (chapter 09): every position one call of the one-position GEMV form of the
+    """`CodePredictor` for a GPU (chapter 10): every position one call of the one-position GEMV form of the
     predictor fused with its heads (`rewrites.gpu_layers.gemv_step`, `rewrites.gpu.fused_predictor_param`), the caches
     of its layers one flat blob, the row, cos and sin one blob, and logits + caches one download
     (`rewrites.gpu_layers.one_blob_io`). Per frame: position 0 (the talker's hidden state) builds the cache, then
@@ -156,7 +156,7 @@ class GemvCodePredictor:
 
 
 class GpuDecoder:
-    """The talker on a GPU (chapter 09): the prompt prefilled by its GPU form with caches (`rewrites.gpu_layers`),
+    """The talker on a GPU (chapter 10): the prompt prefilled by its GPU form with caches (`rewrites.gpu_layers`),
     then one-position GEMV steps (one upload, one download: `one_blob_io`) while the cache holds fewer than
     `max_cached` positions; past that, every call is the full sequence without a cache (the caches' trip through host
     memory grows with them, a full forward's cost hardly does: data/bench/gpu/h200-vulkan-forms.json). The interface of
@@ -226,7 +226,7 @@ class Loop:
              precision_tier: str = "fp32", gpu_forms: bool = True, log=None) -> Loop:
         """The loop as the runtime runs it on `device` in `precision_tier`. On a GPU, `gpu_forms` (default) runs the
         GPU forms of `rewrites.gpu_layers` (fewer layers, GEMV steps, one upload and one download per call:
-        `GpuDecoder`, `GemvCodePredictor`; chapter 09); False keeps the CPU's graphs there too (the chapter's
+        `GpuDecoder`, `GemvCodePredictor`; chapter 10); False keeps the CPU's graphs there too (the chapter's
         comparison, and `Synthesizer(gpu_batches=True)`)."""
         d, t, p = cfg.ncnn_dir, cfg.talker, cfg.predictor
         head = Net(d, "talker_codec_head", threads, device)

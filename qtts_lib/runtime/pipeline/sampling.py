@@ -169,7 +169,7 @@ class SamplerConfig:
         """The talker's settings: `sampling` and config.json (either the whole file or its talker_config).
         Introduced in 06.
 
-        `eos_token_id` overrides the stop id like generate(eos_token_id=...) does (chapter 06's early-stop golden);
+        `eos_token_id` overrides the stop id like generate(eos_token_id=...) does (chapter 07's early-stop golden);
         the suppressed range still spares the config's codec EOS, as the reference does.
         """
         tc = talker_cfg.get("talker_config", talker_cfg)
@@ -353,7 +353,7 @@ class Sampler:
     """One sequence's sampling in the generation loop: the talker's and the sub-talker's `SamplerConfig` and the
     sequence's own random stream (seeded by `sampling.seed`; `seed` is the one used, drawn afresh by
     `Sampling.resolve` when the sampling had none). The loop asks it for every code it feeds on; a harness that
-    needs other codes (chapter 12's teacher forcing) passes a subclass. Introduced in 06."""
+    needs other codes (chapter 13's teacher forcing) passes a subclass. Introduced in 06."""
 
     def __init__(self, sampling: Sampling, talker_cfg: dict, eos_token_id: int | None = None):
         sampling = sampling.resolve()

@@ -31,7 +31,7 @@ A step in which a stream's decoder holds pieces of its first piece (`codec.strea
 that: it hands out the next of those pieces, for each stream that holds some (a fraction of a frame's decode each).
 
 Prefilling in pieces and joining a batch give each sequence's hidden states to float rounding of running it alone
-(chapter 16 measures how close): its greedy codes on the tiny checkpoints, and its sampled ones unless a draw sits
+(chapter 17 measures how close): its greedy codes on the tiny checkpoints, and its sampled ones unless a draw sits
 within that rounding of a boundary (on tiny-base, one four-segment text in a hundred has a code that goes its own
 way). Cancelling a ticket (`cancel`) frees its place
 at once, whatever stage it is in. One thread only: the one that runs ncnn.
@@ -56,7 +56,7 @@ from .loop import Batch, Loop, Sequence
 from .prompt import Prompt, PromptBuilder, Voice, frame_cap
 from .sampling import Sampler, Sampling
 
-DEFAULT_MAX_BATCH = 4   # chapter 16: four rows cost about what one costs in a memory-bound step
+DEFAULT_MAX_BATCH = 4   # chapter 17: four rows cost about what one costs in a memory-bound step
 PREFIXES_KEPT = 8       # prompt heads whose talker caches a synthesizer keeps (`Prefixes`)
 PREFILL_PIECE = 32      # prompt positions a joining utterance prefills per step while others run
 WARM_FRAMES = 4         # frames of a voice clip's codes its decoder decodes per step meanwhile (`StreamDecoder.warm`)

@@ -82,12 +82,12 @@ class Synthesizer:
                  log: Callable[[str], None] | None = None, decoders=None, codec_precision: str = "fp32",
                  gpu_batches: bool = False):
         """`threads`: CPU threads for ncnn; `device`: cpu, vulkan or vulkan:N; `precision`: fp32 (the default, the
-        parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 12);
-        `codec_precision`: fp32 (the default), bf16 or int8, the codec's upsampling stages (CPU only; chapter 13).
+        parity tier), fp16 or int8, the talker's and code predictor's weights (CPU only; chapter 13);
+        `codec_precision`: fp32 (the default), bf16 or int8, the codec's upsampling stages (CPU only; chapter 14).
         `log` hears about one-time work (writing the text table or a tier's files, calibrating the codec's int8 tier).
         `decoders`: where frames become audio, if not this process's codec (`experimental.codec_process`).
         `gpu_batches`, on a GPU: load the graphs that take several sequences per call (the CPU's, folded: about 240
-        round trips per step, shared by the batch) instead of the GPU forms that take one (18 per frame; chapter 09).
+        round trips per step, shared by the batch) instead of the GPU forms that take one (18 per frame; chapter 10).
         On the CPU the loop always batches."""
         if not (Path(model_dir) / "config.json").is_file():
             raise MissingArtifact(f"{model_dir} has no config.json: not a checkpoint directory; pass one, or run "
@@ -180,7 +180,7 @@ class Synthesizer:
                         on_frame: Callable[[int, int], None] | None = None,
                         on_warning: Callable[[int, str], None] | None = None) -> list[Result]:
         """Every utterance, `max_batch` at a time in one batch (a new one joins as soon as one ends); results in
-        the order given, each as `synthesize` would give it (chapter 16 says how equal). Every utterance is checked
+        the order given, each as `synthesize` would give it (chapter 17 says how equal). Every utterance is checked
         before the first frame. `on_frame(i, n)` after frame n of utterance i; `on_warning(i, message)`."""
         todo = list(utterances)
         scheduler = Scheduler(self, max_batch)

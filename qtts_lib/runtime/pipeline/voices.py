@@ -39,7 +39,7 @@ class VoiceEncoder:
 
         The graph takes whole frames, so a wav is zero-padded to a multiple of 1920 samples; the
         reference pads inside every strided conv instead, which can change the last frame's codes
-        (chapter 07 measures it)."""
+        (chapter 08 measures it)."""
         if self.mimi is None:
             raise InputError("this checkpoint's ncnn exports have no Mimi encoder; run notebooks/04_export_align.py")
         mimi = self.cfg.mimi

@@ -25,7 +25,7 @@ graph serves a prefill (B = 1, L = prompt), the talker's steps (B sequences, L =
 
 The other arrangement, every sequence in one shared cache with a block-diagonal mask, needs no rewrite, but each
 row then attends over all B sequences' positions: B times the attention work and a cache that keeps a finished
-sequence's rows until it is rebuilt. Chapter 16 measures both.
+sequence's rows until it is rebuilt. Chapter 17 measures both.
 """
 from __future__ import annotations
 

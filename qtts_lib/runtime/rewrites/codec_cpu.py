@@ -2,9 +2,9 @@
 bytes). Introduced in 11.
 
 The runtime applies them when it loads the codec on the CPU (`codec.cpu_form` writes the result once, in parts,
-next to the exports); the exported files stay what pnnx wrote, so chapter 04 aligns those and chapters 06-07 prove
+next to the exports); the exported files stay what pnnx wrote, so chapter 04 aligns those and chapters 06-08 prove
 the rewritten form gives the same waveforms. Each rewrite keeps the computation and only changes which ncnn kernels
-run it; each is checked equal to the exported graph (tests/test_rewrites.py, chapter 11).
+run it; each is checked equal to the exported graph (tests/test_rewrites.py, chapter 12).
 
 - `conv1d_as_conv2d`: Convolution1D / ConvolutionDepthWise1D -> the 2-D layer with kernel_h = 1 between two
   Reshapes (same weight bytes), a preceding zero left-Padding folded into the layer's own pad_left. ncnn's 2-D x86
@@ -21,7 +21,7 @@ run it; each is checked equal to the exported graph (tests/test_rewrites.py, cha
   the previous call (a state blob in, a state blob out) instead of zeros: a stream of pieces then computes each
   sample once (`codec.parts.PartStream`), where left context would compute the context again every piece.
 - `codec_fast_parts`: all of it, cut in parts at the input of each upsampling stage (`binding.graph.cut_graph`).
-- `codec_gpu_parts`: the GPU form (chapter 09): the shared rewrites without the CPU's cuts, in two parts, the codebooks
+- `codec_gpu_parts`: the GPU form (chapter 10): the shared rewrites without the CPU's cuts, in two parts, the codebooks
   (CPU) and the rest (Vulkan), so no layer of the GPU's part lacks a Vulkan kernel.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@
   threads at one row, where a 2-D InnerProduct runs one row on one thread. Prefill keeps the original. fp32 no
   longer needs it (a one-row Gemm measured as fast: 56.4 vs 53.2 ms per full-base talker step at 2 threads, see
   `pipeline.precision`); fp16 does, because x86 Gemm ignores fp16 storage.
-- `fp16_step` (chapter 12's fp16 tier): the same step graph with every layer but the InnerProducts masked out of
+- `fp16_step` (chapter 13's fp16 tier): the same step graph with every layer but the InnerProducts masked out of
   ncnn's fp16 storage (`31=2`), so that only the weights are rounded.
 - `one_thread_small_layers`: the layers that do little work at a few positions (norms, reshapes, permutes, splits,
   element-wise ops, rope) run on one thread (`31=128`, ncnn's per-layer "no threading" bit): at one position the

@@ -1,7 +1,7 @@
 """Fewer round trips on a GPU: the generation loop's graphs rewritten for Vulkan. Introduced in 09.
 
 The pip binding has no VkMat: every `extract` is one blocking submission plus a download, and
-every CPU Mat given to `input` is an upload. The CPU loop (chapters 05-06) extracts the output
+every CPU Mat given to `input` is an upload. The CPU loop (chapters 05-07) extracts the output
 and then each layer's K and V cache separately (2·layers + 1 submissions per decoder call) and
 calls three graphs per predictor step. On a GPU that is per-call overhead, not arithmetic.
 Two `.param` rewrites, neither touching the weights, cut it down:
@@ -16,7 +16,7 @@ Two `.param` rewrites, neither touching the weights, cut it down:
 (The third saving needs no rewrite: the embedding tables are read once into numpy, on every device, so a lookup is
 an index, not a graph call: `pipeline.embeddings`.) `rewrites.gpu_layers` goes further (fewer layers, GEMV steps,
 one upload and one download per call) and uses `fused_predictor_param`; `pipeline.loop` runs its forms on a GPU
-(`GpuDecoder`, `GemvCodePredictor`). `packed_cache_params` stays for chapter 09's comparison.
+(`GpuDecoder`, `GemvCodePredictor`). `packed_cache_params` stays for chapter 10's comparison.
 """
 from __future__ import annotations
 

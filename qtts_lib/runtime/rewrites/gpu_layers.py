@@ -1,4 +1,4 @@
-"""A decoder graph with as few ncnn layers as the same arithmetic allows: the GPU form of chapter 09.
+"""A decoder graph with as few ncnn layers as the same arithmetic allows: the GPU form of chapter 10.
 
 On Vulkan through the pip binding an extract costs a roughly fixed time per ncnn layer (host-side recording and
 one dispatch with its barrier each), whatever the layer computes: the lever is the number of layers. The exported

@@ -10,7 +10,7 @@ streams its rows' weights in one pass. Gemms that share an input (q/k/v; gate/up
 
 An earlier form kept the weights as B (ncnn's int8 B has one scale per tensor) with rows normalised to |max| = 1 and
 a BinaryOp of row scales after every Gemm: 40 more layers per predictor call, the activations quantized per row.
-Chapter 12 measures both.
+Chapter 13 measures both.
 """
 from __future__ import annotations
 

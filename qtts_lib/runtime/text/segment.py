@@ -1,6 +1,6 @@
 """Long text -> sentences -> clauses -> segments of bounded length. Introduced in 15.
 
-The model speaks one segment per generation (chapter 15 says why: long generations drift), so a
+The model speaks one segment per generation (chapter 16 says why: long generations drift), so a
 long text is cut where a reader would pause, then the pieces are packed back together up to a
 bound (characters by default; the runtime passes BPE tokens, what the model sees):
 

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 15 · Speak long texts, and check the voice clips people bring
+# # 16 · Speak long texts, and check the voice clips people bring
 # > One generation per segment, one voice for all of them, a frame cap that scales with each segment's text.
 #
 # **You will:** cut text into sentences in the checkpoint's ten languages and pack them into segments bounded in
@@ -24,8 +24,8 @@
 # what makes a voice clip unusable.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip and
-# `data/inputs/segment_corpus.txt`. **Leaves behind:** `data/outputs/<ckpt>/15_long.wav`,
-# `data/reports/<ckpt>/15_speak_long_texts.json`.
+# `data/inputs/segment_corpus.txt`. **Leaves behind:** `data/outputs/<ckpt>/16_long.wav`,
+# `data/reports/<ckpt>/16_speak_long_texts.json`.
 
 # %%
 import inspect
@@ -47,7 +47,7 @@ from qtts_lib.runtime.text import segment
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("15_speak_long_texts", ckpt)
+report = check.begin("16_speak_long_texts", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # chapters 04-05's graphs, reused when current
 synth = Synthesizer(model_dir, threads=THREADS)
@@ -94,7 +94,7 @@ print(f"MAX_SEGMENT_TOKENS = {longform.MAX_SEGMENT_TOKENS}, FRAMES_PER_TOKEN = {
 # The text below reads in about two minutes:
 
 # %%
-TEXT = """Chapter 15. On reading aloud.
+TEXT = """Chapter 16. On reading aloud.
 
 A text longer than a few sentences is not one generation. The talker's context grows by 12.5 frames a second, and
 after a few minutes of one run, users of every port report the same thing: the voice drifts, repeats itself, or
@@ -178,7 +178,7 @@ check.equal("wav = sum of segments + pauses", "samples",
             len(long.wav), sum(s.samples for s in segs) + (len(segs) - 1) * long.pause_samples)
 check.equal("each segment = its frames x 1920 samples", "segments off", sum(
     s.samples != s.frames * SAMPLES_PER_FRAME for s in segs), 0)
-save_wav(paths.outputs_dir(ckpt) / "15_long.wav", long.wav)
+save_wav(paths.outputs_dir(ckpt) / "16_long.wav", long.wav)
 display(Audio(long.wav, rate=SAMPLE_RATE))
 
 # %% [markdown]
@@ -252,11 +252,11 @@ check.at_most("it is cut where it is quiet (RMS around the cut / RMS of the clip
 # greedy, as in section 3. With torch blocked, on the first three paragraphs with 3-frame caps, and with a bad clip:
 
 # %%
-text_file = paths.outputs_dir(ckpt) / "15_long.txt"
+text_file = paths.outputs_dir(ckpt) / "16_long.txt"
 cli_text = "\n\n".join(TEXT.split("\n\n")[:3])
 cli_segments = len(longform.plan(synth, cli_text))
 text_file.write_text(cli_text, encoding="utf-8")
-out = paths.outputs_dir(ckpt) / "15_cli_long.wav"
+out = paths.outputs_dir(ckpt) / "16_cli_long.wav"
 voice_args = (["--speaker", synth.speakers[0]] if synth.kind == "custom_voice" else ["--voice", str(paths.voice_wav())])
 r = qtts_without_torch("say", "--checkpoint", str(model_dir), *voice_args, "--text-file", str(text_file),
                        "--language", "english", "--greedy", "--max-frames", "3", "--threads", str(THREADS),
@@ -268,9 +268,9 @@ check.equal("CLI wav = its frames + pauses", "samples", len(load_wav(out, quiet=
             frames * SAMPLES_PER_FRAME + (cli_segments - 1) * long.pause_samples)
 check.equal("CLI segments = the plan's", "segments", int(r.stdout.split(": ")[1].split(" segments")[0]), cli_segments)
 if synth.kind != "custom_voice":
-    save_wav(paths.outputs_dir(ckpt) / "15_short_clip.wav", good[:2400])
+    save_wav(paths.outputs_dir(ckpt) / "16_short_clip.wav", good[:2400])
     r = qtts_without_torch("say", "--checkpoint", str(model_dir), "--voice", str(paths.outputs_dir(ckpt) /
-                           "15_short_clip.wav"), "--text", "Hello.", "-o", str(out))
+                           "16_short_clip.wav"), "--text", "Hello.", "-o", str(out))
     print(r.stderr.strip())
     check.equal("a 0.1 s voice clip in the CLI", "exit status", r.returncode, 2)
 
@@ -285,7 +285,7 @@ if synth.kind != "custom_voice":
 # - Voice clips with NaN/Inf, too short, or silent are refused with a message (exit 2); clipped ones warned about;
 #   clips over the maximum cut at a quiet point (or refused when they come with a transcript).
 #
-# **Artifacts left:** `data/outputs/<ckpt>/15_long.wav`, `15_long.txt`, `15_cli_long.wav`, `15_short_clip.wav`, the
+# **Artifacts left:** `data/outputs/<ckpt>/16_long.wav`, `16_long.txt`, `16_cli_long.wav`, `16_short_clip.wav`, the
 # chapter report.
 #
 # **If your numbers differ**

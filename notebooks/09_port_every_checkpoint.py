@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Port every checkpoint: built-in speakers, described voices, instructions, 1.7B
+# # 09 · Port every checkpoint: built-in speakers, described voices, instructions, 1.7B
 # > The method does not change. What does: the speaker row, the prompt's first rows, a projection and the width of
 # > the predictor's tables.
 #
@@ -60,7 +60,7 @@ from qtts_lib.runtime.pipeline.prompt import END_TOKENS, INSTRUCT, ROLE_TOKENS
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
-report = check.begin("08_port_every_checkpoint", ckpt)
+report = check.begin("09_port_every_checkpoint", ckpt)
 qwen_tts = reference.import_qwen_tts()
 qm = importlib.import_module("qwen_tts.core.models.modeling_qwen3_tts")  # the reference's model code
 SMALL, WIDE, DESIGN = "tiny-customvoice", "tiny-1.7b-customvoice", "tiny-voicedesign"
@@ -120,7 +120,7 @@ check.equal("unknown speaker refused with every valid name", "lists all",
 # front** of the prompt, text rows only: a style for a built-in speaker (`synth.voice(speaker=..., instruct=...)`).
 # A VoiceDesign checkpoint has no speaker encoder and no speakers: the instruction *is* the voice
 # (`synth.voice(instruct=...)`), and the codec track has no speaker row; an empty description lets the model pick.
-# `tracks` lays a non-streaming prompt out cell by cell, as chapter 06 laid out the clones'. Four prompts, each
+# `tracks` lays a non-streaming prompt out cell by cell, as chapter 07 laid out the clones'. Four prompts, each
 # re-summed from its cells (= the runtime's prompt) and held to the reference's: a speaker with and without an
 # instruction (`reference.STYLE`), a designed voice (`reference.DESIGNED_VOICE`) and no description. The instruction
 # adds exactly its own tokens, and a voice clip given to a VoiceDesign checkpoint is refused.
@@ -233,7 +233,7 @@ check.equal(f"{WIDE}: Linear(192 -> 128, bias)", "in out bias",
 # `.param` it is the first `Gemm`, before the first `RMSNorm`: `9=` is K (192 in), `8=` is N (128 out), `10=4` a
 # constant C of shape (1, N) added to every row, the bias (`-1`: none). Its weights in the `.bin` are the
 # projection's, bit for bit. Folded, the projection's one Gemm runs inside the call the predictor makes for that row
-# anyway: each position stays one graph call, and chapter 06's loop is the same code on 0.6B and 1.7B. Last, the
+# anyway: each position stays one graph call, and chapter 07's loop is the same code on 0.6B and 1.7B. Last, the
 # whole graph against the reference module (`small_to_mtp_projection`, then the decoder layers) at two lengths:
 
 # %%
@@ -259,7 +259,7 @@ for length in spec.lengths:
 # %% [markdown]
 # ## 5. Keep the acoustic tables talker-wide
 # The code predictor's 15 tables (codebooks 1..15) are `embedding_dim` wide, the talker's width: the talker's next
-# input sums the frame's 16 rows (chapter 06), so all are talker-wide; section 4's projection narrows them only on
+# input sums the frame's 16 rows (chapter 07), so all are talker-wide; section 4's projection narrows them only on
 # their way into the predictor. The runtime holds the 15 in one array, `Embeddings.acoustic_table` (row
 # `s·2048 + code`); `Embeddings.frame` is the sum, checked against the reference's lines on random codes:
 
@@ -291,7 +291,7 @@ def compare(name: str, case: str, voice, gold: dict) -> None:
     result = synths[name].synthesize(inputs.TARGET_TEXT, inputs.LANGUAGE, voice, GREEDY, max_frames=FRAMES,
                                      on_warning=lambda w: print(f"warning: {w}"))
     results[(name, case)] = result
-    extra = len(result.wav) - len(gold["wav"])  # ICL: one sample more (the reference's float-ratio cut, chapter 07)
+    extra = len(result.wav) - len(gold["wav"])  # ICL: one sample more (the reference's float-ratio cut, chapter 08)
     row = check.tokens_equal(f"{name} {case}: codes = reference", result.codes, gold["codes"])
     check.equal(f"{name} {case}: EOS step = reference", "eos_step", result.eos_step, int(gold["eos_step"]))
     snr = check.snr(f"{name} {case}: waveform vs reference", result.wav[max(extra, 0):], gold["wav"], 60.0)
@@ -339,7 +339,7 @@ parity.style.format({"wav SNR dB": "{:.1f}"}).map(lambda v: "background: #cfc" i
 # `tiny-1.7b-customvoice` as a download looks (hard links, no `ncnn/`, no manifest of this project's):
 
 # %%
-user_dir = paths.outputs_dir(ckpt) / "08_user_checkpoint"
+user_dir = paths.outputs_dir(ckpt) / "09_user_checkpoint"
 shutil.rmtree(user_dir, ignore_errors=True)
 user_dir.parent.mkdir(parents=True, exist_ok=True)
 one_disk = os.stat(paths.model_dir(WIDE)).st_dev == os.stat(user_dir.parent).st_dev  # hard links where they can be
@@ -359,10 +359,10 @@ check.equal(f"qtts export: the chapters' {len(graphs)} graph files, bit for bit"
 
 # %%
 def say(label: str, *args: str):
-    """`qtts say`, greedy, in a process where torch cannot be imported, into data/outputs/<ckpt>/08_say_<label>.wav."""
+    """`qtts say`, greedy, in a process where torch cannot be imported, into data/outputs/<ckpt>/09_say_<label>.wav."""
     r = qtts_without_torch("say", "--text", inputs.TARGET_TEXT, "--language", inputs.LANGUAGE, "--greedy", "--threads",
                            str(THREADS), "--max-frames", str(FRAMES), "-o",
-                           str(paths.outputs_dir(ckpt) / f"08_say_{label}.wav"), *args)
+                           str(paths.outputs_dir(ckpt) / f"09_say_{label}.wav"), *args)
     print(r.stdout.strip() if r.returncode == 0 else r.stderr.strip()[-600:])
     return r
 
@@ -370,7 +370,7 @@ def say(label: str, *args: str):
 styled = say("instruct", "--checkpoint", str(user_dir), "--speaker", speaker, "--instruct", reference.STYLE)
 check.equal("qtts say --instruct, torch blocked", "exit status", styled.returncode, 0)
 check.snr("qtts say --instruct = synthesize(speaker + instruction)", load_wav(paths.outputs_dir(ckpt) /
-          "08_say_instruct.wav"), results[(WIDE, "speaker_instruct_greedy")].wav, 60.0)
+          "09_say_instruct.wav"), results[(WIDE, "speaker_instruct_greedy")].wav, 60.0)
 for label, (name, *args) in {"speaker": [SMALL, "--speaker", synths[SMALL].speakers[0]], "design_plain": [DESIGN],
                              "design": [DESIGN, "--instruct", reference.DESIGNED_VOICE]}.items():
     check.equal(f"qtts say ({label}) with torch blocked", "exit status",
@@ -380,7 +380,7 @@ refused = say("refused", "--checkpoint", str(paths.model_dir("tiny-1.7b-base")),
 check.equal("qtts say --instruct on a Base checkpoint", "exit status", refused.returncode, 2)
 
 # %% [markdown]
-# `qtts serve` (chapter 17) takes OpenAI's `instructions` field: a style for a built-in speaker on 1.7B, the voice
+# `qtts serve` (chapter 18) takes OpenAI's `instructions` field: a style for a built-in speaker on 1.7B, the voice
 # itself on VoiceDesign (voice `design`). Where the checkpoint cannot follow one the request is **refused** with a
 # 400 naming `instructions`, before any audio: a server cannot show a client a warning, so it does not drop silently
 # what `synthesize` drops with one. `/v1/models` says which it is. One live request per case, in process:
@@ -429,11 +429,11 @@ for path in sorted((paths.DATA / "bench" / "parity").glob("*.json")):
 #   voice is that instruction alone, with no speaker row. 0.6B CustomVoice drops an instruction, as the reference
 #   does, with a warning (`qtts serve` refuses it with a 400).
 # - 1.7B widens the talker only; `small_to_mtp_projection` is the first Gemm of the exported `predictor_decoder`,
-#   weights bit for bit, and the predictor's 15 tables are talker-wide: chapter 06's loop needs no change.
+#   weights bit for bit, and the predictor's 15 tables are talker-wide: chapter 07's loop needs no change.
 # - Prompts and codes match the reference token for token for every prompt kind of every checkpoint kind.
 # - `qtts export DIR` makes the chapters' graphs; `qtts say --instruct` speaks with torch blocked.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/08_user_checkpoint/` (a converted copy), `08_say_*.wav`, the report.
+# **Artifacts left:** `data/outputs/<ckpt>/09_user_checkpoint/` (a converted copy), `09_say_*.wav`, the report.
 #
 # **If your numbers differ**
 # - *A dialect speaker diverges* → the language tag was not switched to the dialect id.

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 14 · Stream audio
+# # 15 · Stream audio
 # > First audio after a few frames, and exactly the waveform of the whole-utterance decode.
 #
 # **You will:** measure how much left context the causal codec decoder needs, stream `Synthesizer` output piece by
@@ -25,7 +25,7 @@
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip.
 # Timings on `tiny-*` are mostly call overhead; the full-size ones are read from `data/bench/stream/`.
-# **Leaves behind:** `data/outputs/<ckpt>/14_stream.wav`, `data/reports/<ckpt>/14_stream_audio.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/15_stream.wav`, `data/reports/<ckpt>/15_stream_audio.json`.
 
 # %%
 import inspect
@@ -54,7 +54,7 @@ from qtts_lib.runtime.pipeline import precision
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("14_stream_audio", ckpt)
+report = check.begin("15_stream_audio", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # chapters 04-05's graphs, reused when current
 synth = Synthesizer(model_dir, threads=THREADS)
@@ -140,7 +140,7 @@ check.snr(f"stream (chunks of 36) = Codec.decode, all {T} frames", streamed, chu
 # ## 4. Decode every frame once
 # Re-decoding is simple and exact, but expensive: inside a reference chunk a piece's left context is everything
 # from the chunk's context start, up to 325 frames, so a stream of small pieces decodes dozens of times more frames
-# than it plays. The codec's CPU form (chapter 11) is cut in parts, and every part can continue where it stopped:
+# than it plays. The codec's CPU form (chapter 12) is cut in parts, and every part can continue where it stopped:
 # part 0 (codebooks, pre_conv) reruns only its 3 frames of left context; the transformer runs the new positions with
 # a KV cache (chapter 05's `add_kv_cache` on its graph, the mask keeping the sliding window); every causal
 # convolution of the upsampling stages keeps the last input samples it reads from the call before, a state blob in
@@ -218,7 +218,7 @@ for chunk in (4, 12):
     check.tokens_equal(f"stream's codes = synthesize's, chunks of {chunk}", streaming.result.codes, whole.codes)
     check.snr(f"stream = synthesize, {voice.mode}, chunks of {chunk} frames ({len(pieces)} pieces)",
               np.concatenate(pieces), whole.wav, 60.0)
-save_wav(paths.outputs_dir(ckpt) / "14_stream.wav", np.concatenate(pieces))
+save_wav(paths.outputs_dir(ckpt) / "15_stream.wav", np.concatenate(pieces))
 try:  # bad input is refused when `stream` is called, before any frame: before anything reached a listener
     synth.stream(TEXT, "klingon", voice)
     refused = "nothing"
@@ -388,7 +388,7 @@ for r in POOLS["runs"]:  # the stream's loop in a worker thread, the caller's po
 #
 # Here the command runs in a process where torch cannot be imported, with a seed, so that its take can be compared
 # with `Synthesizer.stream`'s in this process: the pipe carries the same pieces, rounded to 16 bits. Serving the
-# stream over HTTP, to many listeners at once, is chapter 17.
+# stream over HTTP, to many listeners at once, is chapter 18.
 
 # %%
 cli = "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))"
@@ -418,7 +418,7 @@ check.equal("qtts say -o - = Synthesizer.stream, same seed, 16-bit PCM", "max |d
 #   other's workers (`qtts serve` runs every ncnn call on one engine thread).
 # - `qtts say -o -` pipes the same stream as 16-bit PCM behind a WAV header of unknown length.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/14_stream.wav`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/15_stream.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *Stream far from `Codec.decode` past frame 300* → a context reaching left of `chunk_start − 25`: that is the

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 11 · Rewrite the codec for the CPU
+# # 12 · Rewrite the codec for the CPU
 # > The same arithmetic through faster kernels: rewrite the graph's text, prove it equal, measure it.
 #
 # **You will:** rewrite the exported codec graph step by step (1-D convolutions as 2-D ones, transposed convolutions
@@ -28,7 +28,7 @@
 # **You need:** `models/<ckpt>/ncnn/codec_decoder.*` (chapter 04; exported here if missing). Timings on `tiny-*`
 # mean little (overhead dominates); the full-size numbers are the committed ones (`data/bench/codec/`).
 # **Leaves behind:** `models/<ckpt>/ncnn/fast/` (the codec's CPU form, in parts),
-# `data/reports/<ckpt>/11_rewrite_the_codec_for_cpu.json`.
+# `data/reports/<ckpt>/12_rewrite_the_codec_for_cpu.json`.
 
 # %%
 import inspect
@@ -59,7 +59,7 @@ from qtts_lib.runtime.rewrites import codec_cpu
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
-report = check.begin("11_rewrite_the_codec_for_cpu", ckpt)
+report = check.begin("12_rewrite_the_codec_for_cpu", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 export.ensure(reference.load(model_dir, threads=THREADS), ckpt)
 ncnn_dir = paths.ncnn_dir(ckpt)
@@ -187,7 +187,7 @@ print(layer_lines(cut_text, lambda w: w[1].startswith(one) and w[0] in ("Slice",
 # of a few frames (`codec.parts.run_parts`), and a decode of any length never holds a whole stage in memory. A chunk
 # can carry that much left context, computed again; the runtime instead gives every causal convolution a state, the
 # last input samples it read, in and out of the part's graph (`rewrites.codec_cpu.stateful_convolutions`, as a KV
-# cache keeps positions), so no sample is computed twice, which matters once the chunks are one frame (chapter 14).
+# cache keeps positions), so no sample is computed twice, which matters once the chunks are one frame (chapter 15).
 #
 # How far back is "a few samples"? Rather than adding up kernel sizes and dilations by hand, `codec.parts.reach`
 # *measures* it when `codec.cpu_form` writes the parts: change one input sample and see which output samples change
@@ -263,7 +263,7 @@ pd.DataFrame({"ms per frame (median)": {k: round(float(np.median(v)), 2) for k, 
 # decode's fresh memory at full size). Its cost is the left context computed again per chunk, which the chunk length
 # holds near `cpu_form.PART_OVERHEAD` of the work; on a tiny checkpoint a chunk is microseconds of work and the extra
 # calls dominate instead, so chunked runs slower here.
-# Chapter 14 runs the same parts incrementally to stream without decoding anything twice.
+# Chapter 15 runs the same parts incrementally to stream without decoding anything twice.
 #
 # ## 7. Against PyTorch's codec, and against the machine's peak
 # A generation run decodes once per process, and the spread between two processes is often larger than the
@@ -290,7 +290,7 @@ def codec_row(run: dict) -> dict:
 pd.DataFrame([codec_row(live)], index=[ckpt])
 
 # %% [markdown]
-# At full size, on the reference machine of chapter 10 (`python -m qtts_lib.bench codec`, committed):
+# At full size, on the reference machine of chapter 11 (`python -m qtts_lib.bench codec`, committed):
 
 # %%
 ref = json.loads((paths.DATA / "bench" / "codec" / "dev-2core-epyc-full-base.json").read_text())
@@ -311,7 +311,7 @@ check.at_most("full size, reference machine: the codec's CPU form vs PyTorch (me
 #   chunks, and the parts run chunk by chunk, each convolution keeping its state (`codec.parts.run_parts`): the same
 #   waveform, bounded memory.
 # - `codec.cpu_form` writes the result once under `ncnn/fast/` (rewritten when the exports change); it is what the
-#   runtime decodes with on the CPU, and chapters 06-07 hold token and waveform parity through it.
+#   runtime decodes with on the CPU, and chapters 06-08 hold token and waveform parity through it.
 # - At full size the CPU form is faster than PyTorch's codec on the reference machine, near its arithmetic peak.
 #
 # **Artifacts left:** `models/<ckpt>/ncnn/fast/`, the chapter report.

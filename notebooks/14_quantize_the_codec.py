@@ -12,20 +12,20 @@
 # ---
 
 # %% [markdown]
-# # 13 · Quantize the codec, and pick a tier
+# # 14 · Quantize the codec, and pick a tier
 # > Once the loop is int8 the codec is a large share of every frame; it is compute-bound, so its tiers make the
 # > arithmetic cheaper, not the bytes fewer.
 #
-# **You will:** see what the codec costs beside chapter 12's int8 loop; decode in bf16 storage and with int8
+# **You will:** see what the codec costs beside chapter 13's int8 loop; decode in bf16 storage and with int8
 # convolutions calibrated once, and measure each against fp32 by SNR, log-spectral distance and the codes the Mimi
 # encoder hears back; try decoding on the second core; and pick a tier from one table of speed beside quality.
 #
 # **You will learn:** why the codec's tiers are not the loop's; what a static input scale is and where it breaks;
 # why the fastest codec tier is the CPU's business; why the codec process stayed an experiment.
 #
-# **You need:** `models/<ckpt>/ncnn/` with the codec's CPU form (chapters 04 and 11; exported here if missing).
+# **You need:** `models/<ckpt>/ncnn/` with the codec's CPU form (chapters 04 and 12; exported here if missing).
 # **Leaves behind:** `models/<ckpt>/ncnn/fast_int8/` (the codec's int8 tier, calibrated once),
-# `data/reports/<ckpt>/13_quantize_the_codec.json`.
+# `data/reports/<ckpt>/14_quantize_the_codec.json`.
 
 # %%
 import json
@@ -49,7 +49,7 @@ from qtts_lib.runtime.pipeline.config import ModelConfig
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("13_quantize_the_codec", ckpt)
+report = check.begin("14_quantize_the_codec", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)
 export.ensure(tts, ckpt)
@@ -61,8 +61,8 @@ committed = lambda name: json.loads((BENCH / name).read_text())
 
 # %% [markdown]
 # ## 1. What the codec costs beside the int8 loop
-# Chapter 12 left the loop in int8 and the codec in fp32. On the reference machine, the same runs, with the codec's
-# share of each frame; and the codec alone (chapter 10's codec benchmark): the arithmetic one frame needs, against
+# Chapter 13 left the loop in int8 and the codec in fp32. On the reference machine, the same runs, with the codec's
+# share of each frame; and the codec alone (chapter 11's codec benchmark): the arithmetic one frame needs, against
 # the machine's measured sgemm peak at the same threads.
 
 # %%
@@ -159,9 +159,9 @@ display(Audio(codec_int8.decode(codes40), rate=SAMPLE_RATE))
 # steps (`tests/test_codec_int8.py` shows the error it makes), and random codes are not speech. On a real checkpoint,
 # measure the tier on your own codes before you ship it (`python -m qtts_lib.bench codec --tiers fp32,int8`).
 #
-# A stream (chapter 14) decodes a frame or a few at a time, and each push runs the transformer one position
+# A stream (chapter 15) decodes a frame or a few at a time, and each push runs the transformer one position
 # through its KV cache, reading all of its weights for one frame. So the tier also gives that cached form the
-# loop's int8 projections (chapter 12: per-row weight scales, each call's activations measured, no calibration),
+# loop's int8 projections (chapter 13: per-row weight scales, each call's activations measured, no calibration),
 # all but the transformer's input and output projections, which stay fp32 (made int8 too, they alone cost the
 # stream several dB). A whole decode runs the fp32 transformer once over all frames. The ConvNeXt upsampler after
 # the transformer has pointwise projections as well (1024 <-> 4096, two per upsampling part): they get the same int8
@@ -267,7 +267,7 @@ print(f"split faster than sequential in {split_wins.sum()} of {len(overlap)} run
 # Squeezing the decoder beside a two-thread loop is the slowest everywhere: ncnn's OpenMP threads spin and wait on a
 # core that the other process holds. The split and its product form, `runtime.experimental.codec_process`, win where
 # one thread draws most of the bandwidth and lose where it draws about half, and a cheaper codec tier makes the second
-# core worth less, not more. `CodecProcess` starts a child Python that loads the codec and runs chapter 14's
+# core worth less, not more. `CodecProcess` starts a child Python that loads the codec and runs chapter 15's
 # incremental `StreamDecoder` on the frames this process sends as the loop makes them (threads would not overlap: the
 # binding holds the GIL inside `extract`); a synthesizer given it as its `decoders` pushes its frames there. Because
 # its gain comes and goes with the machine and the tiers, it stays out of the product: `qtts say` and `qtts serve`
@@ -294,12 +294,12 @@ check.snr("codec process: the same audio as in process", b.wav, a.wav, 100.0)
 
 # %% [markdown]
 # ## 6. The tier to pick
-# A tier is two choices, the loop's precision (`--precision`, chapter 12) and the codec's (`--codec-precision`), and
+# A tier is two choices, the loop's precision (`--precision`, chapter 13) and the codec's (`--codec-precision`), and
 # each has its price: the codes the loop picks (agreement with fp32 under teacher forcing, and the frame where
 # running free first leaves fp32's codes) and the audio the codec makes of the same codes (SNR, log-spectral
 # distance, the codes Mimi hears back). One table, every pair the reference machine ran end to end (one stream,
 # 2 threads; a pair run more than once shows its best and worst run), each beside both prices: the loop's from
-# chapter 12's committed quality files, the codec's from section 4's file. fp32 + fp32 is the only pair that keeps
+# chapter 13's committed quality files, the codec's from section 4's file. fp32 + fp32 is the only pair that keeps
 # token parity with PyTorch. The verdict under the table is printed from the same rows.
 
 # %%
@@ -309,7 +309,7 @@ SPEED = [f"{REFERENCE}-full-base-tiers.json", f"{REFERENCE}-full-base-codec-tier
 speed = pd.DataFrame([{"loop": r["precision"], "codec": r.get("codec_precision") or "fp32", "RTF": r["rtf"],
                        "ms/frame": r["ms_per_frame"]["total"]} for name in SPEED for r in committed(name)["rows"]
                       if r["runtime"] == "ncnn" and r["threads"] == 2 and r.get("batch") in (None, 1)
-                      and (r["precision"] != "int8" or "weights-as-a" in name)])  # int8: chapter 12's form only
+                      and (r["precision"] != "int8" or "weights-as-a" in name)])  # int8: chapter 13's form only
 q_all, q_int8 = committed(f"quality/{REFERENCE}-full-base.json"), committed(
     f"quality/{REFERENCE}-full-base-weights-as-a.json")
 loop_q = {t: (q_int8 if t == "int8" else q_all)["tiers"][t] for t in ("fp32", "fp16", "int8")}

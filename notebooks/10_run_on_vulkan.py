@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 09 · Run the port on Vulkan
+# # 10 · Run the port on Vulkan
 # > Same graphs, same tokens, another device: prove it, then find out what a GPU buys.
 #
 # **You will:** run every exported graph and the KV-cache steps on a Vulkan device against the CPU, generate on
@@ -26,7 +26,7 @@
 # **You need:** a Vulkan device ncnn can see (a GPU, or Mesa's lavapipe on any CPU: `apt-get install
 # mesa-vulkan-drivers libvulkan1`; without one the live sections record a skip, and fail where `QTTS_REQUIRE_VULKAN`
 # is set); chapter 03's goldens; the graphs of chapters 04–05 (exported here if missing). `QTTS_DEVICE=vulkan:N`
-# picks a device. **Leaves behind:** `data/outputs/<ckpt>/09_vulkan.wav`, `data/reports/<ckpt>/09_run_on_vulkan.json`.
+# picks a device. **Leaves behind:** `data/outputs/<ckpt>/10_vulkan.wav`, `data/reports/<ckpt>/10_run_on_vulkan.json`.
 
 # %%
 import inspect
@@ -54,7 +54,7 @@ ckpt = settings.checkpoint()
 THREADS = settings.threads()
 DEVICE = settings.device() if settings.device().startswith("vulkan") else "vulkan"
 torch.set_num_threads(THREADS)
-report = check.begin("09_run_on_vulkan", ckpt)
+report = check.begin("10_run_on_vulkan", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 out_dir = paths.ncnn_dir(ckpt)
 BENCH = paths.ROOT / "data" / "bench"
@@ -73,7 +73,7 @@ if gpu:
     print(f"ncnn {ncnn.__version__} sees: {why}")
     check.equal(f"{DEVICE} is a device ncnn sees", "devices", len(gpu_names()) > 0, True)
 else:
-    check.current().record("chapter 09 on Vulkan", "skipped", why, "needs a Vulkan device", True, "--")
+    check.current().record("chapter 10 on Vulkan", "skipped", why, "needs a Vulkan device", True, "--")
 
 # %% [markdown]
 # ## 2. Run every graph on Vulkan at two lengths
@@ -168,7 +168,7 @@ if gpu:
 # %% [markdown]
 # The waveform: `synthesize`'s audio, decoded by the codec's GPU form on Vulkan (`codec.gpu_form`: the codebook sums
 # on the CPU, everything after them one Vulkan graph; section 7), against chapter 03's wav (PyTorch on the CPU) and
-# against the ncnn CPU decode of the same codes, at chapter 06's threshold.
+# against the ncnn CPU decode of the same codes, at chapter 07's threshold.
 
 # %%
 if gpu:
@@ -178,7 +178,7 @@ if gpu:
         check.snr(f"{mode}: Vulkan wav vs PyTorch CPU golden", result.wav, golden["wav"], 60.0)
         cpu_wav = cpu_codec.decode_with_voice(result.codes, voice.codes)
         check.snr(f"{mode}: Vulkan wav vs ncnn CPU wav", result.wav, cpu_wav, 60.0)
-    save_wav(paths.outputs_dir(ckpt) / "09_vulkan.wav", result.wav)
+    save_wav(paths.outputs_dir(ckpt) / "10_vulkan.wav", result.wav)
 
 # %% [markdown]
 # ## 5. Check ncnn's conventions on this device
@@ -334,7 +334,7 @@ if gpu:
 # I/O's own Reshape/Split/Concat layers allowed on top), and the layers that have no Vulkan kernel (each would be a
 # download, a CPU op and an upload inside the extract). The check is that there are none. The codec's exported graph
 # has such layers; its GPU form (`codec.gpu_form`, what `Synthesizer` decodes with on a GPU) rewrites them into
-# layers that have a kernel (polyphase stride-1 convolutions and 2-D convolutions, chapter 11's rewrites without the
+# layers that have a kernel (polyphase stride-1 convolutions and 2-D convolutions, chapter 12's rewrites without the
 # CPU's cuts) and runs the codebook sums (a gather and a few MFLOP a frame) on the CPU before the Vulkan graph.
 
 # %%
@@ -362,7 +362,7 @@ if gpu:
 
 # %% [markdown]
 # ## 8. Read what a GPU buys
-# The benchmark harness of chapter 10 (`python -m qtts_lib.bench loop`) ran on the H200 host at full size, on
+# The benchmark harness of chapter 11 (`python -m qtts_lib.bench loop`) ran on the H200 host at full size, on
 # zero-filled weights of the real sizes (fp32 kernels take the same time whatever the values): one prompt, runs
 # interleaved, each in a fresh process: ncnn on Vulkan (the GPU forms), PyTorch on the same GPU (qwen-tts's generate,
 # CUDA, fp32), and both on the host's CPU cores. A frame is 80 ms of audio: a bar past that line is slower than real
@@ -425,7 +425,7 @@ print(f"a frame's loop at 64 positions, from these calls: {frame_now:.0f} ms thr
 #
 # ## Summary
 # - Every graph, the cached decoders and the whole loop give the CPU's answers on Vulkan in fp32: every code of the
-#   x-vector and ICL goldens, waveforms above chapter 06's threshold.
+#   x-vector and ICL goldens, waveforms above chapter 07's threshold.
 # - ncnn's tests define half-width rope tables and 2-D / 3-D masks; the runtime keeps to the half-width, 2-D forms.
 # - fp16 on Vulkan corrupts int32 ids that pass through a GPU layer and changes codes: fp32 stays the default.
 # - Through the binding a GPU step costs the weights read at ncnn's one-row `Gemm` speed, then per-call host work.
@@ -434,7 +434,7 @@ print(f"a frame's loop at 64 positions, from these calls: {frame_now:.0f} ms thr
 # - On the reference H200, same harness and prompt, ncnn on Vulkan beats PyTorch on CUDA for the loop, the codec and
 #   the whole frame (section 8); C++ would take a further share off. Every machine side by side: the results page.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/09_vulkan.wav`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/10_vulkan.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *One "skipped" row, or `VulkanRequired` where `QTTS_REQUIRE_VULKAN` is set* → ncnn saw no Vulkan device

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 16 · Speak many at once: batched generation
+# # 17 · Speak many at once: batched generation
 # > A memory-bound step reads every weight once, whatever it computes with them. Give it four rows instead of one.
 #
 # **You will:** fold several sequences into one decoder call with a `.param` rewrite; decode the SDPA layer's
@@ -26,7 +26,7 @@
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing). The full-size tables are read
 # from `data/bench/batch/` (committed; `python -m qtts_lib.bench batch` remakes them on your machine).
-# **Leaves behind:** `data/outputs/<ckpt>/16_many_*.wav`, `data/reports/<ckpt>/16_speak_many_at_once.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/17_many_*.wav`, `data/reports/<ckpt>/17_speak_many_at_once.json`.
 
 # %%
 import inspect
@@ -56,7 +56,7 @@ from qtts_lib.runtime.rewrites.batch import fold_batch
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("16_speak_many_at_once", ckpt)
+report = check.begin("17_speak_many_at_once", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # chapters 04-05's graphs, reused when current
 synth = Synthesizer(model_dir, threads=THREADS)
@@ -68,7 +68,7 @@ print(f"{ckpt}: talker {talker['hidden_size']} wide, {talker['num_hidden_layers'
 # %% [markdown]
 # ## 1. Four rows for the price of one
 # Every frame the talker reads all its weights once and the code predictor reads its weights 15 times: the loop is
-# bound by memory, not by arithmetic (chapter 10 counts the bytes). A projection over M rows reads the same weights
+# bound by memory, not by arithmetic (chapter 11 counts the bytes). A projection over M rows reads the same weights
 # as over one row; only the arithmetic grows, and a few rows are still far from the arithmetic the machine could
 # do while it streams the weights. So B utterances decoded together cost about what one costs, *if* every graph
 # call can take one row per utterance.
@@ -318,7 +318,7 @@ for tier in ("fp32", "int8"):
 # rounding to integers), with one scale per call, shared by the rows of a batch: a float32 rounding difference
 # upstream can move a value across a rounding boundary of the quantizer, and a batched row's grid also depends on
 # the other rows' largest value. int8 is already an approximation of fp32 that changes codes on random weights
-# (chapter 12); a batch draws another sample of the same approximation. Batched int8 is *not* int8 alone, and only
+# (chapter 13); a batch draws another sample of the same approximation. Batched int8 is *not* int8 alone, and only
 # fp32 batches keep the parity checks.
 
 # %% [markdown]
@@ -359,7 +359,7 @@ check.equal("a new utterance started while others ran", "joined mid-batch",
 many = synth.synthesize_many([Utterance(t, "english", voices[0], Sampling(seed=i), max_frames=40)
                               for i, t in enumerate(texts)], max_batch=4)
 for i, result in enumerate(many):
-    save_wav(paths.outputs_dir(ckpt) / f"16_many_{i}.wav", result.wav)
+    save_wav(paths.outputs_dir(ckpt) / f"17_many_{i}.wav", result.wav)
 display(Audio(np.concatenate([r.wav for r in many]), rate=SAMPLE_RATE))
 
 # %% [markdown]
@@ -395,9 +395,9 @@ plt.show()
 # %% [markdown]
 # The loop's cost per aggregate frame falls almost as 1/B at first (the weights are read once for B rows) and more
 # slowly later, as the arithmetic, attention over B caches and per-call overhead catch up. The codec does not batch:
-# it is bound by arithmetic, not memory (chapter 11 measures it against the machine's peak), so decoding B
+# it is bound by arithmetic, not memory (chapter 12 measures it against the machine's peak), so decoding B
 # utterances costs B times one, and its share of every aggregate frame grows with B (in int8 it soon is the larger
-# part). The lever is then the codec's own cost: chapter 13's bf16 tier. The same harness with
+# part). The lever is then the codec's own cost: chapter 14's bf16 tier. The same harness with
 # `--codec-precision fp32,bf16`, each row beside its twin (aggregate RTF):
 
 # %%
@@ -415,9 +415,9 @@ display(twins.pivot_table(index=["precision", "B"], columns="codec", values="rtf
 #   they come; `/health` shows `batch`, `max_batch` and the `largest_batch` seen. A request is a *lane*
 #   (`Scheduler.lane`): it keeps its place from its first segment to its last, so a long text's next segment goes
 #   before any request that has not started, and a running stream never waits behind a newcomer; a request that
-#   joins is prefilled in pieces of `PREFILL_PIECE` (32) positions between frames. Chapter 17 serves this over HTTP
+#   joins is prefilled in pieces of `PREFILL_PIECE` (32) positions between frames. Chapter 18 serves this over HTTP
 #   and reads what it changes for a running stream under load.
-# - On a GPU `--max-batch` defaults to 1: chapter 09's GPU forms take one sequence per call, the fastest for one.
+# - On a GPU `--max-batch` defaults to 1: chapter 10's GPU forms take one sequence per call, the fastest for one.
 #   More loads the CPU's folded graphs on the device (`gpu_batches=True`): more round trips per frame, each serving
 #   B sequences, with caches that come back plain (`cache_layout.probe("vulkan")`), so sequences join and leave as
 #   on the CPU. The [results](results.ipynb) page shows how that scales on a GPU host.
@@ -435,7 +435,7 @@ display(twins.pivot_table(index=["precision", "B"], columns="codec", values="rtf
 #   keeps its place from its first segment to its last.
 # - The loop's cost per aggregate frame falls with B; the codec does not batch, so its share of the time grows.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/16_many_*.wav`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/17_many_*.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *A batch's codes differ from the alone run at once* → the mask: a sequence sees another's padding, or rope rows

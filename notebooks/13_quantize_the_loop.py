@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 12 · Quantize the loop: fewer bytes per weight
+# # 13 · Quantize the loop: fewer bytes per weight
 # > The generation loop is memory-bound, so the only way below its fp32 floor is fewer bytes per weight.
 #
 # **You will:** turn each precision tier's bytes per frame into a floor; write fp16 as a `.param` rewrite and int8 as
@@ -23,8 +23,8 @@
 # agreement on random weights is a pessimistic proxy; what stands between the int8 loop and its floor.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing). **Leaves behind:**
-# `models/<ckpt>/ncnn/int8/` (the int8 tier, written once), `data/outputs/<ckpt>/12_quality.json`,
-# `data/outputs/<ckpt>/12_one_gemm/`, `data/reports/<ckpt>/12_quantize_the_loop.json`.
+# `models/<ckpt>/ncnn/int8/` (the int8 tier, written once), `data/outputs/<ckpt>/13_quality.json`,
+# `data/outputs/<ckpt>/13_one_gemm/`, `data/reports/<ckpt>/13_quantize_the_loop.json`.
 
 # %%
 import json
@@ -52,7 +52,7 @@ from qtts_lib.runtime.rewrites.int8 import int8_graph, quantize_rows
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("12_quantize_the_loop", ckpt)
+report = check.begin("13_quantize_the_loop", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)
 export.ensure(tts, ckpt)
@@ -65,10 +65,10 @@ committed = lambda name: json.loads((BENCH / name).read_text())
 
 # %% [markdown]
 # ## 1. Bytes per frame, per tier
-# Chapter 10 counted the weights one frame reads: the talker decoder once, the code predictor's decoder 15 times,
+# Chapter 11 counted the weights one frame reads: the talker decoder once, the code predictor's decoder 15 times,
 # plus the heads. A tier stores the two decoders' projections in fewer bytes, and int8 the predictor's 15 heads too.
 # The talker's codec head stays fp32 (it picks codebook 0 and the end of speech once a frame), the embeddings are read
-# a few rows at a time (shrinking them saves memory, not time), and the codec has tiers of its own (chapter 13).
+# a few rows at a time (shrinking them saves memory, not time), and the codec has tiers of its own (chapter 14).
 # Divided by the read bandwidth measured now, each tier has its floor:
 
 # %%
@@ -153,7 +153,7 @@ n, k = (int(params_dict(gemm)[key]) for key in ("8", "9"))
 w = split_bin(text, (ncnn_dir / "talker_decoder.bin").read_bytes())[gemm.name][0].array().reshape(n, k)
 one = f"7767517\n2 2\nInput in 0 1 in\nGemm g 1 1 in out {' '.join(gemm.params)}\n"
 q_text, q_bin, _ = int8_graph(one, FP32_TAG + w.tobytes())
-work = paths.outputs_dir(ckpt) / "12_one_gemm"
+work = paths.outputs_dir(ckpt) / "13_one_gemm"
 work.mkdir(parents=True, exist_ok=True)
 (work / "g.param").write_text(q_text), (work / "g.bin").write_bytes(q_bin)
 x = np.random.default_rng(0).standard_normal((4, k)).astype(np.float32)
@@ -209,7 +209,7 @@ pd.DataFrame(steps_ms).round(2).rename_axis("step ms (median)")
 
 # %%
 live = quality.measure(model_dir, tiers, frames=200 if full else 40, threads=THREADS, progress=False)
-(paths.outputs_dir(ckpt) / "12_quality.json").write_text(json.dumps(live, indent=1))
+(paths.outputs_dir(ckpt) / "13_quality.json").write_text(json.dumps(live, indent=1))
 check.equal("teacher forcing reproduces fp32's own greedy codes (lowest agreement)", "agreement",
             min(live["tiers"]["fp32"]["agreement"]), 1.0)
 check.at_least("fp16: teacher-forced agreement, mean over codebooks", "agreement",
@@ -261,7 +261,7 @@ agreement_plot(full_q | {"tiers": full_q["tiers"] | {"int8, 1.7B": q17["tiers"][
 
 # %% [markdown]
 # ## 6. Full size, on the reference machine
-# `make bench BENCH_PRECISION=fp32,fp16,int8` times PyTorch and every ncnn tier on `full-base` (chapter 10's harness).
+# `make bench BENCH_PRECISION=fp32,fp16,int8` times PyTorch and every ncnn tier on `full-base` (chapter 11's harness).
 # The reference machine's runs: PyTorch, fp32 and fp16 from one run of every tier, int8 from two runs of section 3's
 # int8 form (the fp32 codec everywhere); each row's floor is the bandwidth probed in its own run. Every committed
 # machine is on the [results page](results.ipynb).
@@ -402,7 +402,7 @@ check.at_most("int8 loop: a frame's rest beyond its weights, share of the frame 
 
 # %% [markdown]
 # And the **loop end to end** as a user runs it (`python -m qtts_lib.bench loop --runtimes ncnn --precision int8
-# --codec-precision fp32,bf16,int8 --threads 2 --repeats 5`), two runs; chapter 13 reads their codec columns.
+# --codec-precision fp32,bf16,int8 --threads 2 --repeats 5`), two runs; chapter 14 reads their codec columns.
 
 # %%
 e2e = pd.DataFrame([{"run": i, "codec tier": r["codec_precision"], "talker": r["ms_per_frame"]["talker"],
@@ -418,7 +418,7 @@ print(f"the int8 loop at {e2e['loop / floor'].min()}-{e2e['loop / floor'].max()}
 # reads its weights slower than the probe streams memory, and no other form measured faster. The rest is all else a
 # frame does (norms, RoPE, attention, the caches, the Python around the calls counted above), call by call in the
 # table above. A GEMV that streams at the probe's rate, fewer bits per weight with a kernel
-# that reads them as fast, or more bandwidth would close it. The codec comes on top: chapter 13 makes it cheaper.
+# that reads them as fast, or more bandwidth would close it. The codec comes on top: chapter 14 makes it cheaper.
 #
 # ## Summary
 # - The loop's floor is bytes per frame over bandwidth, so it moves only with bytes per weight: fp16 halves it, int8
@@ -433,7 +433,7 @@ print(f"the int8 loop at {e2e['loop / floor'].min()}-{e2e['loop / floor'].max()}
 #   distance from the floor is mostly ncnn's int8 GEMV itself, which reads slower than memory streams.
 #
 # **Artifacts left:** `models/<ckpt>/ncnn/int8/` (both decoders and the heads in int8, and `stamp.json`: rewritten
-# only when the exports change), `data/outputs/<ckpt>/12_quality.json`, `data/outputs/<ckpt>/12_one_gemm/` (section
+# only when the exports change), `data/outputs/<ckpt>/13_quality.json`, `data/outputs/<ckpt>/13_one_gemm/` (section
 # 3's one projection), the chapter report. What was tried on the way, and how these numbers moved between machines:
 # the [lab notes](../lab_notes.md).
 #

@@ -12,12 +12,12 @@
 # ---
 
 # %% [markdown]
-# # 07 · Clone a voice on ncnn
+# # 08 · Clone a voice on ncnn
 # > A voice clip enters the prompt twice: as an x-vector, and (in context) as its own codes beside its transcript.
 #
 # **You will:** compute the speaker x-vector from a wav with a numpy mel frontend and the exported ECAPA (speaker
 # embedding) encoder; encode the clip's codes with the exported Mimi encoder and a numpy split RVQ (residual vector
-# quantizer); clone the voice both ways with chapter 06's loop, each compared with the PyTorch reference.
+# quantizer); clone the voice both ways with chapter 07's loop, each compared with the PyTorch reference.
 #
 # **You will learn:** the exact mel recipe (where one wrong constant costs you the cosine); how the split RVQ works;
 # how the ICL prompt lines up voice transcript and voice codes; why the clip's part of the audio is cut by frame
@@ -25,9 +25,9 @@
 # (`synth.voices`), the prompt `pipeline.prompt` (`synth.prompt`).
 #
 # **You need:** chapter 03's goldens on `<ckpt>` (`xvec_greedy.npz`, `icl_greedy.npz`); the ncnn graphs are
-# exported here if missing. (A checkpoint without a speaker encoder, chapter 08, records why each cloning step is
+# exported here if missing. (A checkpoint without a speaker encoder, chapter 09, records why each cloning step is
 # skipped.)
-# **Leaves behind:** `data/outputs/<ckpt>/07_*.wav`, `data/reports/<ckpt>/07_clone_voices.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/07_*.wav`, `data/reports/<ckpt>/08_clone_voices.json`.
 
 # %%
 import inspect
@@ -48,7 +48,7 @@ from qtts_lib.runtime.pipeline.synthesizer import Result, Synthesizer
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
-report = check.begin("07_clone_voices", ckpt)
+report = check.begin("08_clone_voices", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)
 export.ensure(tts, ckpt)
@@ -66,11 +66,11 @@ def skipped(step: str) -> None:
                 "speaker_encoder_config" in synth.config.config, False)
 
 
-FRAMES = inputs.GOLDEN_MAX_NEW_TOKENS - 1  # the goldens' 45 new tokens are 44 frames (chapter 06)
+FRAMES = inputs.GOLDEN_MAX_NEW_TOKENS - 1  # the goldens' 45 new tokens are 44 frames (chapter 07)
 
 
 def greedy_run(s: Synthesizer, prompt, frames: int) -> Result:
-    """Chapter 06's loop to its end, greedy like the goldens; `frames` = the reference's max_new_tokens - 1."""
+    """Chapter 07's loop to its end, greedy like the goldens; `frames` = the reference's max_new_tokens - 1."""
     return Result.of(s.loop.run(prompt, Sampler(Sampling(greedy=True), s.config.talker), frames), s.config.groups)
 
 # %% [markdown]
@@ -181,7 +181,7 @@ if base:
                 int(per_frame[:-1].sum()), 0)
 
 # %% [markdown]
-# Chapter 06 drew the ICL prompt: after the x-vector's rows, the voice transcript, the text and `tts_eos` on the text
+# Chapter 07 drew the ICL prompt: after the x-vector's rows, the voice transcript, the text and `tts_eos` on the text
 # track beside `codec_bos` and one row per frame of the clip on the codec track. Here the runtime makes the whole
 # voice from the clip itself (`synth.voice(wav=..., text=...)`: its x-vector, its codes, its transcript) and speaks
 # with it. The reference decodes the clip's codes in front of the new ones and cuts the clip's part off by the ratio
@@ -201,7 +201,7 @@ if base:
     check.tokens_equal("ICL clone: all codes = golden", icl.codes, icl_golden["codes"])
     icl_wav = synth.codec.decode_with_voice(icl.codes, voice_codes)
     check.snr("ICL waveform (voice clip's part cut by frame ratio) vs golden", icl_wav, icl_golden["wav"], 60.0)
-    save_wav(paths.outputs_dir(ckpt) / "07_icl.wav", icl_wav)
+    save_wav(paths.outputs_dir(ckpt) / "08_icl.wav", icl_wav)
     display(Audio(icl_wav, rate=SAMPLE_RATE))
 
 # %% [markdown]
@@ -213,7 +213,7 @@ if base:
 runs = {"xvector": ["--voice", str(paths.voice_wav())]}
 runs["icl"] = runs["xvector"] + ["--voice-text", voice_text]
 for label, args in runs.items() if base else []:
-    out = paths.outputs_dir(ckpt) / f"07_cli_{label}.wav"
+    out = paths.outputs_dir(ckpt) / f"08_cli_{label}.wav"
     r = qtts_without_torch("say", "--checkpoint", str(model_dir), *args, "--text", inputs.TARGET_TEXT, "--language",
                            inputs.LANGUAGE, "--greedy", "--max-frames", "12", "--threads", str(THREADS), "-o", str(out))
     print(r.stdout.strip() or r.stderr[-400:])
@@ -228,7 +228,7 @@ if not base:
 # - The Mimi graph + numpy split RVQ give the voice codes exactly on whole frames (only the last frame of an
 #   unpadded wav can differ); the ICL prompt and generation match the golden, and the voice clip's part of the audio is
 #   cut by frame ratio as the reference does.
-# - Every comparison runs chapter 06's loop greedy (`Sampling(greedy=True)`) for the reference's `max_new_tokens - 1`
+# - Every comparison runs chapter 07's loop greedy (`Sampling(greedy=True)`) for the reference's `max_new_tokens - 1`
 #   frames; `synth.voice(wav=..., text=...)` and `qtts say --voice ... --voice-text ...` are the same voices,
 #   sampled by default.
 #

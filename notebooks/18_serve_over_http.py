@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 17 · Serve over HTTP
+# # 18 · Serve over HTTP
 # > OpenAI's speech API in front of one engine thread: any OpenAI client can speak through it, and no client can
 # > take more than its share.
 #
@@ -28,7 +28,7 @@
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip, the
 # server's packages and `openai` (`make setup` installs both). The full-size load runs are read from
 # `data/bench/serve/`.
-# **Leaves behind:** `data/outputs/<ckpt>/17_voices/`, `data/reports/<ckpt>/17_serve_over_http.json`.
+# **Leaves behind:** `data/outputs/<ckpt>/18_voices/`, `data/reports/<ckpt>/18_serve_over_http.json`.
 
 # %%
 import atexit
@@ -64,7 +64,7 @@ from qtts_lib.runtime.pipeline.scheduler import DEFAULT_MAX_BATCH
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("17_serve_over_http", ckpt)
+report = check.begin("18_serve_over_http", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # chapters 04-05's graphs, reused when current
 synth = Synthesizer(model_dir, threads=THREADS)  # the library in this process: what the server's audio must equal
@@ -82,7 +82,7 @@ TEXT, MAX_FRAMES, KEY = "Hello from a speech server.", 24, "sk-chapter-17"
 # checkpoint's takes stay short. `start` returns once `/health` answers; every server is stopped at the end.
 
 # %%
-voices_dir = paths.outputs_dir(ckpt) / "17_voices"
+voices_dir = paths.outputs_dir(ckpt) / "18_voices"
 shutil.rmtree(voices_dir, ignore_errors=True)
 voices_dir.mkdir(parents=True)
 shutil.copy(paths.voice_wav(), voices_dir / "alice.wav")
@@ -94,7 +94,7 @@ def start(*flags: str) -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = paths.outputs_dir(ckpt) / f"17_server_{len(servers)}.log"
+    log = paths.outputs_dir(ckpt) / f"18_server_{len(servers)}.log"
     main = "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", PRELUDE + main, "serve", "--checkpoint", str(model_dir),
                              "--port", str(port), "--voices", str(voices_dir), "--threads", str(THREADS),
@@ -158,7 +158,7 @@ check.at_most("mp3, opus, aac: a decoder's extra samples (priming + padding)", "
 
 # %% [markdown]
 # What a server streams is the library's own path, `longform.stream_long` (a long input is spoken segment by
-# segment, chapter 15), with the request's sampling. The same request in this process, and one more with another
+# segment, chapter 16), with the request's sampling. The same request in this process, and one more with another
 # `top_k`, must give the server's samples exactly; the `top_k` must have reached the sampler; and a value the
 # sampler refuses is a 400 naming its field, before any work:
 
@@ -275,8 +275,8 @@ for s in (0.5, 2.0):
 # ## 7. Voices over HTTP
 # On a Base checkpoint voices can change while the server runs: `GET /v1/voices` lists them, `POST /v1/voices` (a
 # form: `name`, the clip file `audio`, optionally its transcript `text` for ICL) adds one, stored in the voices folder,
-# and `DELETE /v1/voices/{name}` removes it. An upload passes the same clip checks as `qtts say` (chapter 15) and its
-# prompt parts are computed once. Upload the committed clip with its transcript, as chapter 07 clones it; a voice
+# and `DELETE /v1/voices/{name}` removes it. An upload passes the same clip checks as `qtts say` (chapter 16) and its
+# prompt parts are computed once. Upload the committed clip with its transcript, as chapter 08 clones it; a voice
 # made from it in this process must speak the same take:
 
 # %%
@@ -392,7 +392,7 @@ check.equal("a dead engine: the request a 5xx, /health 503", "statuses", (failed
 # `python -m qtts_lib.bench serve` sends a real server streaming clients, 1 to 8 at once and 8 arriving a few
 # seconds apart, each a text of two segments, timing every chunk. Its committed runs on one reference machine,
 # `full-base` in int8: *before*, a long text's next segment queued behind new requests; *after*, a request keeps its
-# place from its first segment to its last (chapter 16's lanes), and a joining one is prefilled in pieces between
+# place from its first segment to its last (chapter 17's lanes), and a joining one is prefilled in pieces between
 # frames. Each file records the machine and its load: a shared host varies, so only large differences count.
 
 # %%
@@ -430,10 +430,10 @@ plt.show()
 # - Under load, a request keeps its place from its first segment to its last: running streams stay even, and the
 #   wait moves to a newcomer's first audio.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/17_voices/` (the voices folder), `17_server_*.log`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/18_voices/` (the voices folder), `18_server_*.log`, the chapter report.
 #
 # **If your numbers differ**
-# - *The server does not come up* → read `17_server_*.log`: `pip install 'qtts[serve]'`, or export (chapters 04–05).
+# - *The server does not come up* → read `18_server_*.log`: `pip install 'qtts[serve]'`, or export (chapters 04–05).
 # - *Served pcm ≠ `stream_long`* → another thread count in the server than here (`--threads`), or another seed or
 #   language; the server's default language is `auto`.
 # - *Two requests without a seed give the same audio* → a server that does not resolve a fresh seed per request.

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · Generate end to end with ncnn
+# # 07 · Generate end to end with ncnn
 # > Tokenizer, prompt, sampler, talker loop, code predictor, codec: all numpy + ncnn, every token checked.
 #
 # **You will:** check a pure-Python BPE tokenizer (`text.bpe`) and a numpy sampler in Hugging Face's order
@@ -27,10 +27,9 @@
 #
 # **You need:** `data/golden/<ckpt>/` (chapter 03: this chapter stops without it; `xvec_greedy`, `xvec_eos`,
 # `icl_greedy`); `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing or stale).
-# **Leaves behind:** `data/outputs/<ckpt>/06_ncnn.wav`, the report, `models/<ckpt>/ncnn/talker_text_table.npy`.
+# **Leaves behind:** `data/outputs/<ckpt>/07_ncnn.wav`, the report, `models/<ckpt>/ncnn/talker_text_table.npy`.
 
 # %%
-import inspect
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -47,17 +46,16 @@ from qtts_lib.runtime.pipeline import prompt as chat  # the chat template's stri
 from qtts_lib.runtime.pipeline.prompt import Prompt, Voice
 from qtts_lib.runtime.pipeline.sampling import Sampler, SamplerConfig, Sampling
 from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
-from qtts_lib.runtime.text import bpe
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
-report = check.begin("06_generate_end_to_end", ckpt)
+report = check.begin("07_generate_end_to_end", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)  # the reference, for the tokenizer, sampler and codec comparisons
 export.ensure(tts, ckpt)                          # chapters 04-05's graphs, reused when current
 synth = Synthesizer(model_dir, threads=THREADS)   # the runtime: its tokenizer, embeddings, loop and codec
-kind = tts.model.tts_model_type    # base; the other kinds (chapter 08) run this chapter with their own goldens
+kind = tts.model.tts_model_type    # base; the other kinds (chapter 09) run this chapter with their own goldens
 mode = mode_of(tts)                # the main golden's stem: xvec (speaker, design)
 voice_args = voice_of(tts)         # the voice chapter 03 gave the reference for it
 golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / f"{mode}_greedy.npz", ckpt)
@@ -65,66 +63,10 @@ early, _ = artifacts.load_npz(paths.golden_dir(ckpt) / f"{mode}_eos.npz", ckpt)
 print(f"{ckpt} ({kind}): goldens {mode}_greedy and {mode}_eos, voice",
       {k: v if isinstance(v, str) else "data/inputs/voice.wav" for k, v in voice_args.items()})
 
-# %% [markdown]
-# ## 1. Tokenize without a tokenizer library
-# `runtime.text.bpe` is Qwen2's byte-level BPE in plain Python: special tokens split out first, a hand-written
-# pre-tokenizer scanner (no regex library: this is the spec a C/C++ port follows), bytes mapped to printable
-# characters, then merges by rank. It must reproduce what the reference pipeline's tokenizer does, including the
-# pre-tokenizer change that `fix_mistral_regex=True` selects (qwen-tts loads its processor that way).
-
-# %%
-ours = bpe.Tokenizer.from_dir(model_dir)
-theirs = tts.processor.tokenizer
-prompt_text = f"<|im_start|>assistant\n{inputs.TARGET_TEXT}<|im_end|>\n<|im_start|>assistant\n"
-print(ours.encode(prompt_text))
-check.equal("prompt ids = reference tokenizer", "equal",
-            ours.encode(prompt_text) == theirs(prompt_text)["input_ids"], True)
-corpus = (paths.INPUTS / "tokenizer_corpus.txt").read_text(encoding="utf-8").splitlines()
-bad = [line for line in corpus if ours.encode(line) != theirs(line)["input_ids"]]
-check.equal(f"committed corpus ({len(corpus)} lines: CJK, kana, hangul, emoji, contractions, digits, spaces, specials)",
-            "mismatched lines", len(bad), 0)
-
-# %% [markdown]
-# ## 2. Process logits in Hugging Face's order
-# The reference's `generate` builds, for the talker: repetition penalty (over the codebook-0 tokens generated so
-# far; the prompt is embeddings only) → min-length and min-new-tokens EOS masks (EOS = −inf at steps 0 and 1) →
-# suppress the control range `[vocab−1024, vocab)` except EOS → (when sampling) temperature → top-k → top-p. Greedy
-# is the argmax of the processed scores. The code predictor gets no penalty, no EOS and no suppression.
-#
-# `pipeline.sampling` has three objects: `Sampling`, what a user chooses (greedy, temperature, top-k, top-p,
-# repetition penalty, seed); `SamplerConfig`, what one of the reference's two generate() calls does to its logits
-# (the talker's, the code predictor's); `Sampler`, both configs and one sequence's random stream. The processors:
-
-# %%
-print(inspect.getsource(sampling.process))
-
-# %% [markdown]
-# A checkpoint's defaults come from its `generation_config.json`: `Sampling.from_generation_config` reads the same
-# file the reference reads (`tts.model.generate_config`), and they **sample** (`do_sample: true`). Parity with a
-# greedy golden needs `greedy=True`, set on top of those defaults:
-
 # %%
 cfg = checkpoint.load_config(ckpt)
-gen_cfg = tts.model.generate_config
-defaults = Sampling.from_generation_config(gen_cfg)
-print(defaults)
-talker_sc = SamplerConfig.talker(defaults.replace(greedy=True), cfg)
-hist = list(golden["talker_sequences"][:6])
-logits = golden["logits"][6]
-from transformers.generation import logits_process as lp
-
-hf = lp.LogitsProcessorList([lp.RepetitionPenaltyLogitsProcessor(talker_sc.repetition_penalty),
-                             lp.MinNewTokensLengthLogitsProcessor(0, talker_sc.min_new_tokens, talker_sc.eos_id),
-                             lp.SuppressTokensLogitsProcessor(list(talker_sc.suppress_ids))])
-ref_scores = hf(torch.tensor([hist]), torch.from_numpy(logits)[None].clone())[0].numpy()
-ours_scores = sampling.process(logits, hist, 6, talker_sc)
-finite = np.isfinite(ref_scores)
-check.equal("same -inf positions as HF (suppressed range)", "equal",
-            bool((np.isfinite(ours_scores) == finite).all()), True)
-check.close("processed talker logits = HF processors (step 6 of the golden)", ours_scores[finite], ref_scores[finite],
-            max_abs=1e-6)
-check.equal("greedy token = golden token at step 6", "token",
-            sampling.sample(logits, hist, 6, talker_sc, np.random.default_rng(0)), int(golden["talker_sequences"][6]))
+defaults = Sampling.from_generation_config(tts.model.generate_config)
+talker_sc = SamplerConfig.talker(defaults.replace(greedy=True), cfg)  # chapter 06's greedy talker settings
 
 # %% [markdown]
 # ## 3. Build the prompt: two tracks summed position by position
@@ -132,10 +74,10 @@ check.equal("greedy token = golden token at step 6", "token",
 # `<|im_start|>assistant\n`, `tts_pad`s, `tts_bos` and the first text token; the **codec track**, from the fourth
 # position on, the think/language tags, the speaker row (the x-vector), `codec_pad`, and `codec_bos` under the first
 # text token. The rest of the text, then `tts_eos`, is **trailing text**, added to the talker's input one row per
-# frame, then `tts_pad` for ever. An in-context clone (ICL, chapter 07) puts the clip in: its transcript, the text
+# frame, then `tts_pad` for ever. An in-context clone (ICL, chapter 08) puts the clip in: its transcript, the text
 # and `tts_eos` beside `codec_bos` and one row per frame of the clip's codes (its 16 codebooks' embeddings summed);
 # text that does not fit beside the codes trails. `tracks` lays a prompt out cell by cell over the runtime's
-# embedding lookups (`pipeline.embeddings`); it also lays out the other kinds' prompts, which chapter 08 explains.
+# embedding lookups (`pipeline.embeddings`); it also lays out the other kinds' prompts, which chapter 09 explains.
 
 # %%
 def tracks(text: str, language: str, voice: Voice) -> tuple[list, list, list]:
@@ -161,7 +103,7 @@ def tracks(text: str, language: str, voice: Voice) -> tuple[list, list, list]:
         return upper + said[: len(clip)] + [pad] * (len(clip) - len(said)), lower + clip, said[len(clip):] or [pad]
     if voice.mode == "xvector":  # the first text token rides on codec_bos; the rest trails
         return upper + said[:1], lower + codec_bos, said[1:]
-    # a built-in speaker or a described voice (chapter 08): the instruction first, the whole text over codec_pad
+    # a built-in speaker or a described voice (chapter 09): the instruction first, the whole text over codec_pad
     first = text_rows("instruction", tok.encode_template(chat.INSTRUCT, voice.instruct)) if voice.instruct else []
     return (first + upper + said + [pad], [None] * len(first) + lower
             + codec_rows("codec_pad", [c["codec_pad_id"]]) * len(said) + codec_bos, [pad])
@@ -172,7 +114,7 @@ def tracks(text: str, language: str, voice: Voice) -> tuple[list, list, list]:
 # `Synthesizer.prompt` (`pipeline.prompt.PromptBuilder`), what the product runs, builds the same rows:
 
 # %%
-if kind == "base":            # the golden's x-vector: chapter 07 computes it from the clip with ncnn
+if kind == "base":            # the golden's x-vector: chapter 08 computes it from the clip with ncnn
     voices = {"x-vector": (Voice(golden["xvector"]), golden)}
     icl_golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / "icl_greedy.npz", ckpt)
     voices["ICL"] = (Voice(icl_golden["xvector"], codes=icl_golden["voice_codes"],
@@ -330,7 +272,7 @@ check.tokens_equal("early stop: codes = golden", early_codes, early["codes"])
 # `pipeline.loop.Loop` runs the same pieces in the same order for a list of sequences: `advance` makes one frame
 # of each, every graph call taking one row per sequence, so the weights are read once for all. What `generate`
 # keeps in locals, a sequence keeps in its `Sequence` (prompt, `Sampler` and its random stream, cache, hidden
-# state, codes). Chapter 16 teaches the batching. One sequence alone gives the notebook's codes, greedy and sampled:
+# state, codes). Chapter 17 teaches the batching. One sequence alone gives the notebook's codes, greedy and sampled:
 
 # %%
 def loop_codes(prompt: Prompt, choice: Sampling, max_frames: int, eos_id: int | None = None) -> np.ndarray:
@@ -352,7 +294,7 @@ check.tokens_equal("runtime Loop = notebook loop (sampled, the checkpoint's defa
 # %%
 wav = synth.codec.decode(codes)
 check.snr("waveform vs golden", wav, golden["wav"], 60.0)
-out = save_wav(paths.outputs_dir(ckpt) / "06_ncnn.wav", wav)
+out = save_wav(paths.outputs_dir(ckpt) / "07_ncnn.wav", wav)
 display(Audio(wav, rate=SAMPLE_RATE))
 plots.waveform({"PyTorch golden": golden["wav"], "ncnn runtime": wav});
 
@@ -399,7 +341,7 @@ check.equal("sampled vs greedy: other codes", "equal", same(first.codes, product
 # samples by default; `--greedy` asks for the parity path.
 
 # %%
-cli_out = paths.outputs_dir(ckpt) / "06_cli.wav"
+cli_out = paths.outputs_dir(ckpt) / "07_cli.wav"
 cli_voice = {"base": ["--voice", str(paths.voice_wav())], "custom_voice": ["--speaker", voice_args.get("speaker")],
              "voice_design": ["--instruct", voice_args.get("instruct")]}[synth.kind]
 run = qtts_without_torch("say", "--checkpoint", str(model_dir), "--text", inputs.TARGET_TEXT,
@@ -427,12 +369,12 @@ for label, extra in [("empty text", ["--text", "   "]),
 # - Per frame: codebook 0 from the codec head (control ids suppressed, EOS masked for the first steps, EOS ends the
 #   sequence); the code predictor's prefill and 14 steps (head *s* predicts codebook *s+1*, table *s* embeds it);
 #   the frame's 16 rows plus trailing text feed the next talker step. `max_frames` is the reference's
-#   `max_new_tokens - 1`. The runtime's `Loop` is the same loop over a list of sequences (chapter 16).
+#   `max_new_tokens - 1`. The runtime's `Loop` is the same loop over a list of sequences (chapter 17).
 # - Sampling is one `Sampling` object, by default the checkpoint's (a fresh seed per call, `result.seed` replays it);
 #   parity with the goldens passes `Sampling(greedy=True)`. Decode in the reference's chunks (300 + 25 left context).
 # - `qtts say` runs the whole thing with torch unimportable.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/06_ncnn.wav`, `06_cli.wav`, `ncnn/talker_text_table.npy`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/07_ncnn.wav`, `07_cli.wav`, `ncnn/talker_text_table.npy`, the chapter report.
 #
 # **If your numbers differ**
 # - *Codes diverge at frame 0, codebook ≥ 1* → the code predictor's table/head offset (head *s* predicts codebook

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # 10 · Measure performance honestly
+# # 11 · Measure performance honestly
 # > Side by side in one run, medians of interleaved repeats, and against what the memory bus allows.
 #
 # **You will:** describe the machine (CPU, cores, memory, read bandwidth measured now); count the bytes of weights
@@ -27,8 +27,8 @@
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip.
 # Timings on `tiny-*` mean little (microseconds of work per call; overhead dominates): the method is the same at
-# full size, and the full-size numbers are the committed ones. **Leaves behind:** `data/outputs/<ckpt>/10_bench.json`,
-# `data/reports/<ckpt>/10_measure_performance.json`.
+# full size, and the full-size numbers are the committed ones. **Leaves behind:** `data/outputs/<ckpt>/11_bench.json`,
+# `data/reports/<ckpt>/11_measure_performance.json`.
 
 # %%
 import json
@@ -49,7 +49,7 @@ from qtts_lib.runtime.pipeline import precision
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
-report = check.begin("10_measure_performance", ckpt)
+report = check.begin("11_measure_performance", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)
 export.ensure(tts, ckpt)
@@ -106,7 +106,7 @@ pd.DataFrame({"read bandwidth GB/s": machine["read_bandwidth_gbs"], "floor ms/fr
 # %% [markdown]
 # The codec is the other half of the time and a different kind of work: a stack of convolutions over 1920 samples
 # per frame, compute-bound. Its yardsticks are PyTorch's codec on the same codes and the machine's arithmetic peak
-# (chapter 11, which rewrites it for the CPU).
+# (chapter 12, which rewrites it for the CPU).
 #
 # ## 3. Run the harness
 # `bench.loop.benchmark(model_dir, frames, thread_counts, repeats)` runs every (runtime, threads) pair in a fresh
@@ -122,7 +122,7 @@ pd.DataFrame({"read bandwidth GB/s": machine["read_bandwidth_gbs"], "floor ms/fr
 # %%
 result = benchmark(model_dir, FRAMES, thread_counts, REPEATS, progress=False)
 check_schema(result)
-out = paths.outputs_dir(ckpt) / "10_bench.json"
+out = paths.outputs_dir(ckpt) / "11_bench.json"
 out.parent.mkdir(parents=True, exist_ok=True)
 out.write_text(json.dumps(result, indent=1))
 check.equal("harness result has the data/bench schema", "rows", len(result["rows"]), 2 * len(thread_counts))
@@ -169,7 +169,7 @@ component_bars(result, f"live run on {ckpt} — tiny checkpoints measure overhea
 # Full-size runs take tens of minutes and a quiet machine, so they are committed as data: one JSON file per machine
 # and run in `data/bench/`, each in the schema `bench.results.check_schema` enforces (checked here for every file).
 # The method is read on one of them, the reference: `make bench` with the precision tiers on a 2-core AMD EPYC
-# virtual machine, five interleaved repeats. Its other tiers are chapter 12's; here, fp32 against PyTorch. The
+# virtual machine, five interleaved repeats. Its other tiers are chapter 13's; here, fp32 against PyTorch. The
 # results page of the book sets every committed machine side by side.
 
 # %%
@@ -177,7 +177,7 @@ bench_files = sorted((paths.DATA / "bench").glob("*.json"))
 parsed = [check_schema(json.loads(f.read_text())) or f for f in bench_files]  # check_schema raises on a bad file
 check.equal("every committed result follows the schema", "files checked", len(parsed), len(bench_files))
 ref = json.loads((paths.DATA / "bench" / "dev-2core-epyc-full-base-tiers.json").read_text())
-ref["rows"] = [r for r in ref["rows"] if r["precision"] == "fp32"]  # the other tiers: chapter 12
+ref["rows"] = [r for r in ref["rows"] if r["precision"] == "fp32"]  # the other tiers: chapter 13
 m = ref["machine"]
 print(f"{m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; read bandwidth at the start (GB/s per thread count): "
       f"{m['read_bandwidth_gbs']}; {ref['checkpoint']}, {ref['frames']} frames, "
@@ -231,7 +231,7 @@ pd.DataFrame({(t, how): {"min": r.min(), "max": r.max()} for t, d in ratios.item
 # `.bin`: a graph for one-position steps only. It looks faster for a one-row step. Measured at full size it ran within
 # the noise of the exported graph (the lab notes appendix keeps the numbers), and it is a second net holding a second
 # copy of every weight. So the fp32 runtime steps through the exported graph, each weight held once; the **fp16** tier
-# (chapter 12) keeps the InnerProduct form, because ncnn's x86 `Gemm` has no fp16 weight storage. What each tier loads:
+# (chapter 13) keeps the InnerProduct form, because ncnn's x86 `Gemm` has no fp16 weight storage. What each tier loads:
 
 # %%
 c = cfg
@@ -297,7 +297,7 @@ else:
 # What it buys is a full-size question. The committed runs on the Intel Xeon VM (int8 loop and codec, fresh
 # processes taken in turn, 40 and 240 frames): the talker's step gains about a millisecond, the code predictor, whose
 # weights partly stay in that VM's large shared cache, less or nothing; loading is slower there, because that VM's
-# kernel hands out huge pages from memory the host has not given it yet. A server loads once (and chapter 14's
+# kernel hands out huge pages from memory the host has not given it yet. A server loads once (and chapter 15's
 # stream rows show a warm process gaining about 3%); `qtts say` starts without them.
 
 # %%
@@ -317,7 +317,7 @@ pd.DataFrame(hp)
 #   its read bandwidth measured in the same run; ratios only between rows of one run.
 # - The generation loop reads every weight of the talker once and of the code predictor 15 times per frame: those
 #   bytes over the measured bandwidth are its floor, and each run is held against the floor of its own probes.
-# - The codec is compute-bound; its yardsticks are PyTorch's codec and the machine's peak (chapter 11).
+# - The codec is compute-bound; its yardsticks are PyTorch's codec and the machine's peak (chapter 12).
 # - `make bench` writes the same measurement on `full-base` to `data/bench/`; this chapter reads the reference
 #   machine's file, and the results page sets every machine side by side.
 # - A rewrite stays only if it measures faster: the InnerProduct step form is equal but was not faster in fp32, so
@@ -325,7 +325,7 @@ pd.DataFrame(hp)
 # - The weights in huge pages (glibc's tunable at process start) cost the loop fewer TLB misses; `qtts serve` runs
 #   that way, and the harness measures both.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/10_bench.json`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/11_bench.json`, the chapter report.
 #
 # **If your numbers differ**
 # - *ncnn much slower at 2 threads than at 1* → another process is using the CPU: GNU OpenMP's workers spin before
