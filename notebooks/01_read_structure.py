@@ -16,31 +16,23 @@
 # > Every later decision about where to cut the graph rests on knowing what each block takes and returns.
 #
 # **You will:** draw the model's data flow with this checkpoint's dimensions, hang forward hooks on every block of
-# the original model, run it once, and tabulate the real tensor shapes; then establish three facts live, each with
+# the original model, run it once, and tabulate the real tensor shapes; then establish two facts live, each with
 # a check.
 #
 # **You will learn:** Qwen3-TTS = the talker (an autoregressive decoder → codebook 0 of each frame) + the code
 # predictor (MTP, multi-token prediction: 15 more codes per frame → codebooks 1..15) + the codec decoder
 # (codes → a 24 kHz waveform), plus two encoders for cloning (the ECAPA-TDNN speaker encoder: a mel spectrogram
 # → an x-vector, one speaker embedding; the Mimi encoder: a voice clip → codes for ICL, in-context learning);
-# that its multimodal rope is plain rope here; that `config.json`, not the class defaults, is the truth; how
-# HF's `min_new_tokens` really works.
+# that the talker's position encoding (mrope, a multimodal form of rope, the rotary position embedding) is plain
+# rope here; that `config.json`, not the class defaults, is the truth.
 #
 # **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing) and the committed
 # `data/inputs/voice.wav`. **Leaves behind:** `data/reports/<ckpt>/01_read_structure.json`.
 
 # %%
-import inspect
-import json
-from collections import OrderedDict
-
-import matplotlib.pyplot as plt
-import numpy as np
 import torch
-from IPython.display import HTML, display
 
-from qtts_lib import check, checkpoint, paths, plots, reference, settings
-from qtts_lib.runtime.audio.wav import SAMPLES_PER_FRAME, load_wav
+from qtts_lib import check, checkpoint, reference, settings
 
 ckpt = settings.checkpoint()
 torch.set_num_threads(settings.threads())
@@ -64,22 +56,28 @@ cfg = checkpoint.load_config(ckpt)
 # predictor; the tiny checkpoints keep every id and stride and shrink the rest):
 
 # %%
-plots.architecture(cfg, title=f"Qwen3-TTS (12 Hz) as {ckpt} builds it: the data flow and its dimensions")
+import matplotlib.pyplot as plt
+
+from qtts_lib import plots
+
+plots.architecture(cfg, title=f"Qwen3-TTS (12 Hz) as {ckpt} builds it: "
+                   "the data flow and its dimensions")
 plt.show()
 
 # %% [markdown]
 # ## 2. Hook every block and run once
-# One forward hook per block records the shapes of the first call and counts the calls. We run a short
-# x-vector clone (prefill + a few frames, then the codec decoder) and encode the voice clip with the Mimi
-# encoder (the ICL path), so every component shows up.
+# First, which blocks: every submodule down to a given depth, plus each member of a `ModuleList` (the layers, the
+# code predictor's tables and heads), and a short description of what a block returned (a tensor's shape, or the
+# shapes inside a tuple or a model output):
 
 # %%
 def blocks(root: torch.nn.Module, prefix: str, depth: int):
-    """Submodules down to `depth` dots below `prefix`, plus the members of every ModuleList there."""
+    """Submodules to `depth` dots below `prefix`, and every ModuleList's members."""
     lists = {n for n, m in root.named_modules() if isinstance(m, torch.nn.ModuleList)}
     for name, mod in root.named_modules():
         parent = name.rsplit(".", 1)[0] if "." in name else ""
-        if name and not isinstance(mod, torch.nn.ModuleList) and (name.count(".") < depth or parent in lists):
+        shallow = name.count(".") < depth or parent in lists
+        if name and not isinstance(mod, torch.nn.ModuleList) and shallow:
             yield f"{prefix}.{name}", mod
 
 
@@ -87,54 +85,84 @@ def shape_of(x):
     if torch.is_tensor(x):
         return tuple(x.shape)
     if isinstance(x, (tuple, list)):
-        shapes = [shape_of(v) for v in x if torch.is_tensor(v) or isinstance(v, (tuple, list))]
+        shapes = [shape_of(v) for v in x
+                  if torch.is_tensor(v) or isinstance(v, (tuple, list))]
         return shapes[0] if len(shapes) == 1 else shapes
     if hasattr(x, "last_hidden_state"):
         return tuple(x.last_hidden_state.shape)
     return type(x).__name__
 
+# %% [markdown]
+# One forward hook per block records the shapes of the first call and counts the calls:
+
+# %%
+from collections import OrderedDict
 
 seen: "OrderedDict[str, dict]" = OrderedDict()
 
 
 def hook(name):
     def fn(mod, args, kwargs, out):
+        params = sum(p.numel() for p in mod.parameters())
         row = seen.setdefault(name, {"class": type(mod).__name__, "calls": 0,
-                                     "params": sum(p.numel() for p in mod.parameters())})
+                                     "params": params})
         row["calls"] += 1
         if row["calls"] == 1:
-            first = next((a for a in list(args) + list(kwargs.values()) if torch.is_tensor(a)), None)
+            tensors = [a for a in [*args, *kwargs.values()] if torch.is_tensor(a)]
+            first = tensors[0] if tensors else None
             row["in"], row["out"] = shape_of(first), shape_of(out)
     return fn
 
+# %% [markdown]
+# We hook the talker, the codec decoder, the speaker encoder (a Base checkpoint has one) and the Mimi encoder, run
+# a short x-vector clone (prefill + a few frames, then the codec decoder) and encode the voice clip with the Mimi
+# encoder (the ICL path), so every component shows up:
 
-targets = list(blocks(model.talker, "talker", 2)) + list(blocks(codec.decoder, "codec_decoder", 1))
+# %%
+from qtts_lib import paths
+from qtts_lib.runtime.audio.wav import load_wav
+
+targets = [*blocks(model.talker, "talker", 2),
+           *blocks(codec.decoder, "codec_decoder", 1)]
 if model.speaker_encoder is not None:
     targets += list(blocks(model.speaker_encoder, "speaker_encoder", 1))
-targets += [(f"mimi_encoder.{n}", m) for n, m in codec.encoder.named_children() if m is not None and n != "quantizer"]
+targets += [(f"mimi_encoder.{n}", m) for n, m in codec.encoder.named_children()
+            if m is not None and n != "quantizer"]
 targets += [("mimi_encoder.quantizer", codec.encoder.quantizer)]
 handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in targets]
 
 voice_wav = load_wav(paths.voice_wav())
-run = reference.capture_generation(tts, "Read the structure.", "english", max_new_tokens=4,
-                                   **reference.default_voice(tts, voice_wav))
+voice = reference.default_voice(tts, voice_wav)
+run = reference.capture_generation(tts, "Read the structure.", "english",
+                                   max_new_tokens=4, **voice)
 with torch.inference_mode():
-    voice_codes = codec.encode(torch.from_numpy(voice_wav)[None],
-                               torch.ones(1, len(voice_wav), dtype=torch.long)).audio_codes[0]
+    wav = torch.from_numpy(voice_wav)[None]
+    padding_mask = torch.ones_like(wav, dtype=torch.long)
+    voice_codes = codec.encode(wav, padding_mask).audio_codes[0]
 for h in handles:
     h.remove()
-print(f"{len(seen)} blocks called; generated codes {run['codes'].shape}, voice codes {tuple(voice_codes.shape)}")
+print(f"{len(seen)} blocks called; generated codes {run['codes'].shape}, "
+      f"voice codes {tuple(voice_codes.shape)}")
+
+# %% [markdown]
+# The table of the talker's blocks, one row each (member 0 of each `ModuleList` stands for its siblings):
 
 # %%
-def show(rows, keep=lambda n: True):
-    head = "<tr><th>block</th><th>class</th><th>calls</th><th>first input</th><th>first output</th><th>params</th></tr>"
-    body = "".join(f"<tr><td><code>{n}</code></td><td>{r['class']}</td><td>{r['calls']}</td><td>{r.get('in')}</td>"
-                   f"<td>{r.get('out')}</td><td>{r['params']:,}</td></tr>" for n, r in rows.items() if keep(n))
-    display(HTML(f"<table>{head}{body}</table>"))
+from IPython.display import HTML, display
+
+
+def show(rows, keep):
+    head = "".join(f"<th>{h}</th>" for h in
+                   ("block", "class", "calls", "first input", "first output", "params"))
+    cells = lambda n, r: (f"<code>{n}</code>", r["class"], r["calls"], r.get("in"),
+                          r.get("out"), f"{r['params']:,}")
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in cells(n, r)) + "</tr>"
+                   for n, r in rows.items() if keep(n))
+    display(HTML(f"<table><tr>{head}</tr>{body}</table>"))
 
 
 def first_of_list(n: str) -> bool:
-    """Show member 0 of each ModuleList (layers, tables, heads); their siblings match it."""
+    """Member 0 of each ModuleList (layers, tables, heads); their siblings match it."""
     last = n.rsplit(".", 1)[-1]
     return not last.isdigit() or last == "0"
 
@@ -152,6 +180,8 @@ show(seen, keep=lambda n: n.startswith("talker") and first_of_list(n))
 # - `talker.code_predictor.*`: the code predictor (the MTP). Per frame a 2-token prefill
 #   `[talker hidden, embedding(codebook 0)]`, then 14 single steps; step *s* embeds with table *s-1* and predicts
 #   with head *s* — the one-off index that, if missed, makes every frame wrong.
+#
+# The other components' blocks:
 
 # %%
 show(seen, keep=lambda n: not n.startswith("talker") and first_of_list(n))
@@ -160,22 +190,43 @@ show(seen, keep=lambda n: not n.startswith("talker") and first_of_list(n))
 # The codec decoder is a single feed-forward pass: split-RVQ dequantization (1 semantic + 15 acoustic
 # codebooks), a sliding-window transformer, two upsampling ConvNeXt stages and a SnakeBeta vocoder with
 # strides 8·5·4·3 (×2·2) = **1920 samples per 12.5 Hz frame**. No diffusion, no flow, no ISTFT, no complex
-# numbers: this is why the 12 Hz model, not the 25 Hz one, is the one to put on an edge runtime.
+# numbers: this is why the 12 Hz model, not the 25 Hz one, is the one to put on an edge runtime. The strides, from
+# the codec's config:
 
 # %%
-upsample = int(np.prod(codec.config.decoder_config.upsample_rates + codec.config.decoder_config.upsampling_ratios))
-check.equal("codec upsampling = samples per frame", "samples/frame", upsample, SAMPLES_PER_FRAME)
+import numpy as np
+
+from qtts_lib.runtime.audio.wav import SAMPLES_PER_FRAME
+
+dec = codec.config.decoder_config
+upsample = int(np.prod(dec.upsample_rates + dec.upsampling_ratios))
+print(f"upsample_rates {dec.upsample_rates}, upsampling_ratios {dec.upsampling_ratios}")
+check.equal("codec upsampling = samples per frame", "samples/frame",
+            upsample, SAMPLES_PER_FRAME)
+
+# %% [markdown]
+# Where the parameters are, by component (each top-level hooked block counted once):
+
+# %%
 groups = {
-    "text embedding + projection": ["talker.model.text_embedding", "talker.text_projection"],
-    "talker decoder": ["talker.model.layers", "talker.model.norm", "talker.model.codec_embedding", "talker.codec_head"],
+    "text embedding + projection": ["talker.model.text_embedding",
+                                    "talker.text_projection"],
+    "talker decoder": ["talker.model.layers", "talker.model.norm",
+                       "talker.model.codec_embedding", "talker.codec_head"],
     "code predictor": ["talker.code_predictor"],
     "codec decoder": ["codec_decoder"],
     "speaker encoder": ["speaker_encoder"],
     "mimi encoder": ["mimi_encoder"],
 }
+
+
+def inside(name: str, prefixes: list[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
 sizes = {}
 for g, prefixes in groups.items():
-    mods = {n: m for n, m in targets if any(n == p or n.startswith(p + ".") for p in prefixes)}
+    mods = {n: m for n, m in targets if inside(n, prefixes)}
     top = [n for n in mods if not any(n != o and n.startswith(o + ".") for o in mods)]
     sizes[g] = sum(sum(p.numel() for p in mods[n].parameters()) for n in top) / 1e6
 
@@ -189,29 +240,43 @@ fig.tight_layout()
 
 # %% [markdown]
 # ## 3. Fact one: the multimodal rope is plain rope here
-# The talker uses Qwen2-VL's *mrope*: three position rows (time, height, width) interleaved over the
-# frequency bands `mrope_section`. For text and audio tokens `get_rope_index` gives three **identical** rows,
-# and interleaving identical rows is the identity. So the exported decoder can use ncnn's stock
-# `RotaryEmbed` and no custom layer. We check it with the original functions, on this checkpoint's sizes.
+# Attention by itself does not know where a token is. **Rope** (rotary position embedding) tells it: it rotates each
+# pair of features `(i, i + head_dim/2)` of a query and of a key by the angle `position · θ_i`, where `θ_i` is a
+# fixed frequency per pair, so the dot product of a query and a key depends only on the distance between their
+# positions. The talker uses Qwen2-VL's **mrope** (multimodal rope): three position rows (time, height, width, for
+# video and images), interleaved over the frequency bands `mrope_section`. For text and audio tokens
+# `get_rope_index` gives three **identical** rows, and interleaving identical rows is the identity. So the exported
+# decoder can use ncnn's stock `RotaryEmbed` layer and no custom layer. First, the three rows:
 
 # %%
-from qwen_tts.core.models.modeling_qwen3_tts import apply_multimodal_rotary_pos_emb, apply_rotary_pos_emb
+from qwen_tts.core.models.modeling_qwen3_tts import (
+    apply_multimodal_rotary_pos_emb,
+    apply_rotary_pos_emb,
+)
 
 tc = model.talker.config
 seq_len, hd = 29, tc.head_dim
-position_ids, _ = model.talker.get_rope_index(torch.ones(1, seq_len, dtype=torch.long))  # (3, 1, seq_len)
-rows_equal = bool((position_ids[0] == position_ids[1]).all() and (position_ids[0] == position_ids[2]).all())
-check.equal("get_rope_index: the 3 position rows are equal", "rows equal", rows_equal, True)
+ids = torch.ones(1, seq_len, dtype=torch.long)
+position_ids, _ = model.talker.get_rope_index(ids)  # (3, 1, seq_len)
+rows_equal = bool((position_ids[0] == position_ids[1]).all()
+                  and (position_ids[0] == position_ids[2]).all())
+check.equal("get_rope_index: the 3 position rows are equal", "rows equal",
+            rows_equal, True)
 
+# %% [markdown]
+# Then both rotations with the original functions, on this checkpoint's sizes: the multimodal one with its sections,
+# and plain rope with the first row's tables:
+
+# %%
 g = torch.Generator().manual_seed(0)
 q = torch.randn(1, tc.num_attention_heads, seq_len, hd, generator=g)
 k = torch.randn(1, tc.num_key_value_heads, seq_len, hd, generator=g)
 cos3, sin3 = model.talker.model.rotary_emb(q, position_ids)  # (3, 1, seq_len, hd)
-q_m, k_m = apply_multimodal_rotary_pos_emb(q, k, cos3, sin3, tc.rope_scaling["mrope_section"],
-                                           tc.rope_scaling["interleaved"])
+section, interleaved = tc.rope_scaling["mrope_section"], tc.rope_scaling["interleaved"]
+q_m, k_m = apply_multimodal_rotary_pos_emb(q, k, cos3, sin3, section, interleaved)
 q_p, k_p = apply_rotary_pos_emb(q, k, cos3[0], sin3[0])
 diff = max((q_m - q_p).abs().max().item(), (k_m - k_p).abs().max().item())
-print(f"mrope_section {tc.rope_scaling['mrope_section']}, interleaved={tc.rope_scaling['interleaved']}: "
+print(f"mrope_section {section}, interleaved={interleaved}: "
       f"max |mrope - rope| = {diff}")
 check.equal("mrope == plain rope on text/audio positions", "max_abs", diff, 0.0)
 
@@ -222,25 +287,41 @@ check.equal("mrope == plain rope on text/audio positions", "max_abs", diff, 0.0)
 # `qtts_lib/configs/`) against the class defaults:
 
 # %%
-from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSTalkerCodePredictorConfig, Qwen3TTSTalkerConfig
+import json
 
-real_cfg = json.loads((paths.CONFIGS / "base" / "config.json").read_text())["talker_config"]
-defaults = Qwen3TTSTalkerConfig()
-pred_defaults = Qwen3TTSTalkerCodePredictorConfig()
+from qwen_tts.core.models import configuration_qwen3_tts as qcfg
+
+real_cfg = json.loads((paths.CONFIGS / "base" / "config.json").read_text())
+real_cfg = real_cfg["talker_config"]
+defaults = qcfg.Qwen3TTSTalkerConfig()
+pred_defaults = qcfg.Qwen3TTSTalkerCodePredictorConfig()
 rows = []
 for key, real in real_cfg.items():
     if key != "code_predictor_config" and getattr(defaults, key, "<missing>") != real:
         rows.append(("talker", key, getattr(defaults, key, "<missing>"), real))
 for key, real in real_cfg["code_predictor_config"].items():
-    if key not in ("id2label", "label2id") and getattr(pred_defaults, key, "<missing>") != real:
-        rows.append(("code predictor", key, getattr(pred_defaults, key, "<missing>"), real))
-display(HTML("<table><tr><th>part</th><th>key</th><th>class default</th><th>config.json (0.6B)</th></tr>" + "".join(
-    f"<tr><td>{p}</td><td><code>{k}</code></td><td>{d}</td><td>{r}</td></tr>" for p, k, d, r in rows) + "</table>"))
-missing_head_dim = getattr(defaults, "head_dim", defaults.hidden_size // defaults.num_attention_heads)
-print(f"without head_dim in the config, attention uses hidden/heads = {missing_head_dim} "
-      f"instead of {real_cfg['head_dim']}")
-check.equal("class default eos id", "codec_eos_token_id", defaults.codec_eos_token_id, 4198)
-check.equal("config.json eos id", "codec_eos_token_id", real_cfg["codec_eos_token_id"], 2150)
+    default = getattr(pred_defaults, key, "<missing>")
+    if key not in ("id2label", "label2id") and default != real:
+        rows.append(("code predictor", key, default, real))
+titles = ("part", "key", "class default", "config.json (0.6B)")
+head = "".join(f"<th>{h}</th>" for h in titles)
+body = "".join(f"<tr><td>{p}</td><td><code>{k}</code></td><td>{d}</td><td>{r}</td></tr>"
+               for p, k, d, r in rows)
+display(HTML(f"<table><tr>{head}</tr>{body}</table>"))
+
+# %% [markdown]
+# Two of those keys decide whether a port works at all: without `head_dim` attention splits the width differently,
+# and the EOS id differs:
+
+# %%
+split = defaults.hidden_size // defaults.num_attention_heads
+missing_head_dim = getattr(defaults, "head_dim", split)
+print(f"without head_dim in the config, attention uses hidden/heads = "
+      f"{missing_head_dim} instead of {real_cfg['head_dim']}")
+check.equal("class default eos id", "codec_eos_token_id",
+            defaults.codec_eos_token_id, 4198)
+check.equal("config.json eos id", "codec_eos_token_id",
+            real_cfg["codec_eos_token_id"], 2150)
 check.equal("this checkpoint's eos id is the real one", "codec_eos_token_id",
             cfg["talker_config"]["codec_eos_token_id"], 2150)
 check.at_least("keys where the defaults are wrong", "count", len(rows), 10)
@@ -249,40 +330,12 @@ check.at_least("keys where the defaults are wrong", "count", len(rows), 10)
 # A generation loop built on the defaults would wait for token 4198, which a 3072-entry vocabulary can never
 # produce: it would run to `max_new_tokens` every time.
 #
-# ## 5. Fact three: `min_new_tokens` masks EOS, it does not resample
-# `generate` sets `min_new_tokens=2`. In Hugging Face this is a *logits processor*: for the first two new tokens
-# the EOS logit becomes `-inf` before the argmax/sampling, so the runner-up wins. A port that instead samples,
-# sees EOS and samples again draws from a different distribution, and a greedy port that skips EOS and takes
-# "the next best" only agrees by accident of implementation. Here is the processor on logits where EOS is the top token:
-
-# %%
-from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
-
-source = inspect.getsource(type(model).generate)
-check.equal("qwen_tts generate sets min_new_tokens=2", "found in source", '"min_new_tokens": 2' in source, True)
-
-eos, prompt_len = cfg["talker_config"]["codec_eos_token_id"], 12
-logits = torch.randn(1, cfg["talker_config"]["vocab_size"], generator=g)
-logits[0, eos] = logits.max() + 3.0
-runner_up = int(torch.topk(logits[0], 2).indices[1])
-proc = MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=prompt_len, min_new_tokens=2, eos_token_id=eos)
-for new in range(3):
-    ids = torch.zeros(1, prompt_len + new, dtype=torch.long)
-    out = proc(ids, logits.clone())
-    print(f"new token {new}: eos logit {out[0, eos].item():>8.3f}  argmax {int(out.argmax())}")
-    if new < 2:
-        check.equal(f"step {new}: eos logit masked to -inf", "logit", float(out[0, eos]), float("-inf"))
-        check.equal(f"step {new}: argmax is the runner-up", "token", int(out.argmax()), runner_up)
-    else:
-        check.equal("step 2: eos allowed again", "token", int(out.argmax()), eos)
-
-# %% [markdown]
 # ## Summary
 # - The talker predicts codebook 0 per 12.5 Hz frame; the code predictor fills codebooks 1..15 with a 2-token
 #   prefill and 14 steps (table *s-1*, head *s*); the codec decoder turns 16 codes into 1920 samples.
-# - mrope with identical position rows is plain rope (max diff exactly 0.0): ncnn's RotaryEmbed suffices.
+# - Rope rotates feature pairs by position; mrope with identical position rows is plain rope (max diff exactly
+#   0.0), so ncnn's RotaryEmbed suffices.
 # - Read every id and dimension from `config.json`; the class defaults differ in many keys (eos 4198 vs 2150).
-# - `min_new_tokens` is an EOS mask (`-inf`) applied before the argmax; the port must do the same, in the same order.
 #
 # **Artifacts left:** `data/reports/<ckpt>/01_read_structure.json`.
 #
