@@ -28,59 +28,89 @@
 # and `voice.txt`. **Leaves behind:** `data/golden/<ckpt>/*.npz` + `manifest.json`,
 # `data/reports/<ckpt>/03_make_golden.json`.
 
+# %% [markdown]
+# The set-up loads the original and asks the library which goldens this checkpoint kind has (`golden.cases`: the
+# name of each, and the voice arguments of its run; chapter 09 has the other kinds'):
+
 # %%
-import inspect
-import time
-
-import matplotlib.pyplot as plt
-import numpy as np
 import torch
-from IPython.display import Audio, display
 
-from qtts_lib import artifacts, check, checkpoint, golden, inputs, paths, plots, reference, settings
-from qtts_lib.runtime.audio.wav import SAMPLE_RATE
+from qtts_lib import check, checkpoint, golden, reference, settings
 
 ckpt = settings.checkpoint()
 THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("03_make_golden", ckpt)
-golden_dir = paths.golden_dir(ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)
-EOS = cfg["talker_config"]["codec_eos_token_id"]
-kind = cfg["tts_model_type"]
-cases = golden.cases(tts)     # every greedy golden of the checkpoint: name -> the reference's voice arguments
-mode = golden.mode_of(tts)    # the main golden's stem (xvec on Base; each other kind's own name: chapter 09)
+EOS, kind = cfg["talker_config"]["codec_eos_token_id"], cfg["tts_model_type"]
+cases = golden.cases(tts)  # every greedy golden: name -> the reference's voice args
+mode = golden.mode_of(tts)  # the main golden's stem: xvec on Base
 voice = cases[f"{mode}_greedy"]
-print(f"{ckpt} ({kind}); goldens on {golden.THREADS} thread, the port later on {THREADS}:",
-      {name: sorted(args) for name, args in cases.items()})
+print(f"{ckpt} ({kind}); goldens on {golden.THREADS} thread, the port on {THREADS}")
+print({name: sorted(args) for name, args in cases.items()})
 
 # %% [markdown]
 # ## 1. Generate the main golden: greedy, fp32, CPU, one thread
-# A forward hook on `codec_head` records the talker's logits at every step: they tell us later how close each
-# argmax decision was. `reference.capture_generation` wraps three methods of the loaded model for one call to capture
-# the prompt embeddings going into the talker, the x-vector, and the codes going into the codec. The voice is the
-# x-vector of `data/inputs/voice.wav` (`golden.cases` lists the voice arguments of each golden). All of it lives in
-# `qtts_lib.golden`, because tests/test_golden.py makes the same files when this chapter has not run yet. It runs the
-# reference on one thread (`golden.THREADS`); section 3 shows why:
+# One run of the original, with everything a later chapter compares against. `reference.capture_generation`
+# wraps three methods of the loaded model for one call to capture the prompt embeddings going into the talker, the
+# x-vector, and the codes going into the codec. A forward hook on `codec_head` adds the talker's logits at every
+# step: they tell us later how close each argmax decision was. The run takes one thread (`golden.THREADS`;
+# section 3 shows why) and gives the thread count back after. The voice is the x-vector of `data/inputs/voice.wav`:
 
 # %%
-print(inspect.getsource(golden.run_with_logits))
+from qtts_lib import inputs
 
 
-def run_with_logits(model_tts, voice_args=voice, **kw):
-    return golden.run_with_logits(model_tts, voice_args, **kw)
+def run_with_logits(tts, voice: dict, threads: int = golden.THREADS, **kw) -> dict:
+    """A greedy run of the golden text on `threads` threads, with the talker logits."""
+    logits = []  # codec_head's output at the last position, one (vocab,) row per step
+    hook = tts.model.talker.codec_head.register_forward_hook(
+        lambda m, a, out: logits.append(out[0, -1].detach().clone()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = reference.capture_generation(
+            tts, inputs.TARGET_TEXT, inputs.LANGUAGE, voice.get("voice_wav"),
+            voice.get("voice_text"), speaker=voice.get("speaker"),
+            instruct=voice.get("instruct"), **kw)
+    finally:
+        torch.set_num_threads(before)
+        hook.remove()
+    out["logits"] = torch.stack(logits).numpy()  # (steps, vocab)
+    return out
 
+# %% [markdown]
+# The main golden, and how it ended (the step at which the talker picked EOS, if it did):
 
+# %%
+import time
+
+import numpy as np
+
+MAX_NEW = inputs.GOLDEN_MAX_NEW_TOKENS
 t0 = time.perf_counter()
-main = run_with_logits(tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
+main = run_with_logits(tts, voice, max_new_tokens=MAX_NEW)
 codes = main["codes"]  # (T, 16)
 hits = np.flatnonzero(main["talker_sequences"] == EOS)
 eos_step = int(hits[0]) if hits.size else -1
-print(f"{codes.shape[0]} frames x 16 = {codes.size} tokens, EOS step {eos_step} ({time.perf_counter() - t0:.1f} s)")
+print(f"{codes.shape[0]} frames x 16 = {codes.size} tokens, EOS step {eos_step} "
+      f"({time.perf_counter() - t0:.1f} s)")
 check.equal("main golden: frames", "frames", int(codes.shape[0]),
-            inputs.GOLDEN_MAX_NEW_TOKENS - 1 if eos_step < 0 else eos_step)
-check.at_least("main golden: at least 40 frames or an EOS", "frames", int(codes.shape[0]) if eos_step < 0 else 40, 40)
+            MAX_NEW - 1 if eos_step < 0 else eos_step)
+check.at_least("main golden: at least 40 frames or an EOS", "frames",
+               int(codes.shape[0]) if eos_step < 0 else 40, 40)
+
+# %% [markdown]
+# Tests and later chapters make the same files when this chapter has not run yet, so the library holds this
+# function as `golden.run_with_logits`. It must give the same run, bit for bit; a short run of it against the
+# first steps of ours:
+
+# %%
+lib = golden.run_with_logits(tts, voice, max_new_tokens=8)
+steps = len(lib["logits"])
+check.equal("run_with_logits == golden.run_with_logits: logits of the first steps",
+            "max_abs", float(np.abs(lib["logits"] - main["logits"][:steps]).max()), 0.0)
 
 # %% [markdown]
 # With random weights the talker practically never picks the real EOS (about 1 in 2049 per step), so the run ends
@@ -94,10 +124,13 @@ cb0 = main["talker_sequences"]
 # mid-run, so the stop follows real steps
 k = next(i for i in range(max(2, len(cb0) // 2), len(cb0) - 1) if cb0[i] not in cb0[:i])
 early_eos = int(cb0[k])
-early = run_with_logits(tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS, eos_token_id=early_eos)
-print(f"eos id {early_eos}: first emitted at step {k}; the original stopped after {early['codes'].shape[0]} frames")
-check.equal("early stop: frames = first emission step", "frames", int(early["codes"].shape[0]), k)
-check.tokens_equal("early stop: codes = prefix of the main golden", early["codes"], codes[:k])
+early = run_with_logits(tts, voice, max_new_tokens=MAX_NEW, eos_token_id=early_eos)
+print(f"eos id {early_eos}: first emitted at step {k}; "
+      f"the original stopped after {early['codes'].shape[0]} frames")
+check.equal("early stop: frames = first emission step", "frames",
+            int(early["codes"].shape[0]), k)
+check.tokens_equal("early stop: codes = prefix of the main golden",
+                   early["codes"], codes[:k])
 
 # %% [markdown]
 # ## 2. Save them with a manifest
@@ -106,61 +139,93 @@ check.tokens_equal("early stop: codes = prefix of the main golden", early["codes
 # fingerprint. `artifacts.load_npz` refuses a file whose entry does not match and names this chapter.
 
 # %%
+from qtts_lib import artifacts
+
+
 def save(name, run, eos_id, voice_args=voice):
     path = golden.save(ckpt, name, run, eos_id, voice_args)
     arrays, _ = artifacts.load_npz(path, ckpt)
-    print(f"{path.name:26} {path.stat().st_size / 1024:8.1f} KiB  "
-          + ", ".join(f"{k}{tuple(v.shape)}" for k, v in arrays.items()))
+    shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in arrays.items())
+    print(f"{path.name:26} {path.stat().st_size / 1024:8.1f} KiB  {shapes}")
 
 
 save(f"{mode}_greedy", main, EOS)
 save(f"{mode}_eos", early, early_eos)
 
 # %% [markdown]
-# Then the **ICL** golden, which chapter 08 matches: the voice clip's transcript goes into the text track and its
-# codes from the Mimi encoder into the codec track, so the prompt carries the clip itself, frame by frame. Its
-# decoded audio includes the voice clip's part, which the original cuts off by frame ratio. The same cell makes the
-# extra goldens of the other checkpoint kinds and checks each for what makes it different (chapter 09):
+# Then the checkpoint's other goldens, from the same function. On Base it is the **ICL** golden (in-context
+# learning), which chapter 08 matches: the voice clip's transcript goes into the text track and its codes from the
+# Mimi encoder into the codec track, so the prompt carries the clip itself, frame by frame. Its decoded audio
+# includes the voice clip's part, which the original cuts off by frame ratio. The other kinds (chapter 09) have a
+# golden with a spoken-style instruction, or a voice without a description:
 
 # %%
-instruct_rows = lambda text: len(tts.processor.tokenizer(f"<|im_start|>user\n{text}<|im_end|>\n")["input_ids"])
 extra = {name: args for name, args in cases.items() if name != f"{mode}_greedy"}
 if not extra:
-    print(f"no other golden for this {kind} checkpoint: it does not follow instructions "
-          f"(tts_model_size {cfg.get('tts_model_size')!r}), so the reference has no instruction golden to make")
+    size = cfg.get("tts_model_size")
+    print(f"no other golden for this {kind} checkpoint: it does not follow "
+          f"instructions (tts_model_size {size!r}), so the reference has none to make")
 made = {f"{mode}_greedy": main}
 for name, args in extra.items():
-    made[name] = run = run_with_logits(tts, args, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
+    made[name] = run = run_with_logits(tts, args, max_new_tokens=MAX_NEW)
     save(name, run, EOS, args)
     frames = int(run["codes"].shape[0])
-    print(f"{name}: prompt {run['inputs_embeds'].shape[0]} rows, {run['voice_codes'].shape[0]} voice frames, "
-          f"{frames} generated frames")
-    check.equal(f"{name}: generated frames", "frames", frames, inputs.GOLDEN_MAX_NEW_TOKENS - 1)
+    print(f"{name}: prompt {run['inputs_embeds'].shape[0]} rows, "
+          f"{run['voice_codes'].shape[0]} voice frames, {frames} generated frames")
+    check.equal(f"{name}: generated frames", "frames", frames, MAX_NEW - 1)
 if "icl_greedy" in made:
     check.at_least("icl_greedy: voice codes of the clip in the prompt", "frames",
                    int(made["icl_greedy"]["voice_codes"].shape[0]), 1)
-# the other kinds (chapter 09): an instruction is one user turn of text rows in front of the prompt
-for with_it, without in (("speaker_instruct_greedy", "speaker_greedy"), ("design_greedy", "design_plain_greedy")):
-    if with_it in made and without in made:
-        text = cases[with_it]["instruct"]
-        check.equal(f"{with_it}: prompt rows - {without}'s = the instruction's tokens", "rows",
-                    made[with_it]["inputs_embeds"].shape[0] - made[without]["inputs_embeds"].shape[0],
-                    instruct_rows(text))
+
+# %% [markdown]
+# Where a checkpoint kind has a golden with an instruction and one without, their prompts differ by exactly the
+# instruction: one user turn of text rows in front of the prompt, as many rows as the turn has tokens.
 
 # %%
+def instruct_rows(text: str) -> int:
+    turn = f"<|im_start|>user\n{text}<|im_end|>\n"
+    return len(tts.processor.tokenizer(turn)["input_ids"])
+
+
+pairs = (("speaker_instruct_greedy", "speaker_greedy"),
+         ("design_greedy", "design_plain_greedy"))
+for with_it, without in pairs:
+    if with_it in made and without in made:
+        rows = len(made[with_it]["inputs_embeds"]) - len(made[without]["inputs_embeds"])
+        check.equal(f"{with_it}: prompt rows - {without}'s = the instruction's tokens",
+                    "rows", rows, instruct_rows(cases[with_it]["instruct"]))
+
+# %% [markdown]
+# Every golden file on disk reloads through its manifest entry, and the entry's sha256 is the file's:
+
+# %%
+from qtts_lib import paths
+
+golden_dir = paths.golden_dir(ckpt)
 for name in sorted(p.name for p in golden_dir.glob("*.npz")):
     arrays, entry = artifacts.load_npz(golden_dir / name, ckpt)
     check.equal(f"{name} reloads through its manifest", "sha256 ok",
                 entry["sha256"] == artifacts.sha256(golden_dir / name), True)
 
+# %% [markdown]
+# The main golden, heard and seen: its waveform, and its codes as an image (one row per codebook, one column per
+# frame):
+
 # %%
+import matplotlib.pyplot as plt
+from IPython.display import Audio, display
+
+from qtts_lib import plots
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE
+
 display(Audio(main["wav"], rate=SAMPLE_RATE))
 plots.waveform({f"main golden ({codes.shape[0]} frames)": main["wav"]})
 fig, ax = plt.subplots(figsize=(11, 2.8))
 ax.imshow(codes.T, aspect="auto", interpolation="nearest", cmap="viridis")
 ax.set_xlabel("frame")
 ax.set_ylabel("codebook")
-ax.set_title("golden codes (T, 16): codebook 0 from the talker, 1..15 from the code predictor");
+ax.set_title("golden codes (T, 16): codebook 0 from the talker, "
+             "1..15 from the code predictor");
 
 # %% [markdown]
 # ## 3. The numeric-domain lesson
@@ -172,31 +237,42 @@ ax.set_title("golden codes (T, 16): codebook 0 from the talker, 1..15 from the c
 # logits move. Whether a moved bit flips a token depends on how close the top two logits were.
 
 # %%
-rerun = run_with_logits(tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
+rerun = run_with_logits(tts, voice, max_new_tokens=MAX_NEW)
 check.equal("same domain rerun: logits bitwise equal", "max_abs",
             float(np.abs(rerun["logits"] - main["logits"]).max()), 0.0)
 check.equal("same domain rerun: waveform bitwise equal", "max_abs",
             float(np.abs(rerun["wav"] - main["wav"]).max()), 0.0)
 
+# %% [markdown]
+# Then two other domains: two threads instead of one, and the eager attention kernel instead of torch's SDPA
+# (scaled dot-product attention, the fused kernel the reference uses by default). `compare` measures the logit
+# differences up to the first token where a run parts from the main golden, and counts the tokens that differ:
 
+# %%
 def compare(name, other):
     """Logit differences up to the first diverging token, and token mismatches."""
-    same = np.flatnonzero(other["talker_sequences"][: len(cb0)] != cb0[: len(other["talker_sequences"])])
-    upto = int(same[0]) + 1 if same.size else min(len(other["logits"]), len(main["logits"]))
-    d = np.abs(other["logits"][:upto] - main["logits"][:upto])
+    seq = other["talker_sequences"]
+    parted = np.flatnonzero(seq[: len(cb0)] != cb0[: len(seq)])
+    both = min(len(other["logits"]), len(main["logits"]))
+    upto = int(parted[0]) + 1 if parted.size else both
+    ours, ref = other["logits"][:upto], main["logits"][:upto]
     n = min(len(other["codes"]), len(codes))
-    bad = int((other["codes"][:n] != codes[:n]).sum()) + 16 * abs(len(other["codes"]) - len(codes))
-    rel = float(np.linalg.norm(other["logits"][:upto] - main["logits"][:upto]) / np.linalg.norm(main["logits"][:upto]))
-    print(f"{name:28} max |dlogit| {d.max():.3e}   rel {rel:.2e}   tokens differing {bad}/{codes.size}")
-    return d.max(), rel, bad
+    bad = int((other["codes"][:n] != codes[:n]).sum())
+    bad += 16 * abs(len(other["codes"]) - len(codes))
+    d = np.abs(ours - ref).max()
+    rel = float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+    print(f"{name:28} max |dlogit| {d:.3e}   rel {rel:.2e}   "
+          f"tokens differing {bad}/{codes.size}")
+    return d, rel, bad
 
 
 more = max(THREADS, 2)
-threaded = run_with_logits(tts, threads=more, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
+threaded = run_with_logits(tts, voice, threads=more, max_new_tokens=MAX_NEW)
 eager_tts = reference.load(paths.model_dir(ckpt), threads=THREADS, attn="eager")
-eager = run_with_logits(eager_tts, max_new_tokens=inputs.GOLDEN_MAX_NEW_TOKENS)
+eager = run_with_logits(eager_tts, voice, max_new_tokens=MAX_NEW)
 del eager_tts
-domains = {f"{more} threads instead of 1": threaded, "eager attention instead of sdpa": eager}
+domains = {f"{more} threads instead of 1": threaded,
+           "eager attention instead of sdpa": eager}
 results = {name: compare(name, run) for name, run in domains.items()}
 for name, (_dmax, rel, _bad) in results.items():
     check.at_most(f"{name}: logits agree to fp32 rounding", "rel", rel, 1e-5)
@@ -217,7 +293,8 @@ print(f"talker decisions: {len(margin)}; median margin {np.median(margin):.3g} "
       f"under the largest cross-domain change ({worst:.2g}): {(margin < worst).sum()}")
 fig, ax = plt.subplots(figsize=(7, 2.8))
 ax.hist(np.log10(margin + 1e-12), bins=30, color="tab:blue")
-ax.axvline(np.log10(max(worst, 1e-12)), color="crimson", ls="--", label="largest cross-domain logit change")
+ax.axvline(np.log10(max(worst, 1e-12)), color="crimson", ls="--",
+           label="largest cross-domain logit change")
 ax.set_xlabel("log10(top1 - top2) of the talker logits")
 ax.set_ylabel("decisions")
 ax.legend(fontsize=8)
