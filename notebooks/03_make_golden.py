@@ -229,12 +229,14 @@ ax.set_title("golden codes (T, 16): codebook 0 from the talker, "
 
 # %% [markdown]
 # ## 3. The numeric-domain lesson
-# "Token for token" is a claim about one numeric domain. On one thread every sum of a matrix product runs in one order,
+# "Token for token" is a claim about one numeric domain: one device, precision, thread count and set of kernels.
+# On one thread every sum of a matrix product runs in one order,
 # so a rerun (same machine, same kernels) is bitwise identical. On more threads the BLAS splits those sums between
 # threads as it sees fit: MKL, torch's BLAS, promises a bitwise rerun only under conditions it lists
 # ([conditional numerical reproducibility](https://www.intel.com/content/www/us/en/docs/onemkl/developer-guide-linux/2025-1/reproducibility-conditions.html)),
 # which is why the goldens take one thread. Change the thread count or the attention kernel and the low bits of the
-# logits move. Whether a moved bit flips a token depends on how close the top two logits were.
+# logits move. Whether a moved bit flips a token depends on how close the top two logits were. First the same
+# domain: a rerun must be bitwise equal, logits and waveform.
 
 # %%
 rerun = run_with_logits(tts, voice, max_new_tokens=MAX_NEW)
