@@ -45,9 +45,10 @@ print(f"{ckpt}: {tts.model.tts_model_type}, tts_model_size {tts.model.tts_model_
 # lost by the trace. So the host keeps: the tokenizer, the prompt builder, the sampler, the loop, the KV-cache
 # bookkeeping (which keys and values of past positions each step reads) and the RVQ argmin; the graphs get pure
 # tensor functions with every varying quantity (the attention mask, the rope tables, that is the cos and sin of the
-# rotary position embedding of chapter 01, and ids) passed in as an input. The library's registry `qtts_lib.modules` holds one spec per module: how to
-# build the wrapper, seeded example inputs at a given length, and how to run the original blocks on them. The table
-# lists the ten (a checkpoint without a speaker encoder, built-in or described voices, has nine):
+# rotary position embedding of chapter 01, and ids) passed in as an input. The library's registry
+# `qtts_lib.modules` holds one spec per module: how to build the wrapper, seeded example inputs at a given length,
+# and how to run the original blocks on them. The table lists the ten (a checkpoint without a speaker encoder,
+# built-in or described voices, has nine):
 
 # %%
 from IPython.display import HTML, display
