@@ -289,3 +289,48 @@ def architecture(cfg: dict, title: str = ""):
     ax.set_title(title or "Qwen3-TTS (12 Hz): the data flow, with this checkpoint's dimensions", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def polyphase(x: np.ndarray, w: np.ndarray, stride: int, transposed: np.ndarray, phases: np.ndarray,
+              title: str = ""):
+    """A transposed convolution against its polyphase form, one channel in and out. Introduced in 12.
+
+    `x` (T,) the input, `w` (K,) the kernel, `transposed` (T*stride,) the transposed convolution's output
+    (trimmed as the codec trims it), `phases` (stride, T) the outputs of the `stride` stride-1 convolutions.
+    Top: the input with stride-1 zeros stuffed between its samples, which the transposed convolution slides its
+    K taps over, and the taps coloured by the phase they serve (tap k: phase k % stride). Bottom: the
+    transposed convolution's output, and each phase's output placed at every stride-th sample (phase r at
+    q*stride + r): the same values, none computed from a zero."""
+    import matplotlib.pyplot as plt
+
+    T, K = len(x), len(w)
+    colors = [f"C{r % 10}" for r in range(stride)]
+    fig = plt.figure(figsize=(11, 4.6))
+    grid = fig.add_gridspec(2, 4)
+    ax_in, ax_w, ax_out = fig.add_subplot(grid[0, :3]), fig.add_subplot(grid[0, 3]), fig.add_subplot(grid[1, :])
+    stuffed = np.zeros(T * stride)
+    stuffed[::stride] = x
+    pos = np.arange(T * stride)
+    ax_in.vlines(pos, 0, stuffed, color="0.6", lw=1)
+    ax_in.plot(pos[::stride], x, "o", color="black", ms=5, label="input sample")
+    zeros = pos % stride != 0
+    ax_in.plot(pos[zeros], stuffed[zeros], "x", color="0.55", ms=5, label=f"{stride - 1} stuffed zeros")
+    ax_in.axhline(0, color="0.8", lw=0.6)
+    ax_in.set_title(f"transposed convolution, stride {stride}: {T} samples, zeros stuffed between them",
+                    loc="left", fontsize=9)
+    ax_in.legend(fontsize=8, loc="upper right", ncol=2)
+    ax_w.bar(np.arange(K), w, color=[colors[k % stride] for k in range(K)])
+    ax_w.set_title(f"its {K} taps, by phase (k mod {stride})", loc="left", fontsize=9)
+    ax_w.set_xticks(range(K))
+    out_pos = np.arange(len(transposed))
+    ax_out.plot(out_pos, transposed, color="0.75", lw=4, label="transposed convolution")
+    for r in range(stride):
+        ax_out.plot(np.arange(phases.shape[1]) * stride + r, phases[r], "o", color=colors[r], ms=4,
+                    label=f"phase {r}: taps {list(range(r, K, stride))}, a stride-1 conv")
+    ax_out.set_xlabel("output sample")
+    ax_out.set_title("the phases, interleaved: the same output", loc="left", fontsize=9)
+    ax_out.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
