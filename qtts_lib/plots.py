@@ -316,6 +316,7 @@ def polyphase(x: np.ndarray, w: np.ndarray, stride: int, transposed: np.ndarray,
     zeros = pos % stride != 0
     ax_in.plot(pos[zeros], stuffed[zeros], "x", color="0.55", ms=5, label=f"{stride - 1} stuffed zeros")
     ax_in.axhline(0, color="0.8", lw=0.6)
+    ax_in.set_ylim(top=1.9 * np.abs(x).max())  # room for the legend above the stems
     ax_in.set_title(f"transposed convolution, stride {stride}: {T} samples, zeros stuffed between them",
                     loc="left", fontsize=9)
     ax_in.legend(fontsize=8, loc="upper right", ncol=2)
@@ -328,6 +329,7 @@ def polyphase(x: np.ndarray, w: np.ndarray, stride: int, transposed: np.ndarray,
         ax_out.plot(np.arange(phases.shape[1]) * stride + r, phases[r], "o", color=colors[r], ms=4,
                     label=f"phase {r}: taps {list(range(r, K, stride))}, a stride-1 conv")
     ax_out.set_xlabel("output sample")
+    ax_out.xaxis.get_major_locator().set_params(integer=True)
     ax_out.set_title("the phases, interleaved: the same output", loc="left", fontsize=9)
     ax_out.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if title:
