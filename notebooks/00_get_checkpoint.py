@@ -15,19 +15,28 @@
 # # 00 · Get a checkpoint and run the original once
 # > Before porting anything, make the original model run on this machine and keep what it says.
 #
-# **You will:** pick a checkpoint, load it with `qwen-tts`'s own loader with the network off, clone the
-# voice clip once in x-vector mode (the voice enters only as one speaker vector, below), listen to it and keep the
-# result as a baseline.
+# **You will:** pick a checkpoint, load it with the loader of `qwen-tts` (the official Python package of
+# Qwen3-TTS: the PyTorch model classes and their `from_pretrained`) with the network off, clone the committed voice
+# clip once in x-vector mode (the voice enters only as one speaker vector, section 6), listen to it and keep the
+# result as a baseline for later chapters.
 #
 # **You will learn:** what a Qwen3-TTS checkpoint directory holds; why this tutorial runs on random-init
-# checkpoints of the real architecture; how to import the 12 Hz path of `qwen-tts` (the model whose codec makes
-# 12.5 frames a second) without its 25 Hz extras. Each term is defined where it is first needed;
-# [the glossary](../glossary.md) collects them all, with the chapter that teaches each.
+# checkpoints of the real architecture; how to import the 12 Hz path of `qwen-tts` without its 25 Hz extras
+# (Qwen3-TTS comes in two families named by their codec's frame rate: 12 Hz, 12.5 frames a second, the one
+# ported here, and 25 Hz). Each term is defined where it is first needed; [the glossary](../glossary.md)
+# collects them all, with the chapter that teaches each.
 #
 # **You need:** nothing but the installed packages: the checkpoint is synthesized if it is not on disk.
 #
 # **Leaves behind:** `models/<ckpt>/`, `data/outputs/<ckpt>/00_baseline.wav` (+ manifest),
 # `data/reports/<ckpt>/00_get_checkpoint.json`.
+
+# %% [markdown]
+# Every chapter opens the same way. `settings` reads the checkpoint name (`QTTS_CHECKPOINT`) and the CPU thread
+# count (`QTTS_THREADS`). `check.begin` opens the chapter's **report**: from then on each `check.*` call compares
+# one value with a threshold, prints `OK` or `NOT OK`, records a named row in
+# `data/reports/<ckpt>/00_get_checkpoint.json`, and raises if it failed. A chapter that runs to its end has
+# therefore passed every check; its last cell shows them as a table.
 
 # %%
 import torch
@@ -46,12 +55,16 @@ print(f"checkpoint: {ckpt}   threads: {settings.threads()}   torch {torch.__vers
 #
 # | name | what | used for |
 # |---|---|---|
-# | `tiny-base` (default), `tiny-customvoice` | real config keys, ids, strides; small dims | CI, chapters in seconds |
-# | `full-base`, `full-customvoice` | the 0.6B dimensions of the real `config.json` | honest memory and speed numbers |
+# | `tiny-base` (default), `tiny-customvoice`, `tiny-1.7b-*`, `tiny-voicedesign` | real keys and ids, small | CI |
+# | `full-base`, `full-customvoice`, `full-1.7b-*` | the real dimensions | honest memory and speed numbers |
 # | a real checkpoint directory under `models/` | e.g. `models/Qwen3-TTS-12Hz-0.6B-Base` | real speech |
 #
-# Random weights make noise, so every proof in this tutorial is *parity* (token for token, SNR, cosine),
-# never "it sounds right". A name outside this list is refused with the list of valid ones:
+# (Base, CustomVoice and VoiceDesign are the checkpoint kinds: clone a voice clip, speak as one of nine built-in
+# speakers, or speak in a voice described in words. Chapter 09 ports the other kinds; the first chapters run Base.)
+# Random weights make noise, so every proof in this tutorial is **parity**: the port's output against the
+# original's, as equal tokens, or as a signal-to-noise ratio (SNR, the reference's power over the difference's, in
+# dB) or a cosine similarity above a bar; never "it sounds right". A name outside this list is refused with the
+# list of valid ones. The cell sets the variable to a made-up name, asks again, and puts the real name back:
 
 # %%
 import os
@@ -79,10 +92,12 @@ check.equal("unknown checkpoint refused with the valid names", "names tiny-base"
 #
 # `checkpoint.ensure` returns a real directory untouched. For our own names it builds the model classes of
 # `qwen-tts` from the real config (shrunk for `tiny-*`) under a fixed seed, writes every file the loader
-# reads, and records a manifest; a stale directory (made by an older spec) is rebuilt.
+# reads, and records a **manifest** (a JSON file of the seed and each file's sha256); a directory made by an
+# older version of the library's recipe is rebuilt.
 # Two fixes make random weights exercise every path: random RVQ codebooks (init leaves them at zero, so the
 # codec decoder would ignore codes and the Mimi encoder emit zeros), and a wider init of the tiny codec decoder
-# (at the default 0.02 it outputs near-silence).
+# (at the default 0.02 it outputs near-silence). The listing leaves out `ncnn/`, where chapter 04 and later
+# put the converted graphs; `speech_tokenizer/` is what `qwen-tts` calls the codec.
 
 # %%
 import time
@@ -97,7 +112,10 @@ for f in sorted(files):
     print(f"  {f.relative_to(model_dir)!s:45} {f.stat().st_size / 2**20:9.2f} MiB")
 
 # %% [markdown]
-# A synthesized checkpoint is a pure function of its seed: building it again gives the same bytes.
+# A synthesized checkpoint is a pure function of its seed: building it again gives the same bytes. That matters
+# because every reference output saved later is tied to the checkpoint's fingerprint; a rebuild that changed a
+# byte would make them stale. The check rebuilds the tiny checkpoint into a temporary directory and compares the
+# weights file's sha256 with the manifest's:
 
 # %%
 import json
@@ -120,7 +138,12 @@ else:
 # %% [markdown]
 # ## 3. Read the numbers that matter from config.json
 # Every dimension and id in this tutorial comes from the checkpoint's own `config.json`; chapter 01 shows
-# why the Python class defaults cannot be trusted.
+# why the Python class defaults cannot be trusted. The cell prints the talker's depth and width and its
+# attention heads as query/key-value (fewer key-value heads than query heads: chapter 02 explains), and its
+# **codec vocabulary**: the 2048 codes of codebook 0 followed by control ids. Among those are `pad`, `bos`
+# (begin of speech), `eos` (end of speech) and one id per language. Then the code predictor's 15 embedding
+# tables and output heads, one per codebook 1..15, and the text path: a token id is embedded at the text width
+# and projected to the talker's width.
 
 # %%
 cfg = checkpoint.load_config(ckpt)
@@ -143,6 +166,9 @@ print(f"codec ids: pad {talker['codec_pad_id']}, bos {talker['codec_bos_id']}, "
 # `qwen_tts/__init__` imports the 25 Hz speech tokenizer, which pulls `torchaudio`, `sox`, `onnxruntime`
 # and `einops`; the 12 Hz model needs none of them. `reference.import_qwen_tts` registers a placeholder
 # module under the 25 Hz name first, so the real package imports with only what the 12 Hz path uses.
+# `reference.load` does that, then calls the package's own `from_pretrained` on the directory. It returns the
+# package's wrapper object; `tts.model` is the `torch.nn.Module` that holds the talker, the code predictor, the
+# speaker encoder and the codec (`speech_tokenizer`). The check compares the loaded layers with the config:
 
 # %%
 from qtts_lib import reference
@@ -164,7 +190,8 @@ check.equal("talker layers loaded = config", "layers",
 # `data/inputs/voice.wav` is espeak-ng speech resampled by sox to **24 kHz mono** (`python -m qtts_lib.inputs`
 # remakes it). The reference model asserts 24 kHz, and a resampler is one more thing a port would have to
 # reproduce bit for bit, so we keep inputs native. A wav at another rate or with two channels is converted
-# with a printed note, never silently:
+# with a printed note, never silently. The cell writes one second of stereo audio at 22.05 kHz to a temporary
+# file: `load_wav` must give back one second of mono at 24 kHz (24000 samples), and `strict=True` must refuse it:
 
 # %%
 import numpy as np
@@ -194,9 +221,12 @@ display(Audio(voice_wav, rate=SAMPLE_RATE))
 # ## 6. Run the original once
 # Clone the voice clip in **x-vector mode**: the speaker encoder turns the clip into the **x-vector**, the one
 # vector through which the voice enters the model (chapter 08 shows the other mode, which also gives the model the
-# clip's own codes). Decoding is **greedy** (always the most likely code), on CPU in fp32. (`reference.default_voice`
-# picks the voice argument of the checkpoint's kind; chapter 09.)
-# `max_new_tokens=N` yields N-1 frames: the last sampled codebook-0 token never gets its other 15 codes.
+# clip's own codes). Decoding is **greedy** (always the most likely code), on CPU in fp32.
+# `reference.default_voice` picks the voice argument of the checkpoint's kind: the clip for Base, the first
+# built-in speaker for CustomVoice, a description for VoiceDesign (chapter 09). `reference.capture_generation`
+# runs the package's generate call and returns a dict: `codes` (frames × 16), `wav`, and what went in.
+# The talker's outputs are called **tokens**; `max_new_tokens=N` caps them at N and yields N-1 frames: the last
+# codebook-0 token never gets its other 15 codes. Each frame decodes to 24000 / 12.5 = 1920 samples:
 
 # %%
 from qtts_lib.runtime.audio.wav import SAMPLES_PER_FRAME

@@ -19,7 +19,8 @@
 # the original model, run it once, and tabulate the real tensor shapes; then establish two facts live, each with
 # a check.
 #
-# **You will learn:** Qwen3-TTS = the talker (an autoregressive decoder → codebook 0 of each frame) + the code
+# **You will learn:** Qwen3-TTS = the talker (an autoregressive decoder, each step reading what the steps before
+# it made → codebook 0 of each frame) + the code
 # predictor (MTP, multi-token prediction: 15 more codes per frame → codebooks 1..15) + the codec decoder
 # (codes → a 24 kHz waveform), plus two encoders for cloning (the ECAPA-TDNN speaker encoder: a mel spectrogram
 # → an x-vector, one speaker embedding; the Mimi encoder: a voice clip → codes for ICL, in-context learning);
@@ -28,6 +29,10 @@
 #
 # **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing) and the committed
 # `data/inputs/voice.wav`. **Leaves behind:** `data/reports/<ckpt>/01_read_structure.json`.
+
+# %% [markdown]
+# The set-up of chapter 00 (settings, the report), then the original model: `model` is the `torch.nn.Module`,
+# `codec` its codec (`qwen-tts` calls it the speech tokenizer), `cfg` the checkpoint's `config.json`:
 
 # %%
 import torch
@@ -44,16 +49,20 @@ cfg = checkpoint.load_config(ckpt)
 # %% [markdown]
 # ## 1. Draw the model
 # Speech is made frame by frame, 12.5 frames a second, each frame 16 codes (one per codebook). The text and the
-# voice become the **prompt**: rows of embeddings, one per position, each the sum of a text track and a codec
-# track. The **talker** reads the prompt once (the prefill), then runs one position per frame: its `codec_head`
-# picks codebook 0, or EOS (end of speech). The **code predictor** takes the talker's hidden state and codebook
-# 0's embedding and makes codebooks 1..15, one call each: a prefill of those two rows, then fourteen steps. The sum
-# of the frame's 16 code embeddings, plus the next row of the text still to read, is the talker's next input. The
+# voice become the **prompt**: rows of embeddings, one per position, each the sum of two tracks, a *text track*
+# (the embedding of a text token id) and a *codec track* (the embedding of a codec id: a code, or a control id
+# such as a language or begin-of-speech). The **talker** reads the prompt in one call (the **prefill**), then runs
+# one position per frame: its `codec_head` picks codebook 0, or EOS (end of speech). The **code predictor** takes
+# the talker's hidden state and codebook 0's embedding and makes codebooks 1..15, one call each: a prefill of
+# those two rows, then fourteen steps. The sum of the frame's 16 code embeddings is the talker's next input, plus
+# one text row: the text that did not fit in the prompt is fed one token per frame (chapter 07 draws it). The
 # **codec decoder** turns the frames into audio. For cloning, the **speaker encoder** (ECAPA-TDNN) turns a mel
 # spectrogram of the voice clip into the **x-vector**, one prompt row; in **ICL** mode the **Mimi encoder** also turns
 # the clip into codes that go into the prompt with the clip's transcript. The dimensions below are read from this
 # checkpoint's `config.json` (the released 0.6B model has a 28-layer talker of width 1024 and a 5-layer code
-# predictor; the tiny checkpoints keep every id and stride and shrink the rest):
+# predictor; the tiny checkpoints keep every id and stride and shrink the rest). Read the figure left to right:
+# the inputs, what turns them into prompt rows, the talker and the code predictor (once per frame, the frame fed
+# back), the codec decoder; on a Base checkpoint the two cloning encoders sit under the text path:
 
 # %%
 import matplotlib.pyplot as plt
@@ -66,9 +75,10 @@ plt.show()
 
 # %% [markdown]
 # ## 2. Hook every block and run once
-# First, which blocks: every submodule down to a given depth, plus each member of a `ModuleList` (the layers, the
-# code predictor's tables and heads), and a short description of what a block returned (a tensor's shape, or the
-# shapes inside a tuple or a model output):
+# The figure says what the code should do; forward hooks show what it does, with real shapes, without reading
+# the source. First, which blocks: every submodule down to a given depth, plus each member of a `ModuleList` (the
+# layers, the code predictor's tables and heads), and a short description of what a block returned (a tensor's
+# shape, or the shapes inside a tuple or a model output):
 
 # %%
 def blocks(root: torch.nn.Module, prefix: str, depth: int):
@@ -93,7 +103,8 @@ def shape_of(x):
     return type(x).__name__
 
 # %% [markdown]
-# One forward hook per block records the shapes of the first call and counts the calls:
+# One forward hook per block counts the calls and records, at the first call, the shape of the first tensor
+# argument (the "first input") and of the output:
 
 # %%
 from collections import OrderedDict
@@ -116,7 +127,8 @@ def hook(name):
 # %% [markdown]
 # We hook the talker, the codec decoder, the speaker encoder (a Base checkpoint has one) and the Mimi encoder, run
 # a short x-vector clone (prefill + a few frames, then the codec decoder) and encode the voice clip with the Mimi
-# encoder (the ICL path), so every component shows up:
+# encoder (the ICL path), so every component shows up. `max_new_tokens=4` gives 3 frames of 16 codes (chapter
+# 00); the voice clip gives 16 codes per frame of its length:
 
 # %%
 from qtts_lib import paths
@@ -171,15 +183,17 @@ show(seen, keep=lambda n: n.startswith("talker") and first_of_list(n))
 
 # %% [markdown]
 # Read the talker rows like this:
-# - `talker.model.text_embedding` + `talker.text_projection`: Qwen2 BPE ids (vocab 151936) → text width →
-#   talker width. The text track of the prompt.
-# - `talker.model.codec_embedding`: codec ids (vocab 3072: 0..2047 acoustic codes, then control ids such as
-#   pad/bos/eos and language ids) → talker width. The codec track.
+# - `talker.model.text_embedding` + `talker.text_projection`: token ids of Qwen2's tokenizer (BPE, byte-pair
+#   encoding: text cut into frequent byte sequences, vocab 151936; chapter 06) → text width → talker width. The
+#   text track of the prompt.
+# - `talker.model.codec_embedding`: codec ids (vocab 3072: 0..2047 the codes of codebook 0, then control ids
+#   such as pad/bos/eos and language ids) → talker width. The codec track.
 # - `talker.model.layers.*`: the decoder; first call is the prefill of the whole prompt, every later call one frame.
 # - `talker.codec_head`: hidden → 3072 logits; only codebook 0 is predicted here.
 # - `talker.code_predictor.*`: the code predictor (the MTP). Per frame a 2-token prefill
-#   `[talker hidden, embedding(codebook 0)]`, then 14 single steps; step *s* embeds with table *s-1* and predicts
-#   with head *s* — the one-off index that, if missed, makes every frame wrong.
+#   `[talker hidden, embedding(codebook 0)]` whose last row goes to head 0 (codebook 1), then 14 single steps;
+#   step *s* = 1..14 embeds codebook *s* with table *s-1* and predicts codebook *s+1* with head *s*. Table *i* and
+#   head *i* both belong to codebook *i+1*: an index off by one there makes every frame wrong.
 #
 # The other components' blocks:
 
@@ -187,11 +201,14 @@ show(seen, keep=lambda n: n.startswith("talker") and first_of_list(n))
 show(seen, keep=lambda n: not n.startswith("talker") and first_of_list(n))
 
 # %% [markdown]
-# The codec decoder is a single feed-forward pass: split-RVQ dequantization (1 semantic + 15 acoustic
-# codebooks), a sliding-window transformer, two upsampling ConvNeXt stages and a SnakeBeta vocoder with
-# strides 8·5·4·3 (×2·2) = **1920 samples per 12.5 Hz frame**. No diffusion, no flow, no ISTFT, no complex
-# numbers: this is why the 12 Hz model, not the 25 Hz one, is the one to put on an edge runtime. The strides, from
-# the codec's config:
+# The codec decoder is a single feed-forward pass. *Split-RVQ dequantization*: codebook 0 (the *semantic* one,
+# trained to carry what is said) and codebooks 1..15 (the *acoustic* ones, how it sounds) are two RVQ chains,
+# each summing its codes' vectors. Then a transformer whose attention sees only a sliding window of recent frames,
+# two upsampling stages of ConvNeXt blocks (depthwise convolution + MLP) and a vocoder, transposed convolutions
+# with SnakeBeta activations (`x + sin²(αx)/β`), with strides 8·5·4·3 (×2·2) = **1920 samples per 12.5 Hz
+# frame**. No iterative sampler (diffusion, flow matching), no inverse FFT, no complex numbers: this is why the
+# 12 Hz model, not the 25 Hz one, is the one to put on an edge runtime. The strides, from the codec's config,
+# must multiply to the samples per frame:
 
 # %%
 import numpy as np
@@ -205,7 +222,8 @@ check.equal("codec upsampling = samples per frame", "samples/frame",
             upsample, SAMPLES_PER_FRAME)
 
 # %% [markdown]
-# Where the parameters are, by component (each top-level hooked block counted once):
+# Where the parameters are, by component (each top-level hooked block counted once). The tiny checkpoints shrink
+# every width, so the bars' proportions are not the released model's, where the talker dominates:
 
 # %%
 groups = {
@@ -246,7 +264,9 @@ fig.tight_layout()
 # positions. The talker uses Qwen2-VL's **mrope** (multimodal rope): three position rows (time, height, width, for
 # video and images), interleaved over the frequency bands `mrope_section`. For text and audio tokens
 # `get_rope_index` gives three **identical** rows, and interleaving identical rows is the identity. So the exported
-# decoder can use ncnn's stock `RotaryEmbed` layer and no custom layer. First, the three rows:
+# decoder can use the stock `RotaryEmbed` layer of **ncnn** (the inference framework this book ports to, where a
+# model is a graph of built-in layers) and no custom layer. First, the three rows, for a prompt of 29 text tokens
+# (any length would do):
 
 # %%
 from qwen_tts.core.models.modeling_qwen3_tts import (
@@ -264,8 +284,9 @@ check.equal("get_rope_index: the 3 position rows are equal", "rows equal",
             rows_equal, True)
 
 # %% [markdown]
-# Then both rotations with the original functions, on this checkpoint's sizes: the multimodal one with its sections,
-# and plain rope with the first row's tables:
+# Then both rotations with the original functions, on random queries and keys of this checkpoint's sizes: the
+# multimodal one with its sections, and plain rope with the first row's tables. Equal means a difference of
+# exactly zero:
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -284,7 +305,7 @@ check.equal("mrope == plain rope on text/audio positions", "max_abs", diff, 0.0)
 # ## 4. Fact two: trust config.json, not the class defaults
 # `Qwen3TTSTalkerConfig()` has defaults from another model size. Any code that builds a config from defaults
 # (or reads a missing key) silently gets the wrong model. The real 0.6B `config.json` (carried in
-# `qtts_lib/configs/`) against the class defaults:
+# `qtts_lib/configs/`) against the class defaults; the table lists every key where they differ:
 
 # %%
 import json
