@@ -43,12 +43,15 @@ print(f"{ckpt}: {tts.model.tts_model_type}, tts_model_size {tts.model.tts_model_
 # A traced graph records one path through Python with the shapes it saw. Anything that branches on values
 # (sampling, EOS, "which of the 15 tables this step"), grows a list, or builds a prompt from pieces is frozen or
 # lost by the trace. So the host keeps: the tokenizer, the prompt builder, the sampler, the loop, the KV-cache
-# bookkeeping (which keys and values of past positions each step reads) and the RVQ argmin; the graphs get pure
+# bookkeeping (which keys and values of past positions each step reads) and the RVQ argmin (the Mimi encoder's
+# search for the nearest codebook entry, an index choice); the graphs get pure
 # tensor functions with every varying quantity (the attention mask, the rope tables, that is the cos and sin of the
-# rotary position embedding of chapter 01, and ids) passed in as an input. The library's registry
-# `qtts_lib.modules` holds one spec per module: how to build the wrapper, seeded example inputs at a given length,
-# and how to run the original blocks on them. The table lists the ten (a checkpoint without a speaker encoder,
-# built-in or described voices, has nine):
+# rotary position embedding of chapter 01, and ids) passed in as an input. The cut gives ten modules: the text
+# and codec embeddings, the talker decoder, its codec head, the code predictor's decoder, embeddings and heads,
+# the codec decoder, and the two cloning encoders. The library's registry `qtts_lib.modules` holds one **spec**
+# per module: how to build the wrapper, seeded example inputs at a given length (`spec.inputs`), how to run the
+# original blocks on them (`spec.run_original`), and the metric and tolerance to compare with. The table shows
+# each spec's inputs and outputs (a checkpoint without a speaker encoder, built-in or described voices, has nine):
 
 # %%
 from IPython.display import HTML, display
@@ -82,7 +85,9 @@ display(HTML(f"<table><tr>{head}</tr>{''.join(rows)}</table>"))
 # %% [markdown]
 # The code predictor reads the talker's hidden state, so the `predictor_decoder` graph takes rows of the talker's
 # width and returns rows of the code predictor's own (it starts with the code predictor's input projection,
-# `small_to_mtp_projection`, here an `Identity`):
+# `small_to_mtp_projection`). On 0.6B the two widths are equal and the projection is an `Identity`; on 1.7B the
+# talker is wider and it is a `Linear`, so a wrapper that skipped it would still pass on 0.6B. The two checks hold
+# on every kind:
 
 # %%
 cp = tts.model.talker.code_predictor
@@ -111,7 +116,8 @@ check.equal("predictor_decoder: output width = code predictor hidden", "width",
 # against the piece of the original it replaces.
 #
 # First the norm. Qwen3 layers use RMSNorm, `weight · x / sqrt(mean(x²) + eps)` over the hidden axis. Written as
-# plain ops in the original's order, it is bitwise equal to the original module:
+# plain ops in the original's order, it is bitwise equal to the original module (`check.equal` on the largest
+# elementwise difference, `max_abs`, against exactly 0):
 
 # %%
 import torch.nn.functional as F
@@ -140,7 +146,8 @@ check.equal("rms_norm == the original RMSNorm", "max_abs", diff, 0.0)
 # as inputs at half width, one value per pair (the layout ncnn's `RotaryEmbed` layer reads), from the runtime's own
 # recipe `common.rope_tables`, and widens them in the graph; chapter 04 removes that widening from the exported
 # graph. `half` is a Python int on purpose: `x.shape[-1]` would be traced as a size op. Against the original's
-# tables and its `apply_rotary_pos_emb`:
+# tables and its `apply_rotary_pos_emb`; `check.close(..., rel=r)` passes when the relative L2 error
+# `‖ours − ref‖ / ‖ref‖` is at most `r` (`max_abs=` bounds the largest elementwise difference instead):
 
 # %%
 from qwen_tts.core.models.modeling_qwen3_tts import apply_rotary_pos_emb
@@ -168,7 +175,8 @@ check.close("rotary on half-width tables == the original rope",
 # Then attention: the q, k, v projections, an RMSNorm per head on q and k, rope, and **SDPA**, scaled dot-product
 # attention `softmax(q·kᵀ/√head_dim + mask)·v` (one op in torch, `F.scaled_dot_product_attention`, and one layer in
 # ncnn). The talker uses **GQA**, grouped-query attention: fewer key/value heads than query heads, each k/v head
-# shared by a group of query heads, so k and v are repeated up to the query heads' count before SDPA. HF repeats
+# shared by a group of query heads, so k and v are repeated up to the query heads' count before SDPA. HF (Hugging
+# Face `transformers`, whose code the original reuses) repeats
 # them with expand + reshape (`repeat_kv`), which pnnx leaves as an expression ncnn cannot load;
 # `repeat_interleave` on the head axis computes the same and folds into ncnn's SDPA. The mask is 2-D and additive,
 # `(L, L)`: 0 where a position may look, -inf where it may not. Against one original attention module, fed the
@@ -199,7 +207,8 @@ print(f"heads {cfg.num_attention_heads}, kv heads {cfg.num_key_value_heads}, "
 check.close("attention written out == the original attention", ours, ref, rel=1e-5)
 
 # %% [markdown]
-# Last, the module itself: each layer is a pre-norm residual block (norm, attention, add; norm, SwiGLU MLP, add),
+# Last, the module itself: each layer is a pre-norm residual block (norm, attention, add; norm, SwiGLU MLP, add;
+# SwiGLU is `down(silu(gate(x)) · up(x))`),
 # and a final norm closes the stack. The wrapper holds the original `ModuleList` and norm and reads their weights,
 # so nothing is copied:
 
@@ -244,6 +253,7 @@ for length in spec.lengths:
 # ## 3. The rewrites of the other nine, each shown equal in torch
 # Each rewrite re-expresses one idiom of the original. The last column names the pitfall it avoids, reproduced on
 # the pinned pnnx in [appendix A][A] (its section number); here we only prove that each computes the same thing.
+# You need not follow every "because" now: chapter 04 exports the graphs and appendix A shows each failure.
 #
 # | rewrite | replaces | because | pitfall |
 # |---|---|---|---|
@@ -307,8 +317,10 @@ display(Markdown("\n".join(f"- **`{s.name}`**: " + "; ".join(s.rewrites)
 # A wrapper that froze a length still matches at the length it was written for; only a second length shows it.
 # Inputs are synthetic (seeded): hidden states ~ N(0, 1), random valid ids and codes, noise-like waveforms.
 # Each module's spec carries its metric and tolerance (chapter 04 compares with the same ones): relative L2 error for
-# the decoders and the Mimi latent (unit-Gaussian inputs grow through the layers, so an absolute bound would mislead),
-# max |diff| for embeddings and heads, SNR for the waveform, cosine for the x-vector.
+# the decoders and the Mimi latent (the encoder's continuous output before RVQ; unit-Gaussian inputs grow through
+# the layers, so an absolute bound would mislead), max |diff| for embeddings and heads, SNR for the waveform,
+# cosine for the x-vector. The cell prints them, then runs each wrapper and its original at both lengths,
+# asserts that the outputs match in number and shape, and `spec.check` records one row with the spec's metric:
 
 # %%
 for s in modules.all_specs():
@@ -331,8 +343,9 @@ for spec in modules.all_specs():
         o_all = torch.cat([o.reshape(-1) for o in ours])
         r_all = torch.cat([r.reshape(-1) for r in ref.values()])
         spec.check(f"{spec.name} @ {length}", o_all, r_all)
+        which = "first" if length == spec.lengths[0] else "second"
         results.append({"module": spec.name, "rel": check.rel_err(o_all, r_all),
-                        "length": f"length {'ab'[length != spec.lengths[0]]}"})
+                        "length": f"{which} length"})
 
 # %% [markdown]
 # One picture for all of them: relative L2 error per module at both lengths (a bar at the floor means bitwise

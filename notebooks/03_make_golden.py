@@ -29,8 +29,11 @@
 # `data/reports/<ckpt>/03_make_golden.json`.
 
 # %% [markdown]
-# The set-up loads the original and asks the library which goldens this checkpoint kind has (`golden.cases`: the
-# name of each, and the voice arguments of its run; chapter 09 has the other kinds'):
+# A **golden** is a reference output of the original model saved to disk, which every later chapter compares the
+# port against. The set-up loads the original and asks the library which goldens this checkpoint kind has
+# (`golden.cases`: the name of each, and the voice arguments of its run; chapter 09 has the other kinds').
+# The main golden's name starts with the voice mode (`golden.mode_of`): `xvec` on Base (an x-vector clone),
+# `speaker` on CustomVoice, `design` on VoiceDesign; `voice` holds its arguments:
 
 # %%
 import torch
@@ -56,7 +59,8 @@ print({name: sorted(args) for name, args in cases.items()})
 # wraps three methods of the loaded model for one call to capture the prompt embeddings going into the talker, the
 # x-vector, and the codes going into the codec. A forward hook on `codec_head` adds the talker's logits at every
 # step: they tell us later how close each argmax decision was. The run takes one thread (`golden.THREADS`;
-# section 3 shows why) and gives the thread count back after. The voice is the x-vector of `data/inputs/voice.wav`:
+# section 3 shows why) and gives the thread count back after. The text is `inputs.TARGET_TEXT`, chapter 00's
+# sentence; on Base the voice is the x-vector of `data/inputs/voice.wav`:
 
 # %%
 from qtts_lib import inputs
@@ -81,7 +85,10 @@ def run_with_logits(tts, voice: dict, threads: int = golden.THREADS, **kw) -> di
     return out
 
 # %% [markdown]
-# The main golden, and how it ended (the step at which the talker picked EOS, if it did):
+# The main golden, and how it ended. `talker_sequences` is the talker's token at every step, EOS included if it
+# picked it; `eos_step` is where, or -1. The checks: the run made one frame per step before EOS (or
+# `max_new_tokens - 1` without it), and it is long enough to test a port on, at least 40 frames unless an EOS
+# ended it:
 
 # %%
 import time
@@ -113,15 +120,16 @@ check.equal("run_with_logits == golden.run_with_logits: logits of the first step
             "max_abs", float(np.abs(lib["logits"] - main["logits"][:steps]).max()), 0.0)
 
 # %% [markdown]
-# With random weights the talker practically never picks the real EOS (about 1 in 2049 per step), so the run ends
-# at `max_new_tokens`. To exercise the EOS branch of the port, make a second golden whose EOS id is a code the greedy
-# path emits at step *k* (past the middle of the run) and never before (`min_new_tokens=2` masks EOS at steps 0 and 1,
-# so an earlier occurrence would change the path). The original must then stop after exactly *k* frames, identical to
-# the first *k*.
+# With random weights the talker practically never picks the real EOS (the reference masks every control id but
+# EOS, so 2048 codes and EOS compete, and EOS wins about 1 step in 2049), so the run ends at `max_new_tokens`. To
+# exercise the EOS branch of the port, make a second golden that *declares* an ordinary code EOS: take the code the
+# greedy path emits at step *k* (past the middle of the run, so the stop follows real steps) and nowhere before.
+# Told that this code is EOS, the original takes the same path until step *k* and stops there, so it must give
+# exactly *k* frames, identical to the main golden's first *k*. (A code that also appeared earlier would stop the
+# run there instead; `min_new_tokens=2` masks EOS at steps 0 and 1, so the search starts at step 2.)
 
 # %%
-cb0 = main["talker_sequences"]
-# mid-run, so the stop follows real steps
+cb0 = main["talker_sequences"]  # codebook 0 per step
 k = next(i for i in range(max(2, len(cb0) // 2), len(cb0) - 1) if cb0[i] not in cb0[:i])
 early_eos = int(cb0[k])
 early = run_with_logits(tts, voice, max_new_tokens=MAX_NEW, eos_token_id=early_eos)
@@ -136,7 +144,8 @@ check.tokens_equal("early stop: codes = prefix of the main golden",
 # ## 2. Save them with a manifest
 # Each `.npz` gets an entry in `manifest.json`: producer chapter, inputs (text, language, sha256 of the
 # voice clip, `max_new_tokens`, eos id), sha256 of the file, library versions, threads and the checkpoint
-# fingerprint. `artifacts.load_npz` refuses a file whose entry does not match and names this chapter.
+# fingerprint. `artifacts.load_npz` refuses a file whose entry does not match and names this chapter. `save`
+# writes one golden through the library, reloads it that way at once, and prints its size and arrays:
 
 # %%
 from qtts_lib import artifacts
@@ -155,9 +164,11 @@ save(f"{mode}_eos", early, early_eos)
 # %% [markdown]
 # Then the checkpoint's other goldens, from the same function. On Base it is the **ICL** golden (in-context
 # learning), which chapter 08 matches: the voice clip's transcript goes into the text track and its codes from the
-# Mimi encoder into the codec track, so the prompt carries the clip itself, frame by frame. Its decoded audio
-# includes the voice clip's part, which the original cuts off by frame ratio. The other kinds (chapter 09) have a
-# golden with a spoken-style instruction, or a voice without a description:
+# Mimi encoder into the codec track, so the prompt carries the clip itself, frame by frame. The original decodes
+# the clip's codes together with the new ones and cuts the clip's share off the waveform, in proportion to its
+# frames. The other kinds (chapter 09) have their own: the 1.7B CustomVoice a speaker with a style instruction,
+# VoiceDesign a voice with an empty description. Each must run to `max_new_tokens`, and the ICL golden must carry
+# at least one frame of the clip:
 
 # %%
 extra = {name: args for name, args in cases.items() if name != f"{mode}_greedy"}
@@ -179,7 +190,9 @@ if "icl_greedy" in made:
 
 # %% [markdown]
 # Where a checkpoint kind has a golden with an instruction and one without, their prompts differ by exactly the
-# instruction: one user turn of text rows in front of the prompt, as many rows as the turn has tokens.
+# instruction: one user turn of text rows in front of the prompt, as many rows as the turn has tokens. A turn is
+# written in Qwen's chat markup, `<|im_start|>user` … `<|im_end|>`, each marker one token of the tokenizer
+# (`tts.processor.tokenizer`). On Base there is no such pair and the cell checks nothing:
 
 # %%
 def instruct_rows(text: str) -> int:
@@ -248,7 +261,8 @@ check.equal("same domain rerun: waveform bitwise equal", "max_abs",
 # %% [markdown]
 # Then two other domains: two threads instead of one, and the eager attention kernel instead of torch's SDPA
 # (scaled dot-product attention, the fused kernel the reference uses by default). `compare` measures the logit
-# differences up to the first token where a run parts from the main golden, and counts the tokens that differ:
+# differences up to the first token where a run parts from the main golden (after that the inputs differ too, and
+# the logits are no longer comparable), and counts the tokens that differ; each must agree to fp32 rounding:
 
 # %%
 def compare(name, other):
@@ -281,7 +295,10 @@ for name, (_dmax, rel, _bad) in results.items():
 
 # %% [markdown]
 # The differences above are rounding: summation order changes with the thread count and the kernel. They matter
-# only where the top two logits of a decision are closer than that. The margins of this run:
+# only where the top two logits of a decision are closer than that. The margin of a decision is its top logit
+# minus the runner-up, among the ids the reference lets compete (the 2048 codes and EOS: the last 1024 ids of the
+# vocabulary are control ids it masks); the spread, the top minus the bottom. The margins of this run, and the
+# red line where the largest cross-domain change above falls:
 
 # %%
 allowed = np.r_[np.arange(cfg["talker_config"]["vocab_size"] - 1024), EOS]
