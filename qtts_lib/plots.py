@@ -336,3 +336,77 @@ def polyphase(x: np.ndarray, w: np.ndarray, stride: int, transposed: np.ndarray,
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def param_line(line: str, keys: dict[str, str] | None = None, title: str = ""):
+    """One layer line of an ncnn `.param`, its fields boxed and named: layer type, layer name,
+    input and output counts, input blobs, output blobs, `key=value` parameters. `keys` names what
+    some keys mean (ncnn's operator reference numbers them per layer type). Introduced in 04."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    tok = line.split()
+    n_in, n_out = int(tok[2]), int(tok[3])
+    groups = [("layer type", tok[:1], "#2e86de"), ("layer name", tok[1:2], "#7f8c8d"),
+              ("#in #out", tok[2:4], "#f39c12"), ("input blobs", tok[4 : 4 + n_in], "#27ae60"),
+              ("output blobs", tok[4 + n_in : 4 + n_in + n_out], "#8e44ad"),
+              ("parameters key=value", tok[4 + n_in + n_out :], "#c0392b")]
+    groups = [g for g in groups if g[1]]
+    n_chars = sum(len(" ".join(t)) for _, t, _ in groups) + 2 * len(groups)
+    char = 0.602 * 10 / 72  # inches per character of a 10 pt monospace font: one x unit
+    width = max(8.0, (n_chars + 2) * char / 0.98)
+    fig = plt.figure(figsize=(width, 2.8))
+    ax = fig.add_axes((0.01, 0.02, 0.98, 0.86))
+    ax.set_xlim(-1, width * 0.98 / char - 1)
+    ax.set_ylim(-1.9, 2.6)
+    ax.axis("off")
+    x, param_x = max(0.0, (width * 0.98 / char - 2 - n_chars) / 2), {}  # centred
+    for g, (label, toks, color) in enumerate(groups):
+        text = " ".join(toks)
+        ax.add_patch(FancyBboxPatch((x - 0.3, -0.45), len(text) + 0.6, 0.9, boxstyle="round,pad=0.1",
+                                    fc=color, alpha=0.15, ec=color))
+        ax.text(x, 0, text, family="monospace", fontsize=10, va="center", ha="left")
+        ax.text(x + len(text) / 2, -0.7 - 0.5 * (g % 2), label, ha="center", va="top", fontsize=8,
+                color=color)
+        if label.startswith("parameters"):
+            pos = x
+            for t in toks:
+                param_x[t.split("=", 1)[0]] = pos + len(t) / 2
+                pos += len(t) + 1
+        x += len(text) + 2
+    for i, (k, meaning) in enumerate((k, m) for k, m in (keys or {}).items() if k in param_x):
+        y = 0.9 + 0.5 * (i % 3)
+        ax.annotate(f"{k}= {meaning}", (param_x[k], 0.45), (param_x[k], y), ha="center", fontsize=7.5,
+                    color="#c0392b", arrowprops={"arrowstyle": "-", "color": "#c0392b", "lw": 0.6})
+    ax.set_title(title or "one layer of a .param", fontsize=10)
+    return fig
+
+
+def cache_growth(shapes: list[list[tuple[int, int, int, int]]], title: str = ""):
+    """The K cache Mats of a cached decoder across calls: for each call (the prefill, then one step
+    each), one bar per layer, filled to the positions the Mat holds (its `h`) and outlined up to the
+    rows its buffer has room for (`cstep / w`). `shapes[call][layer]` = (w, h, c, cstep), read from
+    the Mats the graph handed back. Introduced in 05."""
+    import matplotlib.pyplot as plt
+
+    n_layers = len(shapes[0])
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    for call, mats in enumerate(shapes):
+        for i, (w, h, _c, cstep) in enumerate(mats):
+            x = call * (n_layers + 1) + i
+            ax.bar(x, cstep // w, width=0.85, fc="none", ec="0.55", lw=0.6,
+                   label="rows reserved (cstep / w)" if call == i == 0 else None)
+            ax.bar(x, h, width=0.85, color="#2e86de",
+                   label="positions held (h)" if call == i == 0 else None)
+    centers = [call * (n_layers + 1) + (n_layers - 1) / 2 for call in range(len(shapes))]
+    ax.set_xticks(centers, ["prefill"] + [str(t) for t in range(1, len(shapes))], fontsize=7)
+    for call in (0, len(shapes) - 1):
+        w, h, c, _ = shapes[call][0]
+        ax.annotate(f"w×h×c\n{w}×{h}×{c}", (centers[call], h), (0, 6), textcoords="offset points",
+                    ha="center", fontsize=7.5, bbox={"fc": "white", "ec": "none", "pad": 1})
+    ax.set_xlabel(f"call (prefill, then one step each); one bar per layer ({n_layers} layers)")
+    ax.set_ylabel("rows of the K cache Mat")
+    ax.set_title(title or "K cache Mats across calls", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
