@@ -42,16 +42,17 @@ print(f"{ckpt}: {tts.model.tts_model_type}, tts_model_size {tts.model.tts_model_
 # ## 1. Where to cut
 # A traced graph records one path through Python with the shapes it saw. Anything that branches on values
 # (sampling, EOS, "which of the 15 tables this step"), grows a list, or builds a prompt from pieces is frozen or
-# lost by the trace. So the host keeps: the tokenizer, the prompt builder, the sampler, the loop, the KV-cache
-# bookkeeping (which keys and values of past positions each step reads) and the RVQ argmin (the Mimi encoder's
-# search for the nearest codebook entry, an index choice); the graphs get pure
-# tensor functions with every varying quantity (the attention mask, the rope tables, that is the cos and sin of the
-# rotary position embedding of chapter 01, and ids) passed in as an input. The cut gives ten modules: the text
-# and codec embeddings, the talker decoder, its codec head, the code predictor's decoder, embeddings and heads,
-# the codec decoder, and the two cloning encoders. The library's registry `qtts_lib.modules` holds one **spec**
-# per module: how to build the wrapper, seeded example inputs at a given length (`spec.inputs`), how to run the
-# original blocks on them (`spec.run_original`), and the metric and tolerance to compare with. The table shows
-# each spec's inputs and outputs (a checkpoint without a speaker encoder, built-in or described voices, has nine):
+# lost by the trace. So the host (the Python code around the graphs) keeps: the tokenizer, the prompt builder,
+# the sampler, the loop, the KV-cache bookkeeping (which keys and values of past positions each step reads) and
+# the RVQ argmin (the Mimi encoder's search for the nearest codebook entry, an index choice); the graphs get pure
+# tensor functions with every varying quantity (the attention mask, the rope tables, that is the cos and sin of
+# the rotary position embedding of chapter 01, and ids) passed in as an input. The cut gives ten modules: the
+# text and codec embeddings, the talker decoder, its codec head, the code predictor's decoder, embeddings and
+# heads, the codec decoder, and the two cloning encoders. The library's registry `qtts_lib.modules` holds one
+# **spec** per module: how to build the wrapper, seeded example inputs at a given length (`spec.inputs`), how to
+# run the original blocks on them (`spec.run_original`), and the metric and tolerance to compare with. The
+# table shows each spec's inputs and outputs (a checkpoint without a speaker encoder, built-in or described
+# voices, has nine):
 
 # %%
 from IPython.display import HTML, display
