@@ -60,7 +60,7 @@ def snr_db(ours, ref) -> float:
 
 def log_spectral_distance(ours, ref, n_fft: int = 1024, hop: int = 256) -> float:
     """Root-mean-square difference of the two power spectra in dB (Hann frames of `n_fft`, `hop` apart), averaged
-    over frames; 0 when equal. A level-independent companion of `snr_db` for audio. Introduced in 13."""
+    over frames; 0 when equal. A level-independent companion of `snr_db` for audio. Introduced in 14."""
     a, b = _f64(ours).ravel(), _f64(ref).ravel()
     if a.shape != b.shape:
         raise ValueError(f"length mismatch: ours {a.shape} vs ref {b.shape}")

@@ -1,4 +1,4 @@
-"""Run code in a fresh Python in which torch, transformers and qwen_tts cannot be imported. Introduced in 06.
+"""Run code in a fresh Python in which torch, transformers and qwen_tts cannot be imported. Introduced in 07.
 
 This is how the tutorial proves that the runtime is torch-free: not by reading import lines,
 but by making the imports fail and running the real thing.

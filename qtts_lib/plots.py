@@ -163,7 +163,7 @@ PROMPT_COLORS = {"instruction": "#8e44ad", "role": "#7f8c8d", "tts_pad": "#dcdde
 
 
 def prompt_tracks(prompts: dict[str, tuple], title: str = ""):
-    """Talker prompts drawn as rows x tracks, one panel each. Introduced in 06.
+    """Talker prompts drawn as rows x tracks, one panel each. Introduced in 07.
 
     `prompts`: {name: (text track, codec track[, trailing text])}, each a list of one label per position (None:
     nothing on that track there); the two tracks are summed position by position. The trailing text, fed one row
@@ -293,7 +293,7 @@ def architecture(cfg: dict, title: str = ""):
 
 def polyphase(x: np.ndarray, w: np.ndarray, stride: int, transposed: np.ndarray, phases: np.ndarray,
               title: str = ""):
-    """A transposed convolution against its polyphase form, one channel in and out. Introduced in 12.
+    """A transposed convolution against its polyphase form, one channel in and out. Introduced in 13.
 
     `x` (T,) the input, `w` (K,) the kernel, `transposed` (T*stride,) the transposed convolution's output
     (trimmed as the codec trims it), `phases` (stride, T) the outputs of the `stride` stride-1 convolutions.

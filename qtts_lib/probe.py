@@ -145,7 +145,7 @@ def extract_blobs(net, inputs: Sequence[np.ndarray], blobs: Sequence[str],
 def probe_ncnn(param_dir: str | Path, name: str, inputs: Sequence[np.ndarray], a_opts: dict | None = None,
                b_opts: dict | None = None, layers: Sequence[str] | None = None) -> ProbeResult:
     """One graph under two configurations, blob by blob: the output of every computing layer (or of `layers`,
-    by ncnn layer name) of configuration `a` against `b`. Introduced in 04 (used in 08 and the precision tiers).
+    by ncnn layer name) of configuration `a` against `b`. Introduced in 04 (used in 09 and the precision tiers).
 
     Each opts dict may hold `threads`, `device` ("cpu", "vulkan", "vulkan:N"), `param` (another .param over the
     same `<name>.bin`; a path relative to `param_dir`, without .param), `bin` (another weight file: a precision

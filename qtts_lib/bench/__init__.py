@@ -1,4 +1,4 @@
-"""The benchmark harness: what each measurement is, on which machine, with which prompt. Introduced in 10.
+"""The benchmark harness: what each measurement is, on which machine, with which prompt. Introduced in 11.
 
     python -m qtts_lib.bench loop     PyTorch vs ncnn end to end, any device and tier (`loop`; `make bench`)
     python -m qtts_lib.bench codec    the codec alone, both runtimes in one process, against the FLOP peak (`codec`)

@@ -1,4 +1,4 @@
-"""Many utterances at once: throughput of the batched loop against the batch size. Introduced in 16.
+"""Many utterances at once: throughput of the batched loop against the batch size. Introduced in 17.
 
     python -m qtts_lib.bench batch --checkpoint full-base --batch 1,2,4,8,16 --precision fp32,int8 --threads 2 \\
         --frames 40 --repeats 3 [--codec-precision fp32,bf16] -o data/bench/NAME.json

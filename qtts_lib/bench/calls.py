@@ -1,5 +1,5 @@
 """Where a frame's time goes, graph call by graph call: each call's time against the time its weights take to read.
-Introduced in 12.
+Introduced in 13.
 
     python -m qtts_lib.bench calls --checkpoint full-base --precision int8 --repeats 3 -o data/bench/calls/NAME.json
 

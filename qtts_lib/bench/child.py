@@ -1,5 +1,5 @@
 """One measurement in a fresh Python: its own model load, its own peak memory, no thread pool left over from the
-runtime measured before it. Introduced in 10.
+runtime measured before it. Introduced in 11.
 
 `run(module, name, threads, **kwargs)` runs `qtts_lib.bench.<module>.<name>(**kwargs)` in a child process with
 `OMP_NUM_THREADS=threads` and returns the dict it returned; the child prints it as one `QTTS_BENCH {json}` line.

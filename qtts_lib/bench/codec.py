@@ -1,4 +1,4 @@
-"""The codec alone, ncnn against PyTorch, in one process. Introduced in 11.
+"""The codec alone, ncnn against PyTorch, in one process. Introduced in 12.
 
     python -m qtts_lib.bench codec --checkpoint full-base --threads 1,2 --rounds 9 -o data/bench/codec/NAME.json
     python -m qtts_lib.bench codec --tiers fp32,bf16 --checkpoint full-base --threads 1,2 -o data/bench/codec/NAME.json

@@ -1,4 +1,4 @@
-"""For a GPU host: zero-filled weights for full-size timings, and where a Vulkan frame's time goes. Introduced in 09.
+"""For a GPU host: zero-filled weights for full-size timings, and where a Vulkan frame's time goes. Introduced in 10.
 
     python -m qtts_lib.bench zeros DIR             # zero-filled .bin files of the sizes in DIR/bin_sizes.json
     python -m qtts_lib.bench profile DIR OUT.json --device vulkan

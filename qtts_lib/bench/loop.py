@@ -1,4 +1,4 @@
-"""The end-to-end benchmark: PyTorch vs the ncnn runtime, side by side, the machine described. Introduced in 10.
+"""The end-to-end benchmark: PyTorch vs the ncnn runtime, side by side, the machine described. Introduced in 11.
 
     python -m qtts_lib.bench loop --checkpoint full-base --threads 1,2 --frames 40 --repeats 3 -o data/bench/NAME.json
     python -m qtts_lib.bench loop --checkpoint full-base --devices vulkan,cpu --runtimes ncnn --threads 1,16 ...

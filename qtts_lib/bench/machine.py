@@ -1,5 +1,5 @@
 """The machine a benchmark ran on, described in its result: CPU, cores, memory, load, read bandwidth, GPU.
-Introduced in 10.
+Introduced in 11.
 
 Every committed result in data/bench/ carries this description, measured when the run started (and the load again
 when it ended): a number without its machine says nothing. The read bandwidth is what the memory-bound generation

@@ -1,4 +1,4 @@
-"""Does decoding on one core while the other generates pay off? A measurement. Introduced in 13.
+"""Does decoding on one core while the other generates pay off? A measurement. Introduced in 14.
 
     python -m qtts_lib.bench overlap --checkpoint full-base --precision int8 [--codec-precision int8] -o OUT.json
 

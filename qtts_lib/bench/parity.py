@@ -1,5 +1,5 @@
 """Greedy parity at any size: the ncnn runtime (fp32, CPU) against qwen-tts on the same machine, every prompt kind
-of a checkpoint. Introduced in 08.
+of a checkpoint. Introduced in 09.
 
 `python -m qtts_lib.bench parity --checkpoint full-1.7b-customvoice --frames 48` runs, for every case of
 `golden.cases` (Base: an x-vector and an ICL clone; CustomVoice: a built-in speaker, with an instruction where the

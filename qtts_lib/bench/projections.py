@@ -1,5 +1,5 @@
 """The int8 loop's projections alone against its floor: how much of the loop's distance to the floor is ncnn's int8
-GEMV itself. Introduced in 12.
+GEMV itself. Introduced in 13.
 
     python -m qtts_lib.bench projections [--checkpoint full-base] [--threads 2] [--repeats 9] [-o OUT.json]
 

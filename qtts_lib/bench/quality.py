@@ -1,4 +1,4 @@
-"""What a precision tier costs in quality, measured against fp32. Introduced in 12.
+"""What a precision tier costs in quality, measured against fp32. Introduced in 13.
 
     python -m qtts_lib.bench quality --checkpoint full-base --frames 200 -o data/bench/quality/NAME.json
 

@@ -1,4 +1,4 @@
-"""Benchmark results on disk: data/bench's schema, one writer. Introduced in 10.
+"""Benchmark results on disk: data/bench's schema, one writer. Introduced in 11.
 
 A result file is `{machine, checkpoint, frames, rows, ...}`; a row is `{runtime, device, precision, threads,
 ms_per_frame: {talker, predictor, codec, total}, prefill_ms, rtf, peak_rss_gb, floor_ms_per_frame, floor_ratio,

@@ -1,4 +1,4 @@
-"""`qtts serve` under load: N streaming clients against a real server process. Introduced in 17.
+"""`qtts serve` under load: N streaming clients against a real server process. Introduced in 18.
 
     python -m qtts_lib.bench serve --checkpoint full-base --precision int8 --threads 2 -o data/bench/serve/NAME.json
     python -m qtts_lib.bench serve ... --tree /tmp/before     # the same load against another source tree's server

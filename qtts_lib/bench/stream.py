@@ -1,5 +1,5 @@
 """Streaming, measured: how much left context a piece needs, time to first audio, a stream against `synthesize`.
-Introduced in 14.
+Introduced in 15.
 
     python -m qtts_lib.bench stream --checkpoint full-base --threads 1,2 --repeats 3 -o data/bench/stream/NAME.json
 

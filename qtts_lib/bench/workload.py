@@ -1,4 +1,4 @@
-"""What every benchmark speaks: one text, one voice clip, one language, greedy. Introduced in 10.
+"""What every benchmark speaks: one text, one voice clip, one language, greedy. Introduced in 11.
 
 The CPU and the GPU harness, the codec, streaming, quality and overlap measurements all take their prompt from
 here, so rows of different files describe the same work: an x-vector clone of data/inputs/voice.wav saying `TEXT`

@@ -1,5 +1,5 @@
 """Chapter 10's lab: the Vulkan gate, ncnn's conventions tested on small graphs, fp16 forced on, extracts counted.
-Introduced in 09.
+Introduced in 10.
 
 Nothing here is part of the runtime: these are the probes the chapter runs to show what the GPU does and costs.
 """
@@ -25,7 +25,7 @@ class VulkanRequired(RuntimeError):
 
 def vulkan_or_skip(gpu_count: int | None = None, required: str | None = None) -> tuple[bool, str]:
     """(True, device names) when ncnn sees a Vulkan device; (False, why) when not, in words (what ncnn's loader said
-    is captured, not printed: `runtime.binding.net.vulkan_devices`). Introduced in 09.
+    is captured, not printed: `runtime.binding.net.vulkan_devices`). Introduced in 10.
 
     Where the environment variable QTTS_REQUIRE_VULKAN is set (`.ci/run` sets it, after installing lavapipe) a
     missing device raises `VulkanRequired` instead: a skip there would mean the set-up broke."""
@@ -96,7 +96,7 @@ def gpu_loop_graphs(loop, codec_net, layers: tuple[int, int]) -> dict[str, tuple
 # ---------------------------------------------------------------- small graphs and probes
 def small_graph(text: str, device: str, threads: int = 2, weights: bytes = b"", fp16: bool = False):
     """An ncnn.Net from .param text without its magic line (and .bin bytes), with every fp16 option on or off
-    (the runtime keeps them off: `runtime.binding.net`); the chapter's own probe. Introduced in 09."""
+    (the runtime keeps them off: `runtime.binding.net`); the chapter's own probe. Introduced in 10."""
     fp16_options = {k: fp16 for k in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic")}
     with tempfile.TemporaryDirectory() as tmp:  # load_model_mem keeps pointers into a buffer Python frees
         (Path(tmp) / "g.bin").write_bytes(weights)
@@ -158,7 +158,7 @@ class Counted:
 @contextlib.contextmanager
 def patched_ncnn(fp16: bool = False, counter: list | None = None):
     """Nets created inside: fp16 forced on at load time (the runtime turns it off), extracts counted.
-    Introduced in 09."""
+    Introduced in 10."""
     real = ncnn.Net
 
     class Patched(real):

@@ -1,5 +1,5 @@
 """Where a Vulkan extract's time goes through the pip binding: chains of N layers of one type, ncnn's options, and
-the real decoder graphs at several lengths. Introduced in 09.
+the real decoder graphs at several lengths. Introduced in 10.
 
     python -m qtts_lib.lab.vulkan_probe DIR OUT.json [--device vulkan] [--quick]
 

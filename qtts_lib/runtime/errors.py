@@ -1,4 +1,4 @@
-"""Every error the runtime raises on purpose, under one base class. Introduced in 06.
+"""Every error the runtime raises on purpose, under one base class. Introduced in 07.
 
 An application catches `QttsError` to tell a user's mistake or a missing file from a bug: each message says
 what is wrong and what would be valid (the CLI prints it as one line; the server returns it in a 4xx body).

@@ -1,4 +1,4 @@
-"""`qtts say ...`: text to a wav file with numpy + ncnn only; `qtts serve`: the speech server. Introduced in 06.
+"""`qtts say ...`: text to a wav file with numpy + ncnn only; `qtts serve`: the speech server. Introduced in 07.
 
     qtts say --checkpoint models/tiny-base --voice data/inputs/voice.wav --text "Hello." -o out.wav
     qtts say --voice clip.wav --voice-text "what clip.wav says" ...     (ICL cloning)
@@ -256,7 +256,7 @@ def write_pieces(output: Path, pieces: Iterable[np.ndarray], speed: float = 1.0)
 
 def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segments: int, t0: float) -> int:
     """A text of several segments (`longform.synthesize_long`): a progress bar over segments; with
-    --stream or -o -, each segment is written as soon as it is spoken. Introduced in 15."""
+    --stream or -o -, each segment is written as soon as it is spoken. Introduced in 16."""
     from tqdm import tqdm
 
     writer = PieceWriter(args.output, args.speed) if args.stream or str(args.output) == "-" else None

@@ -1,4 +1,4 @@
-"""The weights in huge pages: what `qtts serve` starts with. Introduced in 10.
+"""The weights in huge pages: what `qtts serve` starts with. Introduced in 11.
 
 The generation loop reads every weight of the talker once a frame and the code predictor's fifteen times (chapter
 10): about 1.7 GB a frame in int8, through 4 KB pages, each a TLB entry to look up. glibc's malloc asks the kernel

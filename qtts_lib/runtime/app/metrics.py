@@ -1,4 +1,4 @@
-"""`qtts serve`'s metrics, in Prometheus's text format at /metrics (prometheus_client). Introduced in 17.
+"""`qtts serve`'s metrics, in Prometheus's text format at /metrics (prometheus_client). Introduced in 18.
 
 What an operator watches: requests by path and status, audio streams that failed or whose client left, the queue,
 the batch now and whether the engine runs (read at scrape time from the engine), the batch size of every step, and

@@ -1,4 +1,4 @@
-"""What `qtts say` and `qtts serve` share: the checkpoint, the machine, the sampling. Introduced in 06.
+"""What `qtts say` and `qtts serve` share: the checkpoint, the machine, the sampling. Introduced in 07.
 
 Each option is declared once here, with one help text, and both front ends add the groups they need (llama.cpp's
 `common/arg.cpp` in spirit). The choices come from where they are defined (the tiers from `pipeline.precision`,

@@ -2,7 +2,7 @@
 the OpenAPI document built from them (served at /openapi.json), the body read within its limit (`read_body`) and
 checked into a `Speech` (`parse_speech`) or, for a voice upload, a `VoiceForm` (`parse_voice_form`; OpenAI's forms:
 `parse_sample_form` for a voice, `parse_consent_form` for a consent recording), every refusal an OpenAI-style error
-(`RequestError`). Introduced in 17.
+(`RequestError`). Introduced in 18.
 
 The models check what a request means on its own (types, lengths, the format, the sampling ranges of
 `pipeline.sampling.Sampling`); what depends on the loaded checkpoint (does this voice, language or model exist, can

@@ -1,4 +1,4 @@
-"""`qtts serve`: a local speech server speaking OpenAI's speech API, streamed. Introduced in 17.
+"""`qtts serve`: a local speech server speaking OpenAI's speech API, streamed. Introduced in 18.
 
     qtts serve --checkpoint tiny-base --voices voices/ --port 8000
     curl -sN localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\

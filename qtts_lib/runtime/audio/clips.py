@@ -1,4 +1,4 @@
-"""Voice clips people bring: checked, and trimmed when too long. Introduced in 15.
+"""Voice clips people bring: checked, and trimmed when too long. Introduced in 16.
 
 A clip the model cannot use (NaN/Inf, not mono samples, too short, silent) is an `AudioError` with one line that
 says why and what works; one it can use but should not (clipped) gives a warning; one longer than MAX_VOICE_SECONDS
@@ -54,7 +54,7 @@ def dbfs(x: float) -> float:
 def check_voice_clip(wav: np.ndarray, sr: int = SAMPLE_RATE) -> list[str]:
     """Raise `AudioError` for a clip the model cannot use (NaN/Inf, shorter than MIN_VOICE_SECONDS,
     silent); return warnings for one it can but should not (clipped). Length above the maximum is
-    `trim_voice_clip`'s business. Introduced in 15."""
+    `trim_voice_clip`'s business. Introduced in 16."""
     wav = _samples(wav)
     bad = ~np.isfinite(wav)
     if bad.any():
@@ -79,7 +79,7 @@ def check_voice_clip(wav: np.ndarray, sr: int = SAMPLE_RATE) -> list[str]:
 
 def quiet_point(wav: np.ndarray, limit: int, sr: int = SAMPLE_RATE) -> int:
     """The sample index to cut a clip at: the middle of the quietest TRIM_WINDOW_SECONDS window that
-    fits in the last TRIM_SEARCH_SECONDS before `limit` samples. Introduced in 15."""
+    fits in the last TRIM_SEARCH_SECONDS before `limit` samples. Introduced in 16."""
     win = int(TRIM_WINDOW_SECONDS * sr)
     start = max(0, limit - int(TRIM_SEARCH_SECONDS * sr))
     energy = np.square(np.asarray(wav[start:limit], np.float64))
@@ -92,7 +92,7 @@ def quiet_point(wav: np.ndarray, limit: int, sr: int = SAMPLE_RATE) -> int:
 def trim_voice_clip(wav: np.ndarray, max_seconds: float = MAX_VOICE_SECONDS, sr: int = SAMPLE_RATE,
                     keep_long_option: str | None = KEEP_LONG_OPTION) -> tuple[np.ndarray, str | None]:
     """A clip longer than `max_seconds`, cut at its quiet point before the limit, with a note
-    saying so (None when it was short enough). Introduced in 15."""
+    saying so (None when it was short enough). Introduced in 16."""
     limit = int(max_seconds * sr)
     if len(wav) <= limit:
         return wav, None
@@ -107,7 +107,7 @@ def prepare_voice_clip(wav: np.ndarray, transcript: str | None = None, keep_long
     """`check_voice_clip`, then `trim_voice_clip` unless `keep_long`: the clip to use (float32 mono) and the
     messages to show ("warning: ..." or "note: ..."). A long clip with a transcript (ICL) is
     refused rather than trimmed: the transcript would then say more than the clip. `keep_long_option` is how the
-    caller's front end keeps a long clip, named in the messages. Introduced in 15."""
+    caller's front end keeps a long clip, named in the messages. Introduced in 16."""
     wav = _samples(wav)
     messages = [f"warning: {w}" for w in check_voice_clip(wav)]
     seconds = len(wav) / SAMPLE_RATE
@@ -134,7 +134,7 @@ def read_voice_clip(source: str | Path | bytes, transcript: str | None = None, k
     """A voice clip from a file or the bytes of one (an upload: wav, flac, ogg or mp3), read by `wav.read_audio`
     (another rate or channel count converted with a note, or refused when `strict`; `name` calls it in messages),
     then `prepare_voice_clip`: an `AudioError` saying why it cannot be used, or the clip with its messages.
-    Introduced in 15."""
+    Introduced in 16."""
     wav, notes = read_audio(source, strict, name)
     wav, messages = prepare_voice_clip(wav, transcript, keep_long, keep_long_option)
     return VoiceClip(wav, tuple(f"note: {n}" for n in notes) + tuple(messages))

@@ -1,4 +1,4 @@
-"""Audio in OpenAI's speech formats, encoded piece by piece as the pieces come. Introduced in 17.
+"""Audio in OpenAI's speech formats, encoded piece by piece as the pieces come. Introduced in 18.
 
 `wav` and `pcm` are the 16-bit wire formats of `audio.wav` (no dependency). `mp3`, `opus` (Ogg Opus), `aac` (ADTS)
 and `flac` are encoded by FFmpeg through PyAV (`pip install av`; the `serve` extra has it): its wheels bundle FFmpeg

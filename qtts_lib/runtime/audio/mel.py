@@ -1,4 +1,4 @@
-"""The speaker encoder's log-mel frontend in numpy. Introduced in 07; also used by the CLI.
+"""The speaker encoder's log-mel frontend in numpy. Introduced in 08; also used by the CLI.
 
 Reproduces `qwen_tts.core.models.modeling_qwen3_tts.mel_spectrogram` exactly as
 `Qwen3TTSForConditionalGeneration.extract_speaker_embedding` calls it (24 kHz only):

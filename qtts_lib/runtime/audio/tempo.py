@@ -1,4 +1,4 @@
-"""Speech faster or slower at the same pitch, piece by piece: FFmpeg's `atempo` through PyAV. Introduced in 17.
+"""Speech faster or slower at the same pitch, piece by piece: FFmpeg's `atempo` through PyAV. Introduced in 18.
 
 OpenAI's speech API takes a `speed` from 0.25 to 4.0. Playing the samples faster would raise the pitch with the
 tempo (a tape run fast); `atempo` instead cuts the audio into overlapping windows and lays them down closer together

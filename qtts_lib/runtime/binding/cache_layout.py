@@ -1,5 +1,5 @@
 """The SDPA layer's private KV-cache layout, found by probing, so that caches can be read and written. Introduced
-in 16.
+in 17.
 
 A cache Mat extracted with `type=1` (chapter 05) says (c=kv_heads, h=positions, w=head_dim), but its memory is the
 x86 SDPA kernel's own: positions come in tiles of `t` (16 on an AVX-512 build), with capacity to spare in `cstep`:

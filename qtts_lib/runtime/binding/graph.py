@@ -1,5 +1,5 @@
 """Editing a parsed `.param` graph: parameters by key, producers and consumers, fresh names, and cutting a graph in
-two. Introduced in 10.
+two. Introduced in 11.
 
 Every `.param` rewrite of the runtime (`runtime.rewrites`) is written over these few helpers.
 """

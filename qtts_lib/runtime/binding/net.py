@@ -31,7 +31,7 @@ NO_BATCH = 233  # pnnx's marker for "this blob has no batch axis"
 
 def vulkan_devices() -> tuple[list[str], str]:
     """The Vulkan devices ncnn sees, by index, and why there are none (an empty string when there are). Introduced
-    in 09.
+    in 10.
 
     ncnn looks for a Vulkan driver the first time it is asked (`get_gpu_count`), and where there is none its C code
     writes "dlopen failed libvulkan.so.1" and the like to the process's stderr (file descriptor 2, out of Python's
@@ -73,7 +73,7 @@ def gpu_names() -> list[str]:
 
 
 def parse_device(device: str) -> int | None:
-    """"cpu" -> None; "vulkan" -> ncnn's default GPU; "vulkan:N" -> N. Introduced in 09.
+    """"cpu" -> None; "vulkan" -> ncnn's default GPU; "vulkan:N" -> N. Introduced in 10.
 
     Asking for a GPU that ncnn cannot see is a `DeviceError` naming the devices it does see."""
     spec = (device or "cpu").strip().lower()

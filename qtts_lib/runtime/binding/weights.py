@@ -1,4 +1,4 @@
-"""The `.bin` weight file of an ncnn graph, layer by layer. Introduced in 10.
+"""The `.bin` weight file of an ncnn graph, layer by layer. Introduced in 11.
 
 ncnn reads a `.bin` front to back: each layer, in `.param` order, makes the loads its type defines (a
 convolution its weights, then its bias if it has one; an int8 Gemm its int8 weights, then raw fp32 scales...).

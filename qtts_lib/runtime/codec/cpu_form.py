@@ -1,4 +1,4 @@
-"""The codec's CPU form on disk: written once next to the exports, rewritten when they change. Introduced in 11.
+"""The codec's CPU form on disk: written once next to the exports, rewritten when they change. Introduced in 12.
 
 `fast_graph` applies `rewrites.codec_cpu.codec_fast_parts` to the exported codec decoder, measures each part's
 left context (`parts.reach`), sizes each part's chunk and time tiles from it, and writes the parts under

@@ -1,4 +1,4 @@
-"""The codec decoder over its exported graph: codes (T, 16) -> 24 kHz waveform. Introduced in 06.
+"""The codec decoder over its exported graph: codes (T, 16) -> 24 kHz waveform. Introduced in 07.
 
 The graph (chapter 04) takes the 16 codebooks packed for one fused embedding table
 (`pack_codes`), a sliding-window causal mask and rope tables. The reference decodes long

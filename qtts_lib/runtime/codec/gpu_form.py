@@ -1,4 +1,4 @@
-"""The codec's GPU form on disk: written once next to the exports, rewritten when they change. Introduced in 09.
+"""The codec's GPU form on disk: written once next to the exports, rewritten when they change. Introduced in 10.
 
 `gpu_graph` applies `rewrites.codec_cpu.codec_gpu_parts` to the exported codec decoder and writes its two parts
 under `ncnn/gpu/`: part 0 (the codebook sums and the pre_conv) runs on the CPU, part 1 (the transformer and every

@@ -1,5 +1,5 @@
 """The codec's int8 tier on disk: the CPU form with int8 residual convolutions, calibrated once, int8 projections
-in the upsampler, and an int8 transformer for streams. Introduced in 13.
+in the upsampler, and an int8 transformer for streams. Introduced in 14.
 
 `int8_graph` takes the CPU form (`codec.cpu_form.fast_graph`), decodes `CALIBRATION_FRAMES` frames of random codes
 through it in fp32, chunk by chunk as the runtime does, and records the largest |input| of every convolution that

@@ -1,4 +1,4 @@
-"""The codec's CPU form in parts, and running them chunk by chunk. Introduced in 11.
+"""The codec's CPU form in parts, and running them chunk by chunk. Introduced in 12.
 
 `rewrites.codec_cpu.codec_fast_parts` cuts the codec graph at the input of each upsampling stage: part 0 (codes
 to the pre_conv), part 1 (the transformer), parts 2.. (one upsampling stage each). The stages after the transformer

@@ -1,4 +1,4 @@
-"""Streaming decode: audio for each few frames as they are generated, equal to the whole decode. Introduced in 14.
+"""Streaming decode: audio for each few frames as they are generated, equal to the whole decode. Introduced in 15.
 
 The codec decoder is causal: causal convolutions, and a transformer whose sliding window (72 frames, so 71
 frames back per layer) only looks left. A sample of frame k therefore depends on frames k-R..k only, with R

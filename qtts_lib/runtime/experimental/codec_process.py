@@ -1,4 +1,4 @@
-"""Decode in a second process while this one generates: an experiment, not part of the product. Introduced in 13.
+"""Decode in a second process while this one generates: an experiment, not part of the product. Introduced in 14.
 
     from qtts_lib.runtime.experimental.codec_process import CodecProcess
     synth = Synthesizer(model_dir, threads=1, decoders=CodecProcess.for_checkpoint(model_dir))

@@ -1,4 +1,4 @@
-"""What a checkpoint directory says about itself: its config files, read once. Introduced in 06.
+"""What a checkpoint directory says about itself: its config files, read once. Introduced in 07.
 
 Everything the runtime needs to know about a model (widths, ids, languages, speakers, sampling defaults, the
 codec's shape) comes from the checkpoint's own files, never from a size name: a tiny random checkpoint, the

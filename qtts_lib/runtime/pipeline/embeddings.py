@@ -1,4 +1,4 @@
-"""The model's three embedding lookups: text, codec, and the code predictor's acoustic tables. Introduced in 06.
+"""The model's three embedding lookups: text, codec, and the code predictor's acoustic tables. Introduced in 07.
 
 - text: the talker's text embedding and its `text_projection` MLP (`talker_text_embed`), tabulated after the
   projection: one row per text id (151,936), the talker's width, written once next to the exports (`text_table`);

@@ -1,4 +1,4 @@
-"""Speak a text of any length: one generation per segment, one voice, joined by short pauses. Introduced in 15.
+"""Speak a text of any length: one generation per segment, one voice, joined by short pauses. Introduced in 16.
 
 One generation over a whole article drifts: the talker's context grows by 12.5 frames a second,
 and users of every Qwen3-TTS port report runaway or degraded speech after a few minutes. So

@@ -1,5 +1,5 @@
 """The generation loop: codebook 0 from the talker, codebooks 1..15 from the code predictor, frame by frame.
-Introduced in 06.
+Introduced in 07.
 
 This is `Qwen3TTSForConditionalGeneration.generate` and the talker's `forward`, re-expressed over the exported
 graphs (chapters 04-05), with numpy for everything between them; the order of operations is the reference's, step

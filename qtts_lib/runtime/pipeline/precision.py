@@ -1,4 +1,4 @@
-"""Precision tiers: fewer bytes per weight for the two cached decoders. Introduced in 12.
+"""Precision tiers: fewer bytes per weight for the two cached decoders. Introduced in 13.
 
 The generation loop reads every weight of the talker once per frame and every weight of the code
 predictor 15 times (6.6 GB per frame in fp32 at full size): it is memory-bound, so the only way

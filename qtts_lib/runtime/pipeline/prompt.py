@@ -1,4 +1,4 @@
-"""The prompt: who speaks (`Voice`) and what the talker is fed (`Prompt`). Introduced in 06.
+"""The prompt: who speaks (`Voice`) and what the talker is fed (`Prompt`). Introduced in 07.
 
 The prompt is two tracks summed position by position (`PromptBuilder.build`):
 

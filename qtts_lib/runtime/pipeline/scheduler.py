@@ -1,5 +1,5 @@
 """Many utterances at once: a `Scheduler` that utterances are submitted to at any time and that makes one frame of
-every running one per `step` (continuous batching over `pipeline.loop.Batch`). Introduced in 16.
+every running one per `step` (continuous batching over `pipeline.loop.Batch`). Introduced in 17.
 
     scheduler = Scheduler(synth, max_batch=4)                 # over synth.loop, synth.decoders, synth.jobs
     ticket = scheduler.submit(Utterance("Hello.", "english", voice), chunk_frames=4)

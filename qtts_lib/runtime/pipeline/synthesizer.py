@@ -1,4 +1,4 @@
-"""Text to speech with ncnn alone: the product's one pipeline. Introduced in 06.
+"""Text to speech with ncnn alone: the product's one pipeline. Introduced in 07.
 
     synth = Synthesizer("models/tiny-base")                     # a checkpoint directory with its ncnn/ exports
     voice = synth.voice(wav=load_wav("clip.wav"))                # x-vector clone (add text=... for ICL)
@@ -202,7 +202,7 @@ class Synthesizer:
                    max_frames: int | None = None, non_streaming: bool | None = None,
                    on_frame: Callable[[int], None] | None = None,
                    on_warning: Callable[[str], None] | None = None) -> Result:
-        """Prompt, loop, decode: the whole utterance at once. Introduced in 06.
+        """Prompt, loop, decode: the whole utterance at once. Introduced in 07.
 
         `sampling`: the checkpoint's defaults (`self.sampling`) unless given; `max_frames`: the most frames to
         generate (12.5 per second), by default the text's own cap (`prompt.frame_cap`); `non_streaming`: the
@@ -222,7 +222,7 @@ class Synthesizer:
         """`synthesize`, streamed: float32 pieces of `chunk_frames` frames (80 ms each) as they are generated;
         concatenated they are `synthesize`'s wav (`codec.stream.StreamDecoder` says how exactly). Bad input is
         refused here, before any piece; the generation runs in the caller's thread, a frame per `next`.
-        Introduced in 14."""
+        Introduced in 15."""
         if not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool) or chunk_frames < 1:
             raise InputError(f"chunk_frames must be a whole number, at least 1, not {chunk_frames!r}")
         job = self.jobs.build(text, language, voice, sampling, max_frames, non_streaming, on_warning)

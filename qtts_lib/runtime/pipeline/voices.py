@@ -1,4 +1,4 @@
-"""Voices from voice clips: the x-vector (speaker encoder) and the clip's codes (Mimi encoder). Introduced in 07.
+"""Voices from voice clips: the x-vector (speaker encoder) and the clip's codes (Mimi encoder). Introduced in 08.
 
 A Base checkpoint clones a 24 kHz voice clip: its x-vector, from the numpy mel frontend and the exported ECAPA
 speaker encoder, fills the prompt's speaker slot; ICL cloning adds the clip's own codes, from the exported Mimi

@@ -1,5 +1,5 @@
 """Several sequences through one cached decoder call: sequences folded into the attention's head axis. Introduced
-in 16.
+in 17.
 
 A cached decoder (`rewrites.kv_cache`) takes rows (R, hidden); everything but attention treats rows independently,
 so B sequences of L positions each are simply R = B*L rows, sequence-major, and every projection reads its weights

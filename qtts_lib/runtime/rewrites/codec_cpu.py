@@ -1,5 +1,5 @@
 """The codec decoder's CPU form: rewrites of its exported graph, pure functions of the .param text (and the .bin
-bytes). Introduced in 11.
+bytes). Introduced in 12.
 
 The runtime applies them when it loads the codec on the CPU (`codec.cpu_form` writes the result once, in parts,
 next to the exports); the exported files stay what pnnx wrote, so chapter 04 aligns those and chapters 06-08 prove

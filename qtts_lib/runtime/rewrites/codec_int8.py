@@ -1,4 +1,4 @@
-"""The codec's int8 convolutions, written from numpy: pure text and bytes in, text and bytes out. Introduced in 13.
+"""The codec's int8 convolutions, written from numpy: pure text and bytes in, text and bytes out. Introduced in 14.
 
 ncnn's int8 Convolution (`8=1`, int8_scale_term) multiplies int8 by int8 and accumulates in int32: its input is
 quantized with one static scale (`round(x * s)`, clipped to ±127: no per-call absmax, unlike the int8 Gemm of

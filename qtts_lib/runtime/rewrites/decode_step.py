@@ -1,4 +1,4 @@
-"""Decode-step graphs: a cached decoder's `.param` rewritten for one-position steps. Introduced in 10.
+"""Decode-step graphs: a cached decoder's `.param` rewritten for one-position steps. Introduced in 11.
 
 - `decode_step` (`gemm_decode_as_innerproduct`): for a graph that only ever sees one position, every constant-B Gemm
   becomes Reshape(1-D) -> InnerProduct -> Reshape(1 x N) over the same `.bin`: InnerProduct's 1-D path uses all

@@ -1,4 +1,4 @@
-"""Fewer round trips on a GPU: the generation loop's graphs rewritten for Vulkan. Introduced in 09.
+"""Fewer round trips on a GPU: the generation loop's graphs rewritten for Vulkan. Introduced in 10.
 
 The pip binding has no VkMat: every `extract` is one blocking submission plus a download, and
 every CPU Mat given to `input` is an upload. The CPU loop (chapters 05-07) extracts the output

@@ -265,7 +265,7 @@ def gemv_heads(heads_text: str) -> str:
 def one_blob_io(kv_text: str, head_dim: int, kv_heads: int, outputs: tuple[str, ...] = ("out0",), *,
                 step: bool = True, row: int | None = None) -> str:
     """A cached decoder graph whose caches cross the bus as one flat blob, and for a one-position `step` whose
-    whole call is one upload and one download. Introduced in 09.
+    whole call is one upload and one download. Introduced in 10.
 
     Every layer's K and V output is flattened and concatenated into `cache_all_out` (1-D). With `step`:
     - the caches come in as one flat `cache_all_in`, sliced in equal parts and reshaped to (head_dim, past,

@@ -1,4 +1,4 @@
-"""The int8 form of a decoder graph, written from numpy: pure text and bytes in, text and bytes out. Introduced in 12.
+"""The int8 form of a decoder graph, written from numpy: pure text and bytes in, text and bytes out. Introduced in 13.
 
 Every projection (constant-B Gemm) becomes ncnn's int8 Gemm (`18=2`) with the weights as its constant *A*: ncnn
 keeps one int8 scale per row of a constant A, so each output feature has its own weight scale inside the Gemm (no

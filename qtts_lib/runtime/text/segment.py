@@ -1,4 +1,4 @@
-"""Long text -> sentences -> clauses -> segments of bounded length. Introduced in 15.
+"""Long text -> sentences -> clauses -> segments of bounded length. Introduced in 16.
 
 The model speaks one segment per generation (chapter 16 says why: long generations drift), so a
 long text is cut where a reader would pause, then the pieces are packed back together up to a
