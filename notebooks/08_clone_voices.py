@@ -102,9 +102,11 @@ def mel_filterbank(sr: int = SAMPLE_RATE) -> np.ndarray:
 # silence finite. The output is (frames, 128), the reference's (1, 128, frames) transposed, as the encoder takes it:
 
 # %%
-from qwen_tts.core.models import modeling_qwen3_tts as qm
-
+from qtts_lib import reference
 from qtts_lib.runtime.audio import mel
+
+reference.import_qwen_tts()  # first: it shields qwen_tts from imports it does not need
+from qwen_tts.core.models import modeling_qwen3_tts as qm
 
 bank = mel_filterbank()  # (128, 513)
 ref_bank = qm.librosa_mel_fn(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=N_MELS, fmin=0,
@@ -197,8 +199,7 @@ brought = {  # name: (clip, transcript, the outcome it should get)
     "22.7 s with a transcript": (long_clip, "Good morning.", "error")}
 
 # %% [markdown]
-# Each clip through `prepare_voice_clip` (its outcome: the first word of each message, or the error), each outcome
-# held to the expected one, and the long clip's cut to the limit and to a quiet point:
+# Each clip's outcome (first word of each message, or the error) against the expected; the long clip's cut point:
 
 # %%
 def outcome_of(wav: np.ndarray, transcript: str | None) -> dict:
@@ -229,7 +230,7 @@ check.at_most("it is cut where it is quiet (RMS around the cut / RMS of the clip
 # so in one row per cloning step. On Base the cell loads the reference and the runtime (exporting if needed):
 
 # %%
-from qtts_lib import artifacts, checkpoint, export, inputs, reference
+from qtts_lib import artifacts, checkpoint, export, inputs
 from qtts_lib.runtime.pipeline.config import ModelConfig
 from qtts_lib.runtime.pipeline.sampling import Sampler, Sampling
 from qtts_lib.runtime.pipeline.synthesizer import Result, Synthesizer
@@ -251,9 +252,8 @@ if base:
 
 # %% [markdown]
 # The x-vector is one row of the codec track (between the language tag and `codec_pad`). The runtime computes it
-# from the wav with the numpy mel and the ncnn speaker encoder (`synth.voices.xvector`); the reference with torch.
-# Then the whole generation runs from that x-vector, greedy, for the reference's `max_new_tokens - 1` frames, and
-# must reproduce chapter 03's greedy golden, made from the same wav. `greedy_run` is chapter 07's loop:
+# with the numpy mel and the ncnn speaker encoder (`synth.voices.xvector`). Then generation runs from it, greedy,
+# for `max_new_tokens - 1` frames, and must reproduce chapter 03's golden made from this wav (07's loop):
 
 # %%
 FRAMES = inputs.GOLDEN_MAX_NEW_TOKENS - 1  # the goldens' 45 new tokens are 44 frames
