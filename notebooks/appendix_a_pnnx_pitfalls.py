@@ -16,34 +16,30 @@
 # > Every rewrite in chapter 02 is there because a conversion broke. Here each break happens again, on the pinned
 # > pnnx, next to the fix working.
 #
-# This appendix backs the rewrite table of chapter 02 (its last column points here, by section) and the export
-# options of chapter 04 (two input shapes, `fp16=0`). Read it when a conversion of your own goes wrong, or to see
-# why a wrapper is written the way it is.
+# pnnx (PyTorch Neural Network eXchange) is ncnn's converter: it reads a traced TorchScript module and writes an
+# ncnn graph, a `.param` (the layers, as text, one per line) and a `.bin` (the weights); chapter 04 drives it. This
+# appendix backs the rewrite table of chapter 02 (its last column points here, by section) and the export options
+# of chapter 04 (two input shapes, `fp16=0`): read it when a conversion of your own goes wrong.
 #
-# **You will:** follow one pitfall end to end (a torch module, its conversion, the `.param` line that is wrong, the
-# wrong result measured, the fix); then convert one tiny torch module per pitfall, run each in ncnn (in a child
-# process where it can crash), read the table of what reproduced, and look at each one: the `.param` lines pnnx
-# wrote, the signal or the wrong shape ncnn produced, and the fixed form checked against torch at two lengths.
+# **You will:** follow one pitfall end to end (a torch module, its conversion, the wrong `.param` line, the wrong
+# result, the fix); then convert one tiny module per pitfall, run each in ncnn (in a child process where it can
+# crash), read the table of what reproduced, and look at each: the `.param` lines, the signal or wrong shape ncnn
+# produced, and the fixed form checked against torch at two lengths.
 #
-# **You will learn:** what each failure looks like in the `.param` and at run time, so you recognise it in a large
-# graph; which failures are loud (load errors, SIGFPE) and which are silent (wrong shape, wrong values); which
-# older pitfalls no longer reproduce on this pnnx.
+# **You will learn:** what each failure looks like in the `.param` and at run time; which failures are loud (load
+# errors, SIGFPE) and which are silent (wrong shape, wrong values); which older pitfalls no longer reproduce.
 #
 # **You need:** nothing from the chapters: no checkpoint, only torch, pnnx and ncnn.
 #
-# **Leaves behind:** `data/reports/<ckpt>/appendix_a_pnnx_pitfalls.json`. The conversions go to a temporary folder that
-# is deleted at the end.
+# **Leaves behind:** `data/reports/<ckpt>/appendix_a_pnnx_pitfalls.json`. The conversions go to a temporary folder
+# that is deleted at the end. The set-up: threads, the report, the work folder, the two lengths every demo uses:
 
 # %%
-import inspect
-import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import ncnn
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,9 +52,8 @@ THREADS = settings.threads()
 torch.set_num_threads(THREADS)
 report = check.begin("appendix_a_pnnx_pitfalls", ckpt)
 WORK = Path(tempfile.mkdtemp(prefix="qtts_appendix_a_"))
-LENGTHS = pitfalls.LENGTHS  # (7, 11): every conversion sees both, except where one shape is the point
-t_start = time.perf_counter()
-print(" | ".join(pitfalls.versions().values()), f"| {THREADS} threads | work dir {WORK}")
+LENGTHS = pitfalls.LENGTHS  # (7, 11): every conversion sees both, unless one is the bug
+print(" | ".join(pitfalls.versions().values()), f"| {THREADS} threads")
 
 # %% [markdown]
 # ## 1. Watch one pitfall happen, then reproduce them all
@@ -72,8 +67,8 @@ class Upsample(nn.Module):
         self.trim = trim
         self.conv = nn.ConvTranspose1d(4, 4, kernel_size=4, stride=2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (1, 4, T) -> conv: (1, 4, 2T + 2) -> trimmed: (1, 4, 2T)
-        y = self.conv(x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (1, 4, T)
+        y = self.conv(x)  # (1, 4, 2T + 2), trimmed to (1, 4, 2T)
         return y[..., :-2] if self.trim == "slice" else F.pad(y, (0, -2))
 
 
@@ -90,7 +85,8 @@ info = pitfalls.pnnx_cli(sliced, "sliced", WORK / "one", *example.values(), fp16
 print(f"$ pnnx {info['command']}\nexit {info['returncode']}\n")
 print(info["param"].read_text())
 check.equal("1 y[..., :-2]: pnnx exit status", "returncode", info["returncode"], 0)
-check.equal("1 y[..., :-2]: Crop layers in the .param", "count", read_param(info["param"]).counts["Crop"], 0)
+check.equal("1 y[..., :-2]: Crop layers in the .param", "count",
+            read_param(info["param"]).counts["Crop"], 0)
 
 # %% [markdown]
 # The `Deconvolution1D` line writes the graph's output `out0` directly: the slice is gone, without a warning. Run it
@@ -100,10 +96,11 @@ check.equal("1 y[..., :-2]: Crop layers in the .param", "count", read_param(info
 # %%
 def run_in_ncnn(converted: dict, x: torch.Tensor) -> np.ndarray:
     net = ncnn.Net()
-    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
+    opt = net.opt
+    opt.use_fp16_packed = opt.use_fp16_storage = opt.use_fp16_arithmetic = False
     net.load_param(str(converted["param"]))
     net.load_model(str(converted["bin"]))
-    assert converted["input_batch_axes"] == [0], "this module's input has pnnx's batch axis 0"
+    assert converted["input_batch_axes"] == [0], "this input has pnnx's batch axis 0"
     held = x[0].numpy()  # ncnn blobs have no batch axis: drop it
     ex = net.create_extractor()
     ex.input("in0", ncnn.Mat(held).clone())
@@ -116,8 +113,10 @@ for t, ins in example.items():
     with torch.no_grad():
         ref = sliced(ins["x"])[0].numpy()
     print(f"T={t}: ncnn {ours.shape}, torch {ref.shape}")
-    check.equal(f"1 y[..., :-2]: ncnn output length @ T={t}", "samples", ours.shape[-1], 2 * t + 2)
-    check.close(f"1 y[..., :-2]: first 2T samples vs torch @ T={t}", ours[..., : 2 * t], ref, max_abs=1e-5)
+    check.equal(f"1 y[..., :-2]: ncnn output length @ T={t}", "samples", ours.shape[-1],
+                2 * t + 2)
+    check.close(f"1 y[..., :-2]: first 2T samples vs torch @ T={t}", ours[..., : 2 * t],
+                ref, max_abs=1e-5)
 
 # %% [markdown]
 # Two samples too many per call, and everything else right, so an error averaged over the output would hardly show
@@ -133,7 +132,8 @@ check.equal("1 F.pad(y, (0, -2)): Crop layers in the .param", "count",
             read_param(fixed["param"]).counts["Crop"], 1)
 for t, ins in example.items():
     with torch.no_grad():
-        check.close(f"1 F.pad(y, (0, -2)): ncnn vs torch @ T={t}", run_in_ncnn(fixed, ins["x"]),
+        ours = run_in_ncnn(fixed, ins["x"])
+        check.close(f"1 F.pad(y, (0, -2)): ncnn vs torch @ T={t}", ours,
                     padded(ins["x"])[0].numpy(), rel=1e-5)
 
 # %% [markdown]
@@ -150,14 +150,18 @@ pitfalls.table(findings)
 
 # %% [markdown]
 # ## 2. Fold GQA into one SDPA: HF `repeat_kv` does not load
-# Grouped-query attention has fewer key/value heads than query heads. Hugging Face widens k and v by expand and
+# SDPA is ncnn's scaled dot-product attention layer, `softmax(q·kᵀ/√d + mask)·v` over all heads at once. GQA,
+# grouped-query attention, has fewer key/value heads than query heads. Hugging Face widens k and v by expand and
 # reshape; with a dynamic length pnnx cannot fold the expand into anything ncnn has:
 
 # %%
+import inspect
+
 print(inspect.getsource(pitfalls.hf_repeat_kv))
 gqa = found["gqa"].data
 print("\n".join(gqa["hf_lines"]))
-check.at_least("2 HF repeat_kv: leftover pnnx ops in the .param", "count", len(gqa["leftovers"][pitfalls.HF_REPEAT]), 1)
+check.at_least("2 HF repeat_kv: leftover pnnx ops in the .param", "count",
+               len(gqa["leftovers"][pitfalls.HF_REPEAT]), 1)
 
 # %% [markdown]
 # ncnn has no `pnnx.Expression` or `Tensor.expand` layer. Loading the graph with the plain ncnn API
@@ -165,21 +169,21 @@ check.at_least("2 HF repeat_kv: leftover pnnx ops in the .param", "count", len(g
 
 # %%
 load = gqa["load"]
-print(load.status, "|", load.result, "| ncnn says:", load.stderr.strip().replace("\n", " / "))
-check.equal("2 HF repeat_kv: child process exits normally", "returncode", load.returncode, 0)
-check.equal("2 HF repeat_kv: ncnn load_param return value", "ret", load.result["load_param"], -1)
+print(load.status, "|", load.result, "|", load.stderr.strip().replace("\n", " / "))
+rc, ret = load.returncode, load.result["load_param"]
+check.equal("2 HF repeat_kv: child process exits normally", "returncode", rc, 0)
+check.equal("2 HF repeat_kv: ncnn load_param return value", "ret", ret, -1)
 
 # %% [markdown]
 # The fix in the wrappers: `k.repeat_interleave(n, dim=-3)`. pnnx recognises it next to the SDPA and folds it in:
 # one `SDPA` layer, nothing left over, and the same numbers as torch at both lengths. `dim=-3` matters: `dim=1`
 # names the same axis, yet is not matched and stays a `torch.repeat_interleave` layer. `enable_gqa=True` on
-# torch's SDPA folds as well. All four variants of `pitfalls.Attention` share one set of weights:
+# torch's SDPA folds as well. All four variants of `pitfalls.Attention` share one set of weights; checked, then
+# tabled:
 
 # %%
-pd.DataFrame({"leftover ops": {r: ", ".join(v) or "none" for r, v in gqa["leftovers"].items()},
-              "SDPA layers": gqa["sdpa"]}).rename_axis("k/v widening")
+import pandas as pd
 
-# %%
 check.at_least("2 repeat_interleave(dim=1): leftover ops", "count",
                len(gqa["leftovers"]["repeat_interleave(2, dim=1)"]), 1)
 for r in ("repeat_interleave(2, dim=-3)", "sdpa(enable_gqa=True)"):
@@ -187,6 +191,9 @@ for r in ("repeat_interleave(2, dim=-3)", "sdpa(enable_gqa=True)"):
     check.equal(f"2 {r}: SDPA layers", "count", gqa["sdpa"][r], 1)
     for t in LENGTHS:
         check.close(f"2 {r}: ncnn vs torch @ T={t}", *gqa["outputs"][r, t], rel=1e-5)
+leftovers = {r: ", ".join(v) or "none" for r, v in gqa["leftovers"].items()}
+table = pd.DataFrame({"leftover ops": leftovers, "SDPA layers": gqa["sdpa"]})
+table.rename_axis("k/v widening")
 
 # %% [markdown]
 # ## 3. Sum over pnnx's batch axis: SIGFPE, then a silent reshape trap
@@ -197,10 +204,12 @@ for r in ("repeat_interleave(2, dim=-3)", "sdpa(enable_gqa=True)"):
 # %%
 print(inspect.getsource(pitfalls.StackSum))
 ss = found["stack_sum"].data
-print("batch axis of input/output:", ss["info"]["input_batch_axes"], ss["info"]["output_batch_axes"])
+print("batch axis of input/output:", ss["info"]["input_batch_axes"],
+      ss["info"]["output_batch_axes"])
 print("\n".join(ss["lines"]))
-check.equal("3 stack.sum: Concat axis in the .param", "param", ss["concat_axis"], "0=-233")
-check.equal("3 stack.sum: Reduction axes in the .param", "param", ss["reduction_axes"], "-23303=0")
+concat, reduction = ss["concat_axis"], ss["reduction_axes"]
+check.equal("3 stack.sum: Concat axis in the .param", "param", concat, "0=-233")
+check.equal("3 stack.sum: Reduction axes in the .param", "param", reduction, "-23303=0")
 
 # %% [markdown]
 # `Concat ... 0=-233` concatenates along "the batch axis" (233 is pnnx's marker for it) and `-23303=0` is an
@@ -211,10 +220,13 @@ check.equal("3 stack.sum: Reduction axes in the .param", "param", ss["reduction_
 # %%
 for t, res in ss["crash"].items():
     print(f"T={t}: {res.status}")
-    check.equal(f"3 stack.sum: signal that kills ncnn @ T={t}", "signal", res.signal, "SIGFPE")
-print("Concat blob alone:", ss["concat_only"].status, "| extract:", ss["concat_only"].result)
-check.equal("3 stack.sum: extracting the Concat blob alone", "returncode", ss["concat_only"].returncode, 0)
-check.equal("3 stack.sum: Concat blob is empty", "empty blobs", len(ss["concat_only"].outputs), 0)
+    check.equal(f"3 stack.sum: signal that kills ncnn @ T={t}", "signal", res.signal,
+                "SIGFPE")
+alone = ss["concat_only"]
+print("Concat blob alone:", alone.status, "| extract:", alone.result)
+check.equal("3 stack.sum: extracting the Concat blob alone", "returncode",
+            alone.returncode, 0)
+check.equal("3 stack.sum: Concat blob is empty", "empty blobs", len(alone.outputs), 0)
 
 # %% [markdown]
 # **The fix, and the trap inside it.** The codec decoder avoids per-group lookups altogether: groups 1.. share one
@@ -230,7 +242,8 @@ print(inspect.getsource(pitfalls.FusedSum))
 trap = found["reshape_trap"].data
 for lead in (False, True):
     print(f"{pitfalls.reshape_label(lead)}:", trap["lines"][lead])
-    check.equal(f"3 {pitfalls.reshape_label(lead)}: batch marks on the Reshape", "params", trap["marks"][lead],
+    label = pitfalls.reshape_label(lead)
+    check.equal(f"3 {label}: batch marks on the Reshape", "params", trap["marks"][lead],
                 "" if lead else "12=233 13=0")
 
 # %% [markdown]
@@ -246,8 +259,10 @@ for (lead, t), (res, ref, group0) in trap["runs"].items():
     if lead:
         check.close(f"3 {label}: ncnn vs torch StackSum @ T={t}", ours, ref, rel=1e-6)
     else:
-        check.at_least(f"3 {label}: silently wrong @ T={t}", "rel", check.rel_err(ours, ref), 0.1)
-        check.at_least(f"3 {label}: not group 0 alone either @ T={t}", "rel", check.rel_err(ours, group0), 0.1)
+        check.at_least(f"3 {label}: silently wrong @ T={t}", "rel",
+                       check.rel_err(ours, ref), 0.1)
+        check.at_least(f"3 {label}: not group 0 alone either @ T={t}", "rel",
+                       check.rel_err(ours, group0), 0.1)
 
 # %% [markdown]
 # ## 4. Reproduce the dropped crop `x[..., :-r]`
@@ -258,16 +273,16 @@ for (lead, t), (res, ref, group0) in trap["runs"].items():
 crop = found["crop"].data
 for k, lines in crop["lines"].items():
     print(f"{k:26s}", "\n".join(lines) or "(no Crop layer)")
-
-# %%
 for k in pitfalls.TRIMS:
     dropped = k == pitfalls.TRIM_SLICE
     check.equal(f"4 {k}: Crop layers", "count", crop["crops"][k], 0 if dropped else 1)
     for t in LENGTHS:
         ours, ref = crop["outputs"][k, t]
-        check.equal(f"4 {k}: ncnn output length @ T={t}", "samples", ours.shape[-1], 2 * t + 2 if dropped else 2 * t)
+        check.equal(f"4 {k}: ncnn output length @ T={t}", "samples", ours.shape[-1],
+                    2 * t + 2 if dropped else 2 * t)
         # the dropped crop loses nothing else: the first 2T samples are right
-        check.close(f"4 {k}: first 2T samples vs torch @ T={t}", ours[..., : 2 * t], ref, max_abs=1e-5)
+        check.close(f"4 {k}: first 2T samples vs torch @ T={t}", ours[..., : 2 * t],
+                    ref, max_abs=1e-5)
 
 # %% [markdown]
 # ## 5. Check `unbind` / `chunk` / `tensor_split`: fixed, with one exception
@@ -275,24 +290,27 @@ for k in pitfalls.TRIMS:
 # list gives the pieces (`-233` = "an equal share of what is left"), and even splits are right. An **uneven**
 # split is not: for 8 into 3, `chunk` and `tensor_split` give 3, 3, 2 in torch, while ncnn's equal shares come out
 # 2, 3, 3. Explicit sizes (`split([3, 3, 2])`) are written into the Slice and are right. Each variant of
-# `pitfalls.Splitter`, its Slice parameters, and the widths of the pieces ncnn made:
+# `pitfalls.Splitter`, checked, then its Slice parameters and the widths of the pieces ncnn made:
 
 # %%
 sp = found["split_even"].data
-pd.DataFrame({"Slice parameters": {k: " ".join(q for q in v[0].split() if "=" in q) for k, v in sp["lines"].items()},
-              "widths in ncnn": {k: str(w) for k, w in sp["widths"].items()}}).rename_axis("split")
-
-# %%
 for k in pitfalls.SPLITS:
     check.equal(f"5 {k}: leftover ops", "count", sp["leftovers"][k], 0)
     check.equal(f"5 {k}: Slice has its -23300 list", "has", sp["has_list"][k], True)
     if k in pitfalls.UNEVEN:
-        check.equal(f"5 {k}: piece widths in ncnn (torch: [3, 3, 2])", "widths", str(sp["widths"][k]), "[2, 3, 3]")
+        check.equal(f"5 {k}: piece widths in ncnn (torch: [3, 3, 2])", "widths",
+                    str(sp["widths"][k]), "[2, 3, 3]")
     for t in LENGTHS:
         if k in pitfalls.UNEVEN:
-            check.at_least(f"5 {k}: silently wrong @ T={t}", "rel", check.rel_err(*sp["outputs"][k, t]), 0.1)
+            check.at_least(f"5 {k}: silently wrong @ T={t}", "rel",
+                           check.rel_err(*sp["outputs"][k, t]), 0.1)
         else:
             check.close(f"5 {k}: ncnn vs torch @ T={t}", *sp["outputs"][k, t], rel=1e-5)
+params = {k: " ".join(q for q in v[0].split() if "=" in q)
+          for k, v in sp["lines"].items()}
+widths = {k: str(w) for k, w in sp["widths"].items()}
+table = pd.DataFrame({"Slice parameters": params, "widths in ncnn": widths})
+table.rename_axis("split")
 
 # %% [markdown]
 # ## 6. Reproduce a frozen length: one input shape
@@ -306,9 +324,11 @@ for k in ("one", "two"):
     print(f"--- pnnx {one[k]['command']} -> exit {one[k]['returncode']}")
     print("\n".join(one["lines"][k]))
 check.equal("6 one shape: pnnx exit status", "returncode", one["one"]["returncode"], 0)
-check.equal("6 one shape: first Reshape has the traced length as a constant", "param", one["reshape"], "11=7")
-check.equal("6 one shape: Gemm has a constant row count", "param", one["gemm"]["one"], "7=7")
-check.equal("6 two shapes: Gemm rows follow the input", "param", one["gemm"]["two"], "7=0")
+check.equal("6 one shape: first Reshape has the traced length as a constant", "param",
+            one["reshape"], "11=7")
+gemm = one["gemm"]
+check.equal("6 one shape: Gemm has a constant row count", "param", gemm["one"], "7=7")
+check.equal("6 two shapes: Gemm rows follow the input", "param", gemm["two"], "7=0")
 
 # %% [markdown]
 # With one shape the first Reshape carries `11=7` (depth 7: the traced length), the second `1=7`, and the Gemm
@@ -318,9 +338,12 @@ check.equal("6 two shapes: Gemm rows follow the input", "param", one["gemm"]["tw
 # %%
 for t, (res, ref) in one["frozen"].items():
     ours = res.outputs["out0"]
-    print(f"T={t}: {res.status}, extract {res.result}, ncnn shape {ours.shape}, torch shape {ref.shape}")
-    check.equal(f"6 one shape: ncnn output shape @ T={t}", "shape", str(ours.shape), "(1, 7, 32)")
-    check.close(f"6 one shape: first 7 rows vs torch @ T={t}", ours[:, :7], ref[:, :7], max_abs=1e-5)
+    print(f"T={t}: {res.status}, extract {res.result}, ncnn {ours.shape}, torch",
+          ref.shape)
+    check.equal(f"6 one shape: ncnn output shape @ T={t}", "shape", str(ours.shape),
+                "(1, 7, 32)")
+    check.close(f"6 one shape: first 7 rows vs torch @ T={t}", ours[:, :7], ref[:, :7],
+                max_abs=1e-5)
 for t, (ours, ref) in one["outputs"].items():
     check.close(f"6 two shapes: ncnn vs torch @ T={t}", ours, ref, rel=1e-5)
 
@@ -334,19 +357,24 @@ for t, (ours, ref) in one["outputs"].items():
 fp = found["fp16_weights"].data
 sizes = fp["sizes"]
 print({k: f"pnnx {c}" for k, c in fp["commands"].items()})
-print({k: f"{s / 1024:.1f} KiB" for k, s in sizes.items()}, "ratio", round(sizes["pnnx default"] / sizes["fp16=0"], 3))
+print({k: f"{s / 1024:.1f} KiB" for k, s in sizes.items()}, "ratio",
+      round(sizes["pnnx default"] / sizes["fp16=0"], 3))
 check.equal("7 pnnx.export default fp16", "default", fp["export_default"], True)
-check.at_most("7 .bin size, pnnx default / fp16=0", "ratio", sizes["pnnx default"] / sizes["fp16=0"], 0.55)
+check.at_most("7 .bin size, pnnx default / fp16=0", "ratio",
+              sizes["pnnx default"] / sizes["fp16=0"], 0.55)
+
+# %% [markdown]
+# Both against torch at both lengths; then the work folder goes:
 
 # %%
+import shutil
+
 for t in LENGTHS:
-    check.close(f"7 fp16=0 weights, fp16 paths off: ncnn vs torch @ T={t}", *fp["outputs"]["fp16=0", t], rel=1e-6)
+    check.close(f"7 fp16=0 weights, fp16 paths off: ncnn vs torch @ T={t}",
+                *fp["outputs"]["fp16=0", t], rel=1e-6)
     check.at_least(f"7 pnnx default (fp16 weights): ncnn vs torch @ T={t}", "rel",
                    check.rel_err(*fp["outputs"]["pnnx default", t]), 1e-5)
-
-# %%
 shutil.rmtree(WORK, ignore_errors=True)
-print(f"chapter ran in {time.perf_counter() - t_start:.0f} s; work dir removed")
 
 # %% [markdown]
 # ## Summary
@@ -361,14 +389,12 @@ print(f"chapter ran in {time.perf_counter() - t_start:.0f} s; work dir removed")
 # **Artifacts left:** `data/reports/<ckpt>/appendix_a_pnnx_pitfalls.json` only.
 #
 # **If your numbers differ**
-# - *The SIGFPE check fails: the child exits normally* → an ncnn build that guards the empty Reduction → compare
-#   the ncnn version printed at the top; if the `.param` lines in §3 are the same, ncnn fixed it and the rewrite is
-#   merely harmless.
+# - *The SIGFPE check fails: the child exits normally* → an ncnn build that guards the empty Reduction → if the
+#   `.param` lines in §3 are the same, ncnn fixed it and the rewrite is merely harmless.
 # - *A leftover-op, Crop or Slice check fails* → another pnnx version → the version printed at the top, and the
 #   `.param` lines printed in §2, §4, §5 against the ones described there.
-# - *A row of §1's table says "no" where this text says the pitfall reproduces* → your pnnx fixed it → that
-#   section's checks name the part that changed; the rewrite in chapter 02 is then merely harmless.
-# - *The fp16=0 check fails near 1e-3* → ncnn took an fp16 path on your CPU → appendix B, §5.
+# - *A row of §1's table says "no" where this text says "reproduces"* → your pnnx fixed it (that section's checks
+#   name the part); the rewrite in chapter 02 is then merely harmless. *fp16=0 fails near 1e-3* → appendix B, §5.
 
 # %%
 check.table()
