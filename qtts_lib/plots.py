@@ -410,3 +410,37 @@ def cache_growth(shapes: list[list[tuple[int, int, int, int]]], title: str = "")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def prompt_cells(synth, text: str, language: str, voice) -> tuple[list, list, list]:
+    """A talker prompt laid out cell by cell for `prompt_tracks`: the text track, the codec track (one
+    (label, row) cell per position, None where a track holds nothing) and the trailing text. Summed
+    position by position the two tracks are `synth.prompt(text, language, voice).embeds`. The form
+    chapter 07 writes in its cells (`tracks`), over `synth`'s embeddings; reused in 09 for the other
+    kinds' prompts (an instruction first, the whole text over `codec_pad`)."""
+    from .runtime.pipeline import prompt as chat
+
+    e, c, top, tok = synth.embeddings, synth.config.talker, synth.config.config, synth.tokenizer
+    text_rows = lambda label, ids: [(label, row) for row in e.text(ids)]  # noqa: E731
+    codec_rows = lambda label, ids: [(label, row) for row in e.codec(ids)]  # noqa: E731
+    pad, bos, eos = (text_rows(k, [top[f"{k}_token_id"]])[0] for k in ("tts_pad", "tts_bos", "tts_eos"))
+    ids = tok.encode_template(chat.TEXT, text)
+    speaker = [] if voice.speaker_row is None else [("speaker", voice.speaker_row)]
+    head = (codec_rows("codec tag", synth.prompts.codec_tags(language, voice.speaker)) + speaker
+            + codec_rows("codec_pad", [c["codec_pad_id"]]))
+    upper = text_rows("role", ids[:chat.ROLE_TOKENS]) + [pad] * (len(head) - 1) + [bos]
+    lower = [None] * chat.ROLE_TOKENS + head
+    codec_bos = codec_rows("codec_bos", [c["codec_bos_id"]])
+    said = text_rows("text", ids[chat.ROLE_TOKENS:-chat.END_TOKENS]) + [eos]
+    if voice.codes is not None:  # ICL: transcript + text + tts_eos beside codec_bos + the clip's frames
+        heard = tok.encode_template(chat.VOICE_TEXT, voice.text)[chat.ROLE_TOKENS:-chat.VOICE_END_TOKENS]
+        said = text_rows("voice transcript", heard) + said
+        clip = codec_bos + [("voice codes", row) for row in e.frame(voice.codes)]
+        return upper + said[: len(clip)] + [pad] * (len(clip) - len(said)), lower + clip, said[len(clip):] or [pad]
+    if voice.mode == "xvector":  # the first text token rides on codec_bos; the rest trails
+        return upper + said[:1], lower + codec_bos, said[1:]
+    # a built-in speaker or a described voice: the instruction first, the whole text over codec_pad
+    follows = voice.instruct and synth.follows_instructions
+    first = text_rows("instruction", tok.encode_template(chat.INSTRUCT, voice.instruct)) if follows else []
+    return (first + upper + said + [pad], [None] * len(first) + lower
+            + codec_rows("codec_pad", [c["codec_pad_id"]]) * len(said) + codec_bos, [pad])
