@@ -50,7 +50,7 @@ committed = lambda name: json.loads((BENCH / name).read_text())  # noqa: E731
 # %% [markdown]
 # ## 1. Where a frame of the int8 loop goes
 # Chapter 13 left the loop in int8 and the codec in fp32. What keeps the loop above its floor at full size is read in
-# the [lab notes](../lab_notes.md) ("What bounds the loop") from committed files: the int8 projections alone and the
+# the [lab notes](../lab_notes.md) ("What bounds the loop?") from committed files: the int8 projections alone and the
 # loop end to end on the reference machine, a frame call by call on a 2-core Intel Xeon VM with AMX. Held here: 13's
 # form is the fastest measured; projections and loop stay above the floor; the rest of a frame is a small share.
 
@@ -278,7 +278,7 @@ display(pd.DataFrame(shares).T[["fp32", "bf16", "int8"]].style.set_caption(
 # %% [markdown]
 # ## 5. Hold the second-core experiment to its files
 # Could a second process decode chunk k while the loop makes chunk k+1? Only where one thread draws most of the
-# memory bandwidth ([lab notes](../lab_notes.md), "What the second core buys"), so `runtime.experimental` keeps it.
+# memory bandwidth ([lab notes](../lab_notes.md), "What does the second core buy?"), so `runtime.experimental` keeps it.
 # Checked here: the decoder squeezed beside a two-thread loop (oversubscribed) is the slowest in every file;
 
 # %%
