@@ -170,3 +170,15 @@ def default_voice(tts, voice_wav) -> dict:
     if tts.model.tts_model_type == "voice_design":
         return {"instruct": DESIGNED_VOICE}
     return {"voice_wav": voice_wav}
+
+
+def show_source(obj, *needles: str, after: int = 0) -> None:
+    """Print the lines of `obj`'s source that hold one of `needles` (and `after` lines below each), each with its
+    file name and line number: how a chapter quotes the reference's own code where it matters. Introduced in 09."""
+    import inspect
+
+    obj = inspect.unwrap(obj)  # past decorators (torch.no_grad, can_return_tuple) to the function itself
+    src, first = inspect.getsourcelines(obj)
+    hits = [i for i, line in enumerate(src) if any(n in line for n in needles)]
+    for i in sorted({i + k for i in hits for k in range(after + 1)} & set(range(len(src)))):
+        print(f"{Path(inspect.getsourcefile(obj)).name}:{first + i}  {src[i].rstrip()}")
