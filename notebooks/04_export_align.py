@@ -27,7 +27,7 @@
 # rope (the rotary position embedding: q and k rotated by angles that grow with the position) needs a `.param`
 # rewrite; which metric fits which module; how to find the layer where two graphs part.
 #
-# **You need:** `models/<ckpt>/` (chapter 00; synthesized here if missing); chapter 02's wrappers (`qtts_lib.modules`).
+# **You need:** `models/<ckpt>/` (chapter 00; made here if missing); chapter 02's wrappers.
 # **Leaves behind:** `models/<ckpt>/ncnn/<module>.param/.bin` + `manifest.json`, `mimi_rvq.npz`,
 # `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in appendix A (pnnx)
 # and appendix B (the ncnn binding). The set-up: checkpoint, threads, the chapter's report, the reference model.
@@ -50,7 +50,10 @@ out_dir = paths.ncnn_dir(ckpt)
 # One wrapper by hand first: the text embedding (`talker_text_embed`: int32 token ids → the text table → a
 # two-layer MLP to the talker's width). Trace it at its first length and save real inputs at both lengths, each as
 # `.npy`: two shapes tell pnnx which dimensions vary, and `fp16=0` keeps the weights in fp32 (pnnx's default is
-# fp16). All of it goes to a scratch folder that this section deletes; `models/` is written only by section 2.
+# fp16). All of it goes to a scratch folder that this section deletes; `models/` is written only by section 2. pnnx
+# leaves several files: its own intermediate form (`.pnnx.param/.bin`, an `.onnx`), two generated test scripts,
+# and the ncnn graph, **`.ncnn.param`** (the layers, as text) and **`.ncnn.bin`** (the weights). The `.param` is
+# printed at the end:
 
 # %%
 import subprocess
@@ -76,15 +79,8 @@ cmd = [export.pnnx_binary(), "text_embed.pt", "input=a0.npy", "input2=b0.npy", "
 print(f"$ cd {hand}\n$ pnnx {' '.join(cmd[1:])}")
 proc = subprocess.run(cmd, cwd=hand, capture_output=True, text=True)
 wrote = sorted(f.name for f in hand.iterdir() if f.suffix != ".npy")
-print(f"exit {proc.returncode}; pnnx wrote:", ", ".join(wrote))
+print(f"exit {proc.returncode}; pnnx wrote:", ", ".join(wrote), "\n")
 check.equal("by hand: pnnx exit status", "returncode", proc.returncode, 0)
-
-# %% [markdown]
-# pnnx leaves several files: its own intermediate form (`.pnnx.param/.bin`, an `.onnx`), two generated test
-# scripts, and the ncnn graph, **`.ncnn.param`** (the layers, as text) and **`.ncnn.bin`** (the weights). The
-# `.param`:
-
-# %%
 param_text = (hand / "text_embed.ncnn.param").read_text()
 print(param_text)
 
@@ -212,15 +208,13 @@ for name, c, extra in (("talker_decoder", talker_cfg, 0),
 # %% [markdown]
 # ### The one rewrite after pnnx: half-width rope tables
 # Rope rotates each pair of channels of q and k by an angle proportional to the position; the graph gets the
-# angles as two tables, cos and sin, one row per position. pnnx fuses rope into ncnn's `RotaryEmbed` only when it
-# sees Hugging Face's form `x·cos + rotate_half(x)·sin`, which uses full-width tables (each angle twice). ncnn's
-# convention (its `RotaryEmbed` tests, and the Vulkan kernels) is half-width tables, one column per pair. So the
-# wrapper takes half-width `cos`/`sin` and widens them with `cat([t, t], -1)` inside the graph. pnnx then takes
-# the length axis of those inputs for a batch axis and writes the widening as a `Concat` of two `Split` copies.
-#
-# `export_all` rewrites that away before it saves the `.param`. To see what pnnx wrote, export the talker decoder
-# once more into a scratch folder, and follow the cos and sin inputs (`in2`, `in3`) through the graph to the
-# first RotaryEmbeds:
+# angles as two tables, cos and sin, one row per position. pnnx fuses rope into ncnn's `RotaryEmbed` only in
+# Hugging Face's form `x·cos + rotate_half(x)·sin`, with full-width tables (each angle twice); ncnn's convention
+# (its `RotaryEmbed` tests, the Vulkan kernels) is half-width, one column per pair. So the wrapper takes half-width
+# tables and widens them with `cat([t, t], -1)` in the graph, which pnnx writes as a `Concat` of two `Split`
+# copies (taking the length axis for a batch axis). `export_all` rewrites that away; to see what pnnx wrote,
+# export the talker decoder once more into a scratch folder and follow cos and sin (`in2`, `in3`) to the first
+# RotaryEmbed:
 
 # %%
 spec = modules.get("talker_decoder")
@@ -403,10 +397,9 @@ title = (f"ncnn {metadata.version('ncnn')} fp32 vs torch {torch.__version__} wra
 plots.layer_errors(probes, threshold=LAYER_TOL, title=title);
 
 # %% [markdown]
-# ### The same probe between two ncnn runs
-# `probe.probe_ncnn` compares one graph under two configurations, every computing layer's output blob (the names
-# are the same: nothing to pair); chapter 10 uses it for Vulkan against CPU, the precision tiers for fp16 or int8.
-# Here one thread against the chapter's thread count, on the talker decoder:
+# **The same probe between two ncnn runs.** `probe.probe_ncnn` compares one graph under two configurations, every
+# computing layer's output blob (same names: nothing to pair); chapter 10 uses it for Vulkan against CPU, the
+# precision tiers for fp16 or int8. Here one thread against the chapter's thread count, on the talker decoder:
 
 # %%
 spec = modules.get("talker_decoder")
