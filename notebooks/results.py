@@ -13,26 +13,24 @@
 
 # %% [markdown]
 # # Results: how fast, on every machine
-# > Every committed full-size measurement side by side, read from `data/bench/` by the cells of this page.
+# > Every committed full-size measurement side by side, read from `data/bench/` by the (folded) cells of this page.
 #
-# Each file in `data/bench/` is one run of the benchmark harness (`make bench`, `python -m qtts_lib.bench loop`) on
-# one named machine, written in the schema `qtts_lib.bench.results.check_schema` enforces. Chapter 11 teaches how a
-# run is made and read (fresh processes, interleaved repeats, medians, the machine described and its read bandwidth
-# probed during the run); this page only gathers the runs. Rules for reading it:
+# Each file in `data/bench/` is one run of a benchmark harness (`make bench`, `python -m qtts_lib.bench loop`) on one
+# named machine, in the schema `qtts_lib.bench.results.check_schema` enforces. Chapter 11 teaches how a run is made
+# and read (fresh processes, interleaved repeats, medians, the machine described, its read bandwidth probed during
+# the run) and names the reference machine; this page only gathers the runs. Rules for reading it:
 # - A frame is 80 ms of audio; **RTF** is seconds of compute per second of audio (below 1 is faster than real time).
 # - **× PyTorch** compares a row with PyTorch's row of the same file (same threads; on a GPU, PyTorch on CUDA):
 #   ratios are only made within one run, never across files.
 # - **loop / floor** is the generation loop (talker + predictor) against the time the weights it must read take at
 #   the bandwidth measured in that run (chapter 11); GPU rows have no floor.
-# - The precision tiers are chapters 13 and 14; the batch rows (many utterances at once) chapter 17; the GPU chapter 10.
+# - The precision tiers are chapters 13 and 14; the batch rows chapter 17; the GPU appendix C; streaming chapter 15.
+#
+# The cell below reads every file (its code is folded: click to show it) and checks each against the schema.
 
-# %%
+# %% tags=["hide-input"]
 import json
 import re
-
-import matplotlib.pyplot as plt
-import pandas as pd
-from IPython.display import display
 
 from qtts_lib import check, paths, settings
 from qtts_lib.bench.results import check_schema
@@ -47,17 +45,119 @@ def machine_name(stem: str) -> str:
     return re.sub(r"-vulkan(-loop)?$", "", stem.split("-full")[0])
 
 
-files = {f: json.loads(f.read_text()) for f in sorted(BENCH.glob("*.json")) + sorted(BENCH.glob("batch/*.json"))}
-results = {}
-for f, doc in files.items():
-    if "rows" not in doc:  # batch parity files: codes, not speed (chapter 17)
-        continue
+names = sorted(BENCH.glob("*.json")) + sorted(BENCH.glob("batch/*.json"))
+files = {f: json.loads(f.read_text()) for f in names}
+results = {f: doc for f, doc in files.items() if "rows" in doc}  # parity: no speed
+for doc in results.values():
     check_schema(doc)
-    results[f] = doc
 top = [f for f in files if f.parent == BENCH]
-check.equal("every top-level file of data/bench parses in the schema", "files", len([f for f in results if f in top]),
-            len(top))
-print(f"{len(results)} result files ({len(top)} end to end, {len(results) - len(top)} batched)")
+check.equal("every top-level file of data/bench parses in the schema", "files",
+            len([f for f in results if f in top]), len(top))
+print(f"{len(results)} result files ({len(top)} end to end, "
+      f"{len(results) - len(top)} batched)")
+
+# %% [markdown]
+# Every end-to-end row into one table: its machine, its tier (loop precision, the codec's where it differs, huge
+# pages), its milliseconds per frame, RTF, the ratio to PyTorch in the same file and the loop against its floor.
+
+# %% tags=["hide-input"]
+import pandas as pd
+
+FORMS = {"landed": "exported graphs", "rewritten": "packed caches"}  # h200-vulkan.json
+
+
+def tier(r: dict) -> str:
+    codec, form = r.get("codec_precision", "fp32"), FORMS.get(r.get("variant"))
+    return (r["precision"] + (f", codec {codec}" if codec != "fp32" else "")
+            + (f" ({form})" if form else "")
+            + (", huge pages" if r.get("huge_pages") else ""))
+
+
+def pytorch_total(doc: dict, r: dict) -> float | None:
+    """PyTorch's ms per frame in the same file, same threads (CUDA for a GPU row), where
+    the harness made it in the same call (a row with a `variant` came from another)."""
+    device = "cuda" if r["device"] != "cpu" else "cpu"
+    same = [p for p in doc["rows"]
+            if p["runtime"] == "pytorch" and p["device"] == device
+            and p["threads"] == r["threads"] and p.get("batch", 1) == r.get("batch", 1)
+            and "variant" not in p]
+    return same[0]["ms_per_frame"]["total"] if same else None
+
+
+rows = []
+for f, doc in results.items():
+    for r in doc["rows"]:
+        torch_ms = None if r["runtime"] == "pytorch" else pytorch_total(doc, r)
+        rows.append({"machine": machine_name(f.stem),
+                     "file": f.relative_to(BENCH).as_posix(),
+                     "checkpoint": doc["checkpoint"], "runtime": r["runtime"],
+                     "device": r["device"], "tier": tier(r),
+                     "variant": r.get("variant"),
+                     "threads": r["threads"], "batch": r.get("batch", 1),
+                     **{f"{k} ms": v for k, v in r["ms_per_frame"].items()},
+                     "RTF": r["rtf"],
+                     "× PyTorch": torch_ms
+                     and round(torch_ms / r["ms_per_frame"]["total"], 2),
+                     "floor ms": r["floor_ms_per_frame"],
+                     "loop / floor": r["floor_ratio"],
+                     "frames/s": r.get("frames_per_s"),
+                     "one utterance ms": r.get("sequence_ms_per_frame")})
+table = pd.DataFrame(rows)
+batched = table.file.str.startswith("batch/")
+
+# %% [markdown]
+# ## The picture
+# Left: each machine's best real-time factor per runtime and tier (one utterance of `full-base`, any thread count),
+# PyTorch in black, each ncnn tier with its floor as a dash of the same colour (the RTF the generation loop alone
+# would have at the floor: no runtime of that tier on that machine can beat it). Right: the time to first audio
+# (pieces of one frame) of the streaming runs, per machine and tier. The red lines are real time and one frame.
+
+# %% tags=["hide-input"]
+import matplotlib.pyplot as plt
+
+
+def earlier(stem: str, commit: str | None) -> bool:
+    """A row of an older runtime timed in turn with the newer (`--against`)."""
+    m = re.search(r"-against-([0-9a-f]+)$", stem)
+    return bool(m and commit and commit.startswith(m.group(1)))
+
+
+one = table[~batched & (table.checkpoint == "full-base") & table.variant.isna()]
+one = one.assign(who=one.runtime + " " + one.tier.str.split(",").str[0]
+                 + one.device.map(lambda d: "" if d == "cpu" else " (GPU)"))
+best = one.loc[one.groupby(["machine", "who"]).RTF.idxmin()]
+machines = sorted(best.machine.unique())
+colors = {"pytorch fp32": "black", "pytorch fp32 (GPU)": "dimgray",
+          "ncnn fp32": "tab:blue", "ncnn fp16": "tab:orange", "ncnn int8": "tab:green",
+          "ncnn fp32 (GPU)": "tab:purple"}
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), width_ratios=(3, 2))
+for n, (who, part) in enumerate(best.groupby("who")):
+    x = [machines.index(m) + 0.1 * (n - 2.5) for m in part.machine]
+    left.scatter(x, part.RTF, color=colors.get(who), label=who, zorder=3)
+    left.scatter(x, part["floor ms"] / 80, color=colors.get(who), marker="_", s=200)
+left.axhline(1, color="crimson", ls="--", lw=1)
+left.set(yscale="log", ylabel="RTF (dash: its floor)",
+         title="one utterance, best of each tier")
+left.set_xticks(range(len(machines)), machines, rotation=15, fontsize=8)
+left.set_ylim(top=best.RTF.max() * 4)  # room for the legend above the dots
+left.legend(fontsize=7, ncol=3, loc="upper center")
+streams = []
+for f in sorted((BENCH / "stream").glob("*.json")):
+    for r in json.loads(f.read_text()).get("rows", []):  # the oldest file predates rows
+        if not earlier(f.stem, r.get("commit")):
+            streams.append({"machine": machine_name(f.stem),
+                            "first audio ms": r["ttfa_ms"]["1"],
+                            "tier": f"{r['precision']} / {r['codec_precision']}"
+                            + (", huge pages" if r.get("huge_pages") else "")})
+streams = pd.DataFrame(streams)
+for tier_name, part in streams.groupby("tier"):
+    right.scatter(part.machine, part["first audio ms"], label=tier_name, zorder=3)
+right.axhline(80, color="crimson", ls="--", lw=1, label="one frame of audio")
+right.set(ylabel="ms to first audio", title="streaming, pieces of one frame",
+          ylim=(0, None))
+right.tick_params(axis="x", labelsize=8)
+right.legend(fontsize=7)
+fig.tight_layout()
 
 # %% [markdown]
 # ## 1. The machines
@@ -65,20 +165,23 @@ print(f"{len(results)} result files ({len(top)} end to end, {len(results) - len(
 # harness measured at the start of each run, so it varies from file to file on a shared virtual machine). The SIMD
 # extensions are listed by files written since the harness began recording them.
 
-# %%
+# %% tags=["hide-input"]
 machines = {}
 for f, doc in results.items():
     m = doc["machine"]
-    name = machine_name(f.stem)
-    entry = machines.setdefault(name, {"CPU": m.get("cpu"), "SIMD": " ".join(m.get("simd", [])),
-                                       "cores": m.get("cores"), "memory GB": m.get("memory_gb"),
-                                       "GPU": m.get("gpu", ""), "ncnn": m.get("ncnn", ""), "bandwidth GB/s": [],
-                                       "files": 0})
+    entry = machines.setdefault(machine_name(f.stem), {
+        "CPU": m.get("cpu"), "SIMD": " ".join(m.get("simd", [])),
+        "cores": m.get("cores"), "memory GB": m.get("memory_gb"),
+        "GPU": m.get("gpu", ""), "ncnn": m.get("ncnn", ""),
+        "bandwidth GB/s": [], "files": 0})
     entry["files"] += 1
-    entry["bandwidth GB/s"] += [(int(t), bw) for t, bw in m.get("read_bandwidth_gbs", {}).items()]
+    bandwidth = m.get("read_bandwidth_gbs", {})
+    entry["bandwidth GB/s"] += [(int(t), bw) for t, bw in bandwidth.items()]
 for entry in machines.values():  # per thread count, the range over the machine's files
-    by_threads = {t: [b for u, b in entry["bandwidth GB/s"] if u == t] for t, _ in sorted(entry["bandwidth GB/s"])}
-    entry["bandwidth GB/s"] = "; ".join(f"{t} thr {min(b)}-{max(b)}" for t, b in by_threads.items())
+    pairs = entry["bandwidth GB/s"]
+    by_threads = {t: [b for u, b in pairs if u == t] for t, _ in sorted(pairs)}
+    entry["bandwidth GB/s"] = "; ".join(f"{t} thr {min(b)}-{max(b)}"
+                                        for t, b in by_threads.items())
 pd.DataFrame(machines).T.rename_axis("machine")
 
 # %% [markdown]
@@ -87,70 +190,18 @@ pd.DataFrame(machines).T.rename_axis("machine")
 # PyTorch in the same file, and the loop against its floor. A tier marked "huge pages" ran with its weights in 2 MB
 # pages, as `qtts serve` runs (`qtts_lib.runtime.app.hugepages`).
 
-# %%
-FORMS = {"landed": "exported graphs", "rewritten": "packed caches"}  # h200-vulkan.json: the GPU loop's other forms
+# %% tags=["hide-input"]
+from IPython.display import display
 
-
-def tier(r: dict) -> str:
-    codec, form = r.get("codec_precision", "fp32"), FORMS.get(r.get("variant"))
-    return (r["precision"] + (f", codec {codec}" if codec != "fp32" else "") + (f" ({form})" if form else "")
-            + (", huge pages" if r.get("huge_pages") else ""))
-
-
-def pytorch_total(doc: dict, r: dict) -> float | None:
-    """PyTorch's ms per frame in the same file at the same threads (CUDA for a GPU row), where the harness made it
-    in the same call (a row with a `variant` was added from another call: no ratio)."""
-    device = "cuda" if r["device"] != "cpu" else "cpu"
-    same = [p for p in doc["rows"] if p["runtime"] == "pytorch" and p["device"] == device
-            and p["threads"] == r["threads"] and p.get("batch", 1) == r.get("batch", 1) and "variant" not in p]
-    return same[0]["ms_per_frame"]["total"] if same else None
-
-
-rows = []
-for f, doc in results.items():
-    for r in doc["rows"]:
-        torch_ms = pytorch_total(doc, r)
-        rows.append({"machine": machine_name(f.stem), "file": f.relative_to(BENCH).as_posix(),
-                     "checkpoint": doc["checkpoint"], "runtime": r["runtime"], "device": r["device"],
-                     "tier": tier(r), "threads": r["threads"], "batch": r.get("batch", 1),
-                     **{f"{k} ms": v for k, v in r["ms_per_frame"].items()}, "RTF": r["rtf"],
-                     "× PyTorch": None if torch_ms is None or r["runtime"] == "pytorch"
-                     else round(torch_ms / r["ms_per_frame"]["total"], 2),
-                     "floor ms": r["floor_ms_per_frame"], "loop / floor": r["floor_ratio"],
-                     "frames/s": r.get("frames_per_s"), "one utterance ms": r.get("sequence_ms_per_frame")})
-table = pd.DataFrame(rows)
-batched = table.file.str.startswith("batch/")
-single = table[~batched].drop(columns=["batch", "frames/s", "one utterance ms"])
+single = table[~batched].drop(columns=["batch", "frames/s", "one utterance ms",
+                                      "variant"])
 for name, part in single.groupby("machine", sort=False):
-    display(part.drop(columns="machine").set_index(["file", "runtime", "device", "tier", "threads"])
-            .style.set_caption(f"{name}: {machines[name]['CPU']}, {machines[name]['cores']} cores "
-                               f"{machines[name]['GPU']}").format(precision=2, na_rep="")
+    m = machines[name]
+    keys = ["file", "runtime", "device", "tier", "threads"]
+    display(part.drop(columns="machine").set_index(keys)
+            .style.set_caption(f"{name}: {m['CPU']}, {m['cores']} cores {m['GPU']}")
+            .format(precision=2, na_rep="")
             .background_gradient(subset=["RTF"], cmap="RdYlGn_r", vmin=0.5, vmax=4))
-
-# %% [markdown]
-# The same rows as one picture: each dot a row, per machine; the red line is real time.
-
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-names = list(machines)
-markers = {"fp32": "o", "fp16": "s", "int8": "^"}
-colors = {("ncnn", "cpu"): "tab:blue", ("ncnn", "vulkan"): "tab:purple", ("pytorch", "cpu"): "tab:gray",
-          ("pytorch", "cuda"): "black"}
-precision_of = single.tier.str.split(",| ").str[0]
-for (runtime, device, precision), part in single.assign(p=precision_of).groupby(["runtime", "device", "p"]):
-    x = [names.index(n) + (0.15 if runtime == "ncnn" else -0.15) for n in part.machine]
-    style = dict(marker=markers.get(precision, "o"), color=colors[runtime, device], alpha=0.7)
-    axes[0].scatter(x, part.RTF, label=f"{runtime} {device} {precision}", **style)
-    has_floor = part["loop / floor"].notna().to_numpy()
-    axes[1].scatter([v for v, keep in zip(x, has_floor) if keep], part["loop / floor"][has_floor], **style)
-axes[0].axhline(1, color="crimson", ls="--", lw=1)
-axes[1].axhline(1, color="black", lw=1)
-axes[0].set(ylabel="RTF (below 1: faster than real time)", yscale="log", title="every end-to-end row")
-axes[1].set(ylabel="loop / floor", title="CPU rows against their floor")
-for ax in axes:
-    ax.set_xticks(range(len(names)), names, rotation=15, fontsize=8)
-axes[0].legend(fontsize=7, ncol=2)
-fig.tight_layout()
 
 # %% [markdown]
 # ## 3. Many utterances at once
@@ -158,17 +209,21 @@ fig.tight_layout()
 # *aggregate* frame (all B sequences' frames together), the frames made per second, and how fast each utterance
 # advances on its own.
 
-# %%
+# %% tags=["hide-input"]
 batch = table[batched]
-display(batch[["machine", "file", "device", "tier", "threads", "batch", "total ms", "RTF", "frames/s",
-               "one utterance ms"]].set_index(["machine", "file", "device", "tier", "threads", "batch"])
-        .style.format(precision=2, na_rep=""))
+index = ["machine", "file", "device", "tier", "threads", "batch"]
+display(batch[index + ["total ms", "RTF", "frames/s", "one utterance ms"]]
+        .set_index(index).style.format(precision=2, na_rep=""))
 fig, ax = plt.subplots(figsize=(11, 3.2))
 for (f, t, d), part in batch.groupby(["file", "tier", "device"]):
-    ax.plot(part.batch, part["frames/s"], marker="o", label=f"{f.removeprefix('batch/')} ({d}, {t})")
-ax.axhline(12.5, color="crimson", ls="--", lw=1, label="one real-time stream (12.5 frames/s)")
-ax.set(xscale="log", xlabel="utterances at once (B)", ylabel="frames per second, all B together")
-ax.set_xticks(sorted(batch.batch.unique()), [str(b) for b in sorted(batch.batch.unique())])
+    label = f"{f.removeprefix('batch/')} ({d}, {t})"
+    ax.plot(part.batch, part["frames/s"], marker="o", label=label)
+ax.axhline(12.5, color="crimson", ls="--", lw=1,
+           label="one real-time stream (12.5 frames/s)")
+ax.set(xscale="log", xlabel="utterances at once (B)",
+       ylabel="frames per second, all B together")
+sizes = sorted(batch.batch.unique())
+ax.set_xticks(sizes, [str(b) for b in sizes])
 ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
 fig.tight_layout()
 
@@ -176,31 +231,39 @@ fig.tight_layout()
 # ## 4. Streaming, and a frame call by call
 # `python -m qtts_lib.bench stream` (chapter 15): time to first audio with pieces of one frame, the time from which
 # playback never waits for a piece (newer files), and whole streams against `synthesize`, medians of fresh
-# processes, with the weights in huge pages (as `qtts serve` runs) or not. `python -m qtts_lib.bench calls` (chapter
-# 12): a frame of the int8 loop, its graph calls against their weights read by the same kernels alone. A file may
-# hold an older version of the runtime measured in turn with the newer one (`--against`), each row marked with its
-# version.
+# processes, with the weights in huge pages (as `qtts serve` runs) or not. `python -m qtts_lib.bench calls`
+# (chapter 12): a frame of the int8 loop, its graph calls against their weights read by the same kernels alone. A
+# file may also hold an earlier version of the runtime, timed in turn with the current one (`--against`): its rows
+# are marked "earlier".
 
-# %%
-streams, frames = [], []
+# %% tags=["hide-input"]
+rows, frames = [], []
 for f in sorted((BENCH / "stream").glob("*.json")):
-    for r in json.loads(f.read_text()).get("rows", []):  # the oldest file predates rows
+    for r in json.loads(f.read_text()).get("rows", []):
         ms = r["ms_per_frame"]
-        streams.append({"file": f.stem, "version": (r["commit"] or "")[:7], "loop / codec":
-                        f"{r['precision']} / {r['codec_precision']}" + (", huge pages" if r.get("huge_pages") else ""),
-                        "first audio ms": r["ttfa_ms"]["1"],
-                        **{f"gapless from ms, pieces of {k}": v for k, v in r.get("gapless_from_ms", {}).items()},
-                        "synthesize": ms["synthesize"], "stream, pieces of 1": ms["stream_1"],
-                        "stream, pieces of 4": ms["stream_4"],
-                        "pieces of 1 / synthesize": r["stream_1_over_synthesize"]})
+        rows.append({"machine": machine_name(f.stem),
+                     "runtime": "earlier" if earlier(f.stem, r["commit"])
+                     else "current",
+                     "loop / codec": f"{r['precision']} / {r['codec_precision']}"
+                     + (", huge pages" if r.get("huge_pages") else ""),
+                     "first audio ms": r["ttfa_ms"]["1"],
+                     **{f"gapless from ms, pieces of {k}": v
+                        for k, v in r.get("gapless_from_ms", {}).items()},
+                     "synthesize": ms["synthesize"],
+                     "stream, pieces of 1": ms["stream_1"],
+                     "stream, pieces of 4": ms["stream_4"],
+                     "pieces of 1 / synthesize": r["stream_1_over_synthesize"]})
 for f in sorted((BENCH / "calls").glob("*.json")):
     doc = json.loads(f.read_text())
-    for side in [doc] + ([doc["against"]] if "against" in doc else []):
-        frames.append({"file": f.stem, "version": (side["commit"] or "")[:7],
-                       **{k: side["per_frame"][k] for k in ("frame_ms", "weights_ms", "rest_ms", "glue_ms")}})
-display(pd.DataFrame(streams).set_index(["file", "version", "loop / codec"]).style.format(precision=3)
-        .set_caption("ms per frame (80 ms is real time)"))
-display(pd.DataFrame(frames).set_index(["file", "version"]).style.set_caption("the int8 loop, ms per frame"))
+    sides = [(doc, "current")] + [(doc[k], "earlier") for k in ("against",) if k in doc]
+    for side, when in sides:
+        frames.append({"machine": machine_name(f.stem), "runtime": when,
+                       **{k: side["per_frame"][k]
+                          for k in ("frame_ms", "weights_ms", "rest_ms", "glue_ms")}})
+display(pd.DataFrame(rows).set_index(["machine", "runtime", "loop / codec"])
+        .style.format(precision=3).set_caption("ms per frame (80 ms is real time)"))
+display(pd.DataFrame(frames).set_index(["machine", "runtime"])
+        .style.set_caption("the int8 loop, ms per frame"))
 
 # %% [markdown]
 # To add a machine: `make bench BENCH_NAME=<machine>-full-base` on a quiet machine (and `python -m qtts_lib.bench
