@@ -22,7 +22,7 @@
 # order in which the talker's scores are processed and why it matters; that `min_new_tokens` is a mask, not a
 # resample; that a checkpoint samples unless told to be greedy.
 #
-# **You need:** the checkpoint (chapter 00) and `data/golden/<ckpt>/` (chapter 03: `xvec_greedy`).
+# **You need:** the checkpoint (chapter 00) and `data/golden/<ckpt>/` (chapter 03: its greedy golden).
 # **Leaves behind:** `data/reports/<ckpt>/06_tokenize_and_sample.json`.
 
 # %%
