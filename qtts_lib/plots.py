@@ -444,3 +444,26 @@ def prompt_cells(synth, text: str, language: str, voice) -> tuple[list, list, li
     first = text_rows("instruction", tok.encode_template(chat.INSTRUCT, voice.instruct)) if follows else []
     return (first + upper + said + [pad], [None] * len(first) + lower
             + codec_rows("codec_pad", [c["codec_pad_id"]]) * len(said) + codec_bos, [pad])
+
+
+def bench_components(res: dict, title: str = ""):
+    """One benchmark result (data/bench's schema): talker, predictor and codec stacked per row, the row's
+    generation floor as a black bar, real time (80 ms of audio a frame) as a red line. Introduced in 11."""
+    import matplotlib.pyplot as plt
+
+    rows = sorted(res["rows"], key=lambda r: (r["threads"], r["runtime"], r["precision"]))
+    labels = [f"{r['runtime']} {r['precision']}\n{r['threads']} thr" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(rows)), 3.4))
+    bottom = np.zeros(len(rows))
+    for part in ("talker", "predictor", "codec"):
+        vals = np.array([r["ms_per_frame"][part] for r in rows])
+        ax.bar(labels, vals, bottom=bottom, label=part)
+        bottom += vals
+    floors = [(i, r["floor_ms_per_frame"]) for i, r in enumerate(rows) if r["floor_ms_per_frame"]]
+    for n, (i, floor) in enumerate(floors):
+        ax.plot([i - 0.4, i + 0.4], [floor] * 2, color="black", lw=2, label="generation floor" if n == 0 else None)
+    ax.axhline(80, color="crimson", ls="--", lw=1, label="real time (80 ms a frame)")
+    ax.set(ylabel="ms per frame", title=title)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
