@@ -15,22 +15,23 @@
 # # 04 · Export every module with pnnx and align it in ncnn
 # > Export, then immediately compare, at two lengths: a frozen shape only shows when the length changes.
 #
-# **pnnx** (PyTorch Neural Network eXchange, ncnn's converter, the `pnnx` pip package) reads a TorchScript file
-# (a traced torch module, saved as `.pt`) and writes an ncnn graph.
+# **ncnn** (Tencent's inference framework for CPUs and Vulkan GPUs) runs a graph stored as `.param` (the layers, as
+# text) and `.bin` (the weights). **pnnx** (PyTorch Neural Network eXchange, ncnn's converter) reads a
+# TorchScript file (a traced torch module saved as `.pt`) and writes those two files.
 #
-# **You will:** convert one wrapper by hand (trace, the pnnx command, the `.param` it writes, the graph loaded with
-# bare `ncnn` and compared with torch); convert all ten wrappers of chapter 02 the same way, inspect each `.param`,
-# write the one rewrite pnnx's output needs, run each graph through `qtts_lib.runtime.net` and compare it with the
-# torch wrapper at two lengths, then layer by layer.
+# **You will:** convert one wrapper by hand (trace, pnnx, read the `.param`, run it in bare `ncnn` against torch);
+# convert all ten wrappers of chapter 02 the same way, inspect each `.param`, write the one rewrite pnnx's output
+# needs, and compare each graph with its torch wrapper at two lengths, then layer by layer.
 #
-# **You will learn:** how pnnx is driven; how to read a `.param` line; the four calls of the ncnn Python API; why
-# rope (the rotary position embedding: q and k rotated by angles that grow with the position) needs a `.param`
-# rewrite; which metric fits which module; how to find the layer where two graphs part.
+# **You will learn:** how pnnx is driven; how to read a `.param` line; the four calls of the ncnn Python API
+# (`Net`, `load_param`/`load_model`, `create_extractor`, `input`/`extract`); why rope (the rotary position
+# embedding: q and k rotated by angles that grow with the position) needs a `.param` rewrite; which metric fits
+# which module; how to find the layer where two graphs part.
 #
 # **You need:** `models/<ckpt>/` (chapter 00; made here if missing); chapter 02's wrappers.
-# **Leaves behind:** `models/<ckpt>/ncnn/<module>.param/.bin` + `manifest.json`, `mimi_rvq.npz`,
-# `data/reports/<ckpt>/04_export_align.json`. The pitfalls behind the rewrites are reproduced in appendix A (pnnx)
-# and appendix B (the ncnn binding). The set-up: checkpoint, threads, the chapter's report, the reference model.
+# **Leaves behind:** `models/<ckpt>/ncnn/<module>.param/.bin` + `manifest.json`, `mimi_rvq.npz` (Mimi's codebooks,
+# section 4), `data/reports/<ckpt>/04_export_align.json`. Appendices A (pnnx) and B (the ncnn binding) reproduce
+# the pitfalls behind the rewrites. The set-up: checkpoint, threads, report, reference model, output folder.
 
 # %%
 import torch
@@ -47,13 +48,13 @@ out_dir = paths.ncnn_dir(ckpt)
 
 # %% [markdown]
 # ## 1. Convert one wrapper by hand
-# One wrapper by hand first: the text embedding (`talker_text_embed`: int32 token ids → the text table → a
-# two-layer MLP to the talker's width). Trace it at its first length and save real inputs at both lengths, each as
-# `.npy`: two shapes tell pnnx which dimensions vary, and `fp16=0` keeps the weights in fp32 (pnnx's default is
-# fp16). All of it goes to a scratch folder that this section deletes; `models/` is written only by section 2. pnnx
-# leaves several files: its own intermediate form (`.pnnx.param/.bin`, an `.onnx`), two generated test scripts,
-# and the ncnn graph, **`.ncnn.param`** (the layers, as text) and **`.ncnn.bin`** (the weights). The `.param` is
-# printed at the end:
+# First the text embedding, by hand (`talker_text_embed`: int32 token ids → the text table → a two-layer MLP to
+# the talker's width). Trace it at its first length, and save one real input per length as `.npy`: pnnx runs the
+# graph on `input=` and `input2=` and marks as variable every dimension that differs between them (with one shape
+# it would freeze the length); `fp16=0` keeps the weights fp32 (pnnx's default is fp16). All of it goes to a
+# scratch folder this section deletes; only section 2 writes `models/`. pnnx leaves its own intermediate form
+# (`.pnnx.param/.bin`, an `.onnx`), two generated test scripts, and the ncnn graph, **`.ncnn.param`** and
+# **`.ncnn.bin`**. The `.param` is printed at the end:
 
 # %%
 import subprocess
@@ -85,14 +86,14 @@ param_text = (hand / "text_embed.ncnn.param").read_text()
 print(param_text)
 
 # %% [markdown]
-# Line 1 is ncnn's magic number, line 2 `layer_count blob_count`; then one layer per line:
-# `type name n_inputs n_outputs input_blobs... output_blobs... key=value...`, the keys numbered per layer type
-# (ncnn's operator reference). Here: an `Input` blob `in0`; an `Embed` with `0=` the width and `1=` the number of
-# rows (the vocabulary), reading the ids as int32; two `Gemm` (`fc1`, `fc2` of the MLP, `8=` outputs `9=` inputs)
-# with `Swish` (SiLU) between; a few `Reshape`/`ExpandDims`/`Squeeze` around them, from the shapes the trace saw;
-# the output blob `out0`. The first `Gemm` line is drawn field by field (the keys marked are those ncnn's Gemm
-# defines: `3=` B transposed, `5=`/`6=` B and C stored in the `.bin`, `7=` to `9=` the sizes M, N, K, 0 meaning
-# "from the input"); then `export.parse_param` reads every line the same way, checked against the config:
+# Line 1 is ncnn's magic number, line 2 `layer_count blob_count` (a **blob** is ncnn's name for a tensor between
+# layers); then one layer per line: `type name n_inputs n_outputs input_blobs... output_blobs... key=value...`,
+# the keys numbered per layer type (ncnn's operator reference). Here: an `Input` blob `in0`; an `Embed` with `0=`
+# the width and `1=` the rows (the vocabulary); two `Gemm` (`fc1`, `fc2` of the MLP) with `Swish` (SiLU) between;
+# a few `Reshape`/`ExpandDims`/`Squeeze` from the shapes the trace saw; the output blob `out0`. The figure draws
+# the first `Gemm` line field by field, naming the keys ncnn's Gemm defines. `export.parse_param` reads every line
+# the same way (`export.read_param`, a file); its `leftovers` are the **leftover pnnx ops**, layers pnnx could not
+# map to an ncnn layer (`pnnx.Expression`, `Tensor.expand`, ...), which ncnn cannot load. Against the config:
 
 # %%
 from qtts_lib import plots
@@ -114,11 +115,11 @@ check.equal("by hand: Gemm layers (fc1, fc2)", "count", hand_info.counts["Gemm"]
 check.equal("by hand: leftover pnnx ops", "count", len(hand_info.leftovers), 0)
 
 # %% [markdown]
-# Now run it with the bare ncnn Python API: a `Net` whose fp16 paths are off (ncnn turns them on by default where
-# the CPU has them; appendix B), `load_param` and `load_model` (each returns 0 on success), then per input an
-# `Extractor`: `input` the ids as an `ncnn.Mat`, `extract` the output blob. The Mat is cloned while the numpy
-# array is alive, because `ncnn.Mat(array)` only borrows its memory (appendix B). Against the torch wrapper, at
-# both lengths:
+# Now run it with the bare ncnn Python API: a `Net` (one loaded graph) whose fp16 paths are off (ncnn turns them
+# on by default where the CPU has them; appendix B), `load_param` and `load_model` (each returns 0 on success),
+# then per call an `Extractor` (one evaluation of the graph): `input` the ids as an `ncnn.Mat` (ncnn's tensor),
+# `extract` the output blob. The Mat is cloned while the numpy array is alive, because `ncnn.Mat(array)` only
+# borrows its memory (appendix B). `spec.check` is the module's metric and tolerance from chapter 02:
 
 # %%
 import shutil
@@ -147,13 +148,13 @@ shutil.rmtree(hand)
 
 # %% [markdown]
 # ## 2. Export every wrapper with pnnx
-# `export.export_module` does what section 1 did by hand: trace at the first length; save real inputs for **both**
-# lengths and run `pnnx ... input=... input2=... fp16=0` (real inputs keep int32 ids valid ids); check pnnx's exit
-# status (the `pnnx.export` Python helper discards it); read pnnx's generated test script for the axis of each
-# blob it took as batch (ncnn blobs have none, so that axis is dropped); keep only `<name>.param/.bin`; record a
-# manifest entry (checkpoint fingerprint, sha256, versions, batch axes, a hash of the wrappers' code so an export
-# made by older code is redone, layer counts). `export.export_all` runs it for every wrapper, reusing exports that
-# are up to date, and its text embedding must be section 1's graph:
+# `export.export_module` does what section 1 did by hand (real inputs at both lengths, so that ids are valid
+# rows; pnnx's exit status checked, which the `pnnx.export` Python helper discards; only `<name>.param/.bin`
+# kept). It also reads pnnx's test script for each input's **batch axis**: pnnx decides for every tensor whether
+# its axis 0 indexes independent examples and drops it, ncnn blobs having none, so the runtime must drop it too
+# (233, pnnx's marker: no batch axis). The manifest records fingerprint, sha256, versions, batch axes, layer
+# counts and a hash of the wrappers' code (older exports are redone). `export.export_all` runs it for every
+# wrapper, reusing current exports; its text embedding must be section 1's graph:
 
 # %%
 import time
@@ -183,11 +184,13 @@ pd.DataFrame({n: {"export s": e["export_seconds"], ".bin MiB": e["bin_bytes"] / 
 
 # %% [markdown]
 # ## 3. Read the `.param`
-# Two things must hold for every module: no pnnx-internal op survived (ncnn cannot load `pnnx.Expression`,
-# `Tensor.expand`, ...), and the layers we designed for are there. In the decoders: **one SDPA per layer** (ncnn's
-# scaled dot-product attention, `softmax(q·kᵀ/√d + mask)·v` over all heads at once, with the GQA `repeat_interleave`
-# folded in; GQA, grouped-query attention, shares each k/v head among a group of query heads), **one RotaryEmbed
-# per q and per k** (rope), and seven `Gemm` projections per layer (q, k, v, o, gate, up, down).
+# Two things must hold for every module: no leftover pnnx op, and the layers we designed for are there
+# (`export.expected_layers`). In the decoders: **one SDPA per layer** (ncnn's scaled dot-product attention,
+# `softmax(q·kᵀ/√d + mask)·v` over all heads at once, with the GQA `repeat_interleave` folded in; GQA,
+# grouped-query attention, shares each k/v head among a group of query heads), **one RotaryEmbed per q and per k**
+# (rope), and seven `Gemm` per layer (q, k, v, o, gate, up, down), plus one for the code predictor's input
+# projection where it is a `Linear` (chapter 02). The head of the talker's `.param` shows the four `Input`s
+# (`in0` hidden rows, `in1` mask, `in2`/`in3` cos/sin) and the first layer's norm, projections, rope and SDPA:
 
 # %%
 for name in entries:
@@ -208,12 +211,12 @@ for name, c, extra in (("talker_decoder", talker_cfg, 0),
 # %% [markdown]
 # ### The one rewrite after pnnx: half-width rope tables
 # Rope rotates each pair of channels of q and k by an angle proportional to the position; the graph gets the
-# angles as two tables, cos and sin, one row per position. pnnx fuses rope into ncnn's `RotaryEmbed` only in
-# Hugging Face's form `x·cos + rotate_half(x)·sin`, with full-width tables (each angle twice); ncnn's convention
-# (its `RotaryEmbed` tests, the Vulkan kernels) is half-width, one column per pair. So the wrapper takes half-width
-# tables and widens them with `cat([t, t], -1)` in the graph, which pnnx writes as a `Concat` of two `Split`
-# copies (taking the length axis for a batch axis). `export_all` rewrites that away; to see what pnnx wrote,
-# export the talker decoder once more into a scratch folder and follow cos and sin (`in2`, `in3`) to the first
+# angles as two tables, cos and sin, one row per position. pnnx fuses rope into ncnn's `RotaryEmbed` layer only
+# in Hugging Face's form, `x·cos + rotate_half(x)·sin` with full-width tables (each angle twice); ncnn's layer
+# (its tests, its Vulkan kernels) and our runtime use half-width tables, one column per pair. So the wrapper
+# takes half-width tables and widens them in the graph with `cat([t, t], -1)`; pnnx writes that as a `Concat` of
+# two `Split` copies (taking the length axis for a batch axis), which `export_all` then cuts out. To see what pnnx
+# wrote, export the talker decoder again into a scratch folder and follow cos and sin (`in2`, `in3`) to the first
 # RotaryEmbed:
 
 # %%
@@ -301,12 +304,13 @@ check.equal("talker_decoder: no Concat left in front of RotaryEmbed", "count",
 
 # %% [markdown]
 # ## 4. Align each graph in ncnn, at two lengths
-# `runtime.net.Net` loads a graph with fp16/bf16 off and the manifest's batch axes; each call goes through
-# `runtime.binding.net.run`: one Extractor, numpy turned into `ncnn.Mat` that own a copy (appendix B), outputs
-# returned as numpy (its `raw=` argument keeps chosen outputs as ncnn's Mats instead, which chapter 05 needs).
-# On fresh seeded inputs at both lengths, each module is compared with its spec's metric (`spec.check`, as in
-# chapter 02): relative L2 error for the decoders, max |diff| for embeddings and heads, waveform SNR for the
-# codec, cosine for the x-vector, latent relative error and then **codes** for Mimi.
+# The runtime's `Net` (`qtts_lib.runtime.binding.net`) is section 1's cell made reusable: fp16/bf16 off, the
+# manifest's batch axes, and per call `run`: one Extractor, inputs copied into `ncnn.Mat`s, outputs as numpy
+# (`raw=` keeps chosen outputs as Mats, which chapter 05 needs). On fresh inputs at both lengths each module gets
+# its spec's metric: relative L2 error (decoders), max |diff| (embeddings, heads), SNR (codec), cosine
+# (x-vector). The Mimi graph stops at the latent, one vector per frame; the host turns it into **codes** with
+# `rvq.split_rvq_encode`, a numpy nearest-entry search over the codebooks `export_all` saved in `mimi_rvq.npz`
+# (codebook 0 alone, then 1..15 as one residual chain). Those codes must equal torch's `encode`:
 
 # %%
 from qtts_lib import artifacts
@@ -342,9 +346,10 @@ for name in entries:
             check.tokens_equal(label, codes_ncnn, codes_torch.numpy().T)
 
 # %% [markdown]
-# Relative L2 error of every module at both lengths, ncnn against torch. fp32 with a different summation order
-# is all that separates them; the codec decoder, a deep convolution stack with a final clamp, collects the most.
-# The largest error, also as an SNR (signal-to-noise ratio, `-20·log10(rel)` in dB):
+# Relative L2 error of every module at both lengths, ncnn against torch (the checks above used each module's
+# own metric; this plot puts all on one scale, with a line at 1e-5, section 5's per-layer bar). fp32 with a
+# different summation order is all that separates them; the codec decoder, a deep convolution stack with a final
+# clamp, collects the most. The largest error, also as an SNR (`-20·log10(rel)` in dB):
 
 # %%
 worst = max(results, key=lambda r: r["rel"])
@@ -360,8 +365,8 @@ plots.errors(results, value="rel", group="module", series="length", threshold=1e
 # every `Linear`, `Conv1d`, `ConvTranspose1d`, `LayerNorm` and `Embedding` of the torch wrapper, extracts the
 # intermediate blobs of the ncnn graph from one Extractor, and pairs them **by op kind, then order, then shape**
 # (pnnx keeps no module paths: layers are named by op, `gemm_3`, blobs are numbers): the i-th `Linear` call is the
-# i-th `Gemm`. A count or shape that disagrees raises `PairingError`; an activation pnnx fused into a convolution
-# (`conv1drelu_*`, `conv1dclip_0`) is applied to torch's side first. The five deep graphs run at their shorter
+# i-th `Gemm`; each pair is a **tap**. A count or shape that disagrees raises `PairingError`; an activation fused
+# into a convolution (`conv1drelu_*`) is applied to torch's side first. The five deep graphs run at their shorter
 # length. The limit is **1e-5 relative error at every layer**: fp32 keeps 24 significant bits, so another
 # summation order moves a layer by a few multiples of 2⁻²⁴ (about 6e-8); fp16 keeps 11 (2⁻¹¹, about 5e-4), so
 # fp16 anywhere would cross it, as would a real bug (a rope or mask convention, one wrong weight):
@@ -388,8 +393,8 @@ pd.DataFrame([{"module": n, "taps": len(r.rows), "first tap": r.rows[0]["label"]
 
 # %% [markdown]
 # Error along depth, one panel per graph, every tap in forward order (ticks mark the stages). Read it for a
-# *shape*: the transformer decoders stay flat (each layer rounds afresh), the convolution stacks (codec decoder,
-# Mimi's SEANet) climb with depth. A bug shows as a step that stays up; `result.first_above(LAYER_TOL)` names it.
+# *shape*: the decoders stay flat (each layer rounds afresh), the convolution stacks (codec decoder, Mimi's
+# SEANet encoder) climb with depth. A bug is a step up that stays up; `probes[name].first_above(LAYER_TOL)` names it.
 
 # %%
 title = (f"ncnn {metadata.version('ncnn')} fp32 vs torch {torch.__version__} wrappers, "
@@ -398,8 +403,9 @@ plots.layer_errors(probes, threshold=LAYER_TOL, title=title);
 
 # %% [markdown]
 # **The same probe between two ncnn runs.** `probe.probe_ncnn` compares one graph under two configurations, every
-# computing layer's output blob (same names: nothing to pair); chapter 10 uses it for Vulkan against CPU, the
-# precision tiers for fp16 or int8. Here one thread against the chapter's thread count, on the talker decoder:
+# computing layer's output blob (same names: nothing to pair); chapter 10 uses it for Vulkan against CPU, chapters
+# 13 and 14 for fp16 or int8. Here one thread against the chapter's thread count, on the talker decoder, with a
+# bar ten times tighter: the same kernels, only the sums split differently between threads:
 
 # %%
 spec = modules.get("talker_decoder")
@@ -413,12 +419,12 @@ check.at_most(f"talker_decoder: 1 vs {THREADS} threads, worst of {n_blobs} blobs
 
 # %% [markdown]
 # ## Summary
-# - By hand: trace, `pnnx <name>.pt input=... input2=... fp16=0`, read the `.param` (type, name, counts, blobs,
-#   `key=value`), then `ncnn.Net` → `load_param`/`load_model` → `create_extractor` → `input`/`extract`.
+# - By hand: trace, `pnnx <name>.pt input=... input2=... fp16=0`, read the `.param`, then `ncnn.Net` →
+#   `load_param`/`load_model` → `create_extractor` → `input`/`extract`.
 # - pnnx with two real input sets and `fp16=0` converts all ten wrappers with no leftover ops; the decoders get one
 #   SDPA per layer and RotaryEmbed for q and k once `drop_rope_widening_text` removes the rope tables' widening.
-# - `runtime.net.Net` is the only place where numpy becomes `ncnn.Mat`: owning copies, fp16/bf16 off, pnnx's batch
-#   axes. Every module matches its torch wrapper at two lengths; Mimi's codes match torch's encoder.
+# - `runtime.binding.net.Net` is the only place where numpy becomes `ncnn.Mat`: owning copies, fp16/bf16 off,
+#   pnnx's batch axes. Every module matches its torch wrapper at two lengths; Mimi's codes match torch's encoder.
 # - `qtts_lib.probe` pairs every layer of a wrapper with its ncnn layer: every layer of the five deep graphs stays
 #   under 1e-5. `probe_ncnn` does the same between two ncnn configurations.
 #

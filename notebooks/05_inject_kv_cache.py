@@ -15,11 +15,9 @@
 # # 05 · Inject a KV cache into the decoders
 # > pnnx writes no cache interface; we add one by editing the .param text.
 #
-# A **KV cache** keeps, for every attention layer, the keys and values of the positions already processed, so that
-# a decode step computes attention for its one new position only, instead of recomputing the whole prefix. pnnx
-# (chapter 04's TorchScript-to-ncnn converter) exports the decoders without one: each graph takes a whole
-# sequence. ncnn's SDPA layer (scaled dot-product attention, `softmax(q·kᵀ/√d + mask)·v`) can hold a cache; this
-# chapter wires it in.
+# A **KV cache** keeps, for every attention layer, the keys and values of the positions already processed, so a
+# decode step computes its one new position only. pnnx (chapter 04's converter) exports each decoder as a graph
+# over a whole sequence; ncnn's SDPA layer (`softmax(q·kᵀ/√d + mask)·v`) can hold a cache; this chapter wires it in.
 #
 # **You will:** rewrite the exported talker and code-predictor decoders so every SDPA layer takes and returns its
 # keys and values; write a one-sequence cache and run them with it (prefill once, then one position per step, the
@@ -50,7 +48,7 @@ report = check.begin("05_inject_kv_cache", ckpt)
 tts = reference.load(checkpoint.ensure(ckpt), threads=THREADS)
 cfg = checkpoint.load_config(ckpt)["talker_config"]
 DECODERS = {"talker_decoder": cfg, "predictor_decoder": cfg["code_predictor_config"]}
-# both graphs take talker-wide rows (a narrower predictor projects them: chapter 09)
+# both graphs take talker-wide rows (a narrower predictor projects them: chapter 02)
 WIDTH = cfg["hidden_size"]
 out_dir = paths.ncnn_dir(ckpt)
 export.export_all(tts, ckpt, names=list(DECODERS))  # chapter 04's, if current
@@ -59,8 +57,9 @@ export.export_all(tts, ckpt, names=list(DECODERS))  # chapter 04's, if current
 # ## 1. Rewrite the .param: give every SDPA a cache
 # ncnn's SDPA layer already supports a cache: with `7=1` it takes the past keys and values as two extra inputs,
 # appends this call's keys and values, attends over all of them, and returns the grown caches as two extra outputs.
-# The rewrite (`qtts_lib.runtime.rewrites.kv_cache.add_kv_cache`, in the runtime because the codec's streaming
-# decoder uses it too; `qtts_lib.export.kvcache` writes the files) is a pure text function:
+# The rewrite, `add_kv_cache`, is a pure text function: `7=1` and the cache blobs on each SDPA line, one new
+# `Input` line declaring the cache inputs, the header's counts recomputed. It lives in the runtime
+# (`runtime.rewrites.kv_cache`: the codec's streaming decoder uses it too); `export.kvcache` writes the files:
 
 # %%
 import inspect
@@ -70,8 +69,8 @@ from qtts_lib.export import kvcache
 print(inspect.getsource(kvcache.add_kv_cache))
 
 # %% [markdown]
-# Applied to the talker's `.param`: the first `Input` and `SDPA` lines before and after, and the header line of
-# counts, which the rewrite recomputes:
+# Applied to the talker's `.param`, the first `Input` and `SDPA` lines and the header, before and after: each SDPA
+# now reads 6 blobs (q, k, v, mask, `cache_k_in_i`, `cache_v_in_i`) and writes 3 (out, `cache_k_out_i`, `_v_`):
 
 # %%
 before = (out_dir / "talker_decoder.param").read_text()
@@ -110,7 +109,8 @@ for name, c in DECODERS.items():
 # the Mats of the previous call **untouched**, a zero mask `(1, past+1)` (the new position may see everything
 # before it) and the cos/sin rows of its absolute position. One call is `runtime.binding.net.run`, the function
 # behind chapter 04's `Net`: the caches are named in its `raw=` argument, so they come back as the Mats ncnn
-# handed out (extracted with `type=1`, not converted to numpy), and become the next call's inputs.
+# handed out (extracted in place, `ex.extract(name, mat, 1)`, with no copy and no numpy: section 4 shows why),
+# and become the next call's inputs; `axes`: the hidden rows carry pnnx's batch axis 0 (chapter 04).
 
 # %%
 import ncnn
@@ -179,7 +179,8 @@ for i, (x, hidden, kv_cache) in enumerate(zip(xs, turns, caches)):
 
 # %% [markdown]
 # The runtime's `KvCacheNet` (`runtime.binding.cached`) is this cache for many sequences at once, padded to one
-# length (chapter 17). For one sequence it computes what `forward` computes, bit for bit:
+# length (chapter 17); `precision.decoder` builds one at a precision tier (here fp32). `prefill` returns the
+# hidden rows and a new cache, `forward` a step on it. For one sequence it equals `forward` above, bit for bit:
 
 # %%
 from qtts_lib.runtime.pipeline import precision
@@ -194,17 +195,19 @@ check.equal("runtime KvCacheNet, one sequence = OneCache + forward", "bitwise eq
 
 # %% [markdown]
 # ## 3. Check every step against torch
-# The torch side has no cache at all: at step *t* the chapter-02 wrapper recomputes the whole prefix of *t+1*
-# positions with a causal mask and we compare its last row. If the cache is fed back wrong, positions drift apart
-# after the first step. The talker prefills the real prompt embeddings of chapter 03's golden run (when present),
-# the code predictor its real 2-position prefill length; then 24 steps of unit-Gaussian inputs.
+# The torch side has no cache: at step *t* the chapter-02 wrapper recomputes the whole prefix of *t+1* positions
+# with a causal mask, and we compare its last row; a cache fed back wrong drifts apart after the first step. The
+# talker prefills the prompt embeddings of chapter 03's golden run (when present), the code predictor its real
+# 2-position prefill; then 24 steps of unit-Gaussian inputs.
 #
 # The decoders are the runtime's own, the `KvCacheNet` of section 2 (fp32: the exported `_kv.param` for the
 # prefill and for the steps, one graph, each weight held once). `probe.probe_decode` (chapter 04's layer probe,
 # for a cached graph) drives it exactly as the runtime does (one call per step on a cache of its own) and, inside
 # each call's own Extractor, also extracts every Gemm's output blob: before `out0`, so no layer runs twice and the
 # caches go back into ncnn untouched. It pairs those blobs with the wrapper's hooked `Linear` outputs at the new
-# positions, so every call yields the output error *and* the error at every layer.
+# positions (each pair a *tap*, as in chapter 04; the last tap is `out0`), so every call yields the output error
+# *and* the error at every layer. `torch_inputs(n)` gives the wrapper the first `n` positions with rope tables
+# from position 0 and a causal mask: the whole prefix, recomputed.
 
 # %%
 from qtts_lib import artifacts, golden, modules, probe
@@ -270,10 +273,11 @@ plots.layer_errors({f"call {i}": probed["talker_decoder"][i] for i in calls},
 
 # %% [markdown]
 # ## 4. The cache is private to ncnn: keep it there
-# The cache Mats belong to the SDPA backend. On this x86 build they keep a head-contiguous layout (`w` the head
-# dimension, `h` the positions, `c` the key/value heads) and reserve spare sequence capacity in `cstep` (the
-# elements between two channels), which later steps append into. A prefill of 4 positions, then 20 steps, reading
-# the K cache of every layer after each call:
+# An `ncnn.Mat` is at most 3-D (plus a depth axis): `w` the fastest axis, then `h`, then `c` the channels, each
+# channel starting `cstep` elements after the one before (at least `w·h`, aligned). The cache Mats belong to the
+# SDPA layer. On this x86 build they hold `w` = the head dimension, `h` = the positions, `c` = the key/value heads,
+# and reserve spare rows in `cstep`, which later steps append into. A prefill of 4 positions, then 20 steps,
+# reading the K cache of every layer after each call:
 
 # %%
 c = DECODERS["talker_decoder"]
@@ -298,7 +302,9 @@ plots.cache_growth(shapes, title=f"talker_decoder K cache Mats per call ({ckpt})
 # most steps append without moving anything.
 #
 # Two tempting shortcuts destroy that state. The tuple form `ret, m = ex.extract(name)` returns a **clone** (plain
-# layout, no spare capacity); a numpy round trip does the same and worse. Fed back, both give wrong attention
+# layout, no spare capacity); a numpy round trip does the same and worse. The in-place form,
+# `ex.extract(name, m, 1)`, fills `m` with the blob itself (`type=1`: as ncnn holds it, no layout conversion).
+# Fed back, the two shortcuts give wrong attention
 # without any error (NaN or plain wrong numbers, depending on the step). We run the same 4 steps three ways, on the
 # bare binding (an Extractor of their own instead of `run`), so each way of extracting is written out:
 
@@ -378,11 +384,9 @@ for mode, outs in ways.items():
 # - Prefill with empty caches and a causal mask; each step with the previous caches untouched, a zero mask
 #   `(1, past+1)` and rope rows at the absolute position. Every step matches torch within 1e-5 relative, at the
 #   output and at every layer the probe pairs.
-# - Extract caches in place with `type=1` and feed them back as they are; a clone or a numpy round trip silently
-#   breaks attention.
+# - Extract caches in place with `type=1` and feed them back as they are; a clone or a numpy round trip breaks it.
 #
-# **Artifacts left:** `models/<ckpt>/ncnn/{talker,predictor}_decoder_kv.param` with manifest entries;
-# the chapter report.
+# **Artifacts left:** `models/<ckpt>/ncnn/{talker,predictor}_decoder_kv.param` (+ manifest), the chapter report.
 #
 # **If your numbers differ**
 # - *Prefill right, steps wrong* → caches extracted with the tuple form or converted to numpy (section 4).

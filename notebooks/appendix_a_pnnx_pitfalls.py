@@ -78,7 +78,7 @@ example = {t: {"x": torch.randn(1, 4, t)} for t in LENGTHS}
 
 # %% [markdown]
 # Converted the careful way (chapter 04): traced, two input shapes so the length stays dynamic, `fp16=0`. pnnx
-# exits 0, and the `.param` is two lines long:
+# exits 0, and the `.param` holds two layers, an `Input` and the transposed convolution:
 
 # %%
 info = pitfalls.pnnx_cli(sliced, "sliced", WORK / "one", *example.values(), fp16=0)
@@ -137,10 +137,11 @@ for t, ins in example.items():
                     padded(ins["x"])[0].numpy(), rel=1e-5)
 
 # %% [markdown]
-# **Every pitfall.** One call converts every demo module and runs it (about a minute). Conversions go through
-# `export.export_module` (chapter 04: two input shapes, `fp16=0`) unless leaving one of those out is the pitfall;
-# then `pitfalls.pnnx_cli` runs pnnx with exactly the arguments given. Graphs that can crash run in a child Python
-# (`pitfalls.ncnn_isolated`), which reports the signal. Every row is what this run measured.
+# **Every pitfall.** One call converts every demo module and runs it (about a minute), through
+# `export.export_module` (chapter 04: two input shapes, `fp16=0`) unless leaving one of those out is the pitfall
+# (then `pitfalls.pnnx_cli`, with exactly the arguments given); graphs that can crash run in a child Python
+# (`pitfalls.ncnn_isolated`), which reports the signal. Each row (pitfall, symptom, fix, reproduced?) is what
+# this run measured; sections 2 to 7 show the rows in detail, in the table's order.
 
 # %%
 findings = pitfalls.reproduce_pnnx(WORK, THREADS)
@@ -197,9 +198,9 @@ table.rename_axis("k/v widening")
 
 # %% [markdown]
 # ## 3. Sum over pnnx's batch axis: SIGFPE, then a silent reshape trap
-# pnnx decides for every blob whether its axis 0 is a *batch* axis; ncnn blobs have no batch axis, so that axis is
-# dropped. An embedding of ids shaped `(1, T)` gets one. Summing `G` lookups with `torch.stack(parts).sum(0)` then
-# stacks along the axis that ncnn does not have:
+# pnnx decides for every blob whether its axis 0 is a *batch* axis; ncnn blobs have none, so that axis is dropped.
+# An embedding of ids shaped `(1, T)` gets one. The codec decoder looks up `G` groups of ids (one per codebook,
+# each its own table) and sums them; `torch.stack(parts).sum(0)` stacks along the axis ncnn does not have:
 
 # %%
 print(inspect.getsource(pitfalls.StackSum))
@@ -213,9 +214,8 @@ check.equal("3 stack.sum: Reduction axes in the .param", "param", reduction, "-2
 
 # %% [markdown]
 # `Concat ... 0=-233` concatenates along "the batch axis" (233 is pnnx's marker for it) and `-23303=0` is an
-# empty list of axes to reduce. Run at both lengths, in a child process, and then with only the Concat's output
-# extracted: that returns success and an **empty** blob, so it is the Reduction, handed that empty blob, that
-# raises SIGFPE.
+# empty list of axes to reduce. Run at both lengths in a child process, then with only the Concat's output
+# extracted: an **empty** blob, returned with success, so it is the Reduction, handed it, that raises SIGFPE.
 
 # %%
 for t, res in ss["crash"].items():
@@ -230,12 +230,12 @@ check.equal("3 stack.sum: Concat blob is empty", "empty blobs", len(alone.output
 
 # %% [markdown]
 # **The fix, and the trap inside it.** The codec decoder avoids per-group lookups altogether: groups 1.. share one
-# fused table, the host adds `g·V` to each group's ids and flattens them group-major to shape `((G-1)·T,)`, and
-# the sum over groups is a matrix product with a row of ones. Group 0 keeps its own table, fed with the `(1, T)`
-# ids, as the codec's semantic codebook is. The reshape before the product must keep a leading 1:
+# fused table (their `V`-row tables stacked), the host adds `g·V` to group g's ids and flattens them group-major to
+# `((G-1)·T,)`, and the sum over groups is a matrix product with a row of ones. Group 0 keeps its own table, fed
+# the `(1, T)` ids, as the codec's semantic codebook is. The reshape before the product must keep a leading 1:
 # `reshape(1, G-1, -1)`. With `reshape(G-1, -1)` pnnx takes the `G-1` for a batch axis (the Reshape line gets
-# `12=233 13=0`: input without, output with a batch axis) and the sum comes out wrong, without any error. (In the
-# codec it looked as if the group sum had vanished; here the output is not group 0 alone either: it is wrong.)
+# `12=233 13=0`: input without, output with a batch axis) and the sum comes out wrong, without any error: it is
+# not even group 0 alone (which a dropped sum would give), as the checks below show.
 
 # %%
 print(inspect.getsource(pitfalls.FusedSum))
@@ -393,8 +393,8 @@ shutil.rmtree(WORK, ignore_errors=True)
 #   `.param` lines in §3 are the same, ncnn fixed it and the rewrite is merely harmless.
 # - *A leftover-op, Crop or Slice check fails* → another pnnx version → the version printed at the top, and the
 #   `.param` lines printed in §2, §4, §5 against the ones described there.
-# - *A row of §1's table says "no" where this text says "reproduces"* → your pnnx fixed it (that section's checks
-#   name the part); the rewrite in chapter 02 is then merely harmless. *fp16=0 fails near 1e-3* → appendix B, §5.
+# - *A row of §1's table says "no" where this text says "reproduces"* → your pnnx fixed it (the section of that
+#   pitfall names the part); chapter 02's rewrite is then merely harmless. *fp16=0 fails near 1e-3* → appendix B §5.
 
 # %%
 check.table()

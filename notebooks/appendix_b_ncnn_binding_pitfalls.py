@@ -26,8 +26,9 @@
 # where it can crash, read the table of what reproduced, and look at each one: a Mat that borrows freed memory, a
 # process killed by SIGSEGV, the two forms of `extract`, the fp16/bf16 defaults of `Option`; and check each fix.
 #
-# **You will learn:** why `runtime.net.to_mat` holds the array and clones, why chapter 05 extracts its KV caches
-# with `ex.extract(name, m)`, and why `runtime.net.make_net` turns the fp16/bf16 paths off before loading.
+# **You will learn:** why `runtime.binding.net.to_mat` holds the array and clones, why chapter 05 extracts its KV
+# caches with `ex.extract(name, m)`, and why `runtime.binding.net.make_net` turns the fp16/bf16 paths off before
+# loading.
 #
 # **You need:** nothing from the chapters: no checkpoint, only torch, pnnx and ncnn.
 #
@@ -72,8 +73,9 @@ print("batch axis of input, output:", gate["input_batch_axes"],
 
 # %% [markdown]
 # The `ReLU` line reads blob `in0` and writes `out0`; ncnn runs a ReLU *in place*, in the memory of its input.
-# Before it overwrites an input blob that someone else may hold, ncnn (in its default light mode) reads the Mat's
-# reference count. A Mat made with `ncnn.Mat(array)` borrows the numpy buffer and has no reference count. Feed one,
+# In its default *light mode* (`opt.lightmode`: a blob's memory is released or reused as soon as its last reader
+# has run) ncnn reads the Mat's reference count before overwriting an input blob, to know whether someone else
+# holds it. A Mat made with `ncnn.Mat(array)` borrows the numpy buffer and has no reference count. Feed one,
 # with the array alive the whole time, in a child process because of what happens next; then the same with a Mat
 # that owns a copy (`.clone()`):
 
@@ -111,8 +113,8 @@ for how in ("borrowed", "cloned"):
 
 # %% [markdown]
 # The borrowed Mat kills the process with SIGSEGV, though the array was alive all along: ncnn dereferenced the
-# missing reference count. The clone works. `runtime.net.to_mat` always clones (section 3 repeats this on a graph
-# written by hand, three times each way).
+# missing reference count. The clone works. `runtime.binding.net.to_mat` always clones (section 3 repeats this
+# on a graph written by hand, three times each way).
 #
 # **Every pitfall.** One call runs them all: each crashing case runs in a child Python through
 # `pitfalls.run_isolated(func, *args)`, which imports `func` from `qtts_lib.export.pitfalls` there and reports the
@@ -157,7 +159,8 @@ pd.DataFrame([{"status": r.status, **(c or {})}
 
 # %% [markdown]
 # Only a few values per array are wrong, with no error anywhere: easy to miss in an average error.
-# `runtime.net.to_mat` holds the array in a variable until the clone owns a copy, and came back right every time:
+# `runtime.binding.net.to_mat` holds the array in a variable until the clone owns a copy, and came back right
+# every time. Each array is a non-contiguous `(300, 64)` view, so the counts are out of 64·300 values an array:
 
 # %%
 counts = [c for c in temp["counts"] if c]
@@ -242,7 +245,9 @@ check.equal("4 input handed over: in-place form is the input's own buffer",
 # extracted with `ex.extract(name, m)` and fed back untouched.
 #
 # ## 5. Measure the fp16/bf16 defaults of `Option`
-# ncnn's `Option` turns the **fp16 paths on** (`use_fp16_packed/storage/arithmetic`) wherever the CPU has them.
+# `Option` is ncnn's settings object, `net.opt`, read when the graph loads. It turns the **fp16 paths on**
+# (`use_fp16_packed/storage/arithmetic`: weights and blobs stored, packed and computed in fp16) wherever the CPU
+# has them.
 # The defaults of this binding, and what this CPU offers:
 
 # %%
@@ -256,7 +261,7 @@ check.equal("5 ncnn Option default use_bf16_storage", "value",
 
 # %% [markdown]
 # `pitfalls.Block` (an MLP with a residual, then a convolution) converted with `fp16=0`, then run three ways:
-# the defaults, everything off (what `runtime.net.make_net` does), and bf16 storage switched on by hand; each
+# the defaults, everything off (what `runtime.binding.net.make_net` does), and bf16 storage switched on by hand; each
 # against torch at two lengths:
 
 # %%
@@ -301,11 +306,11 @@ shutil.rmtree(WORK, ignore_errors=True)
 # ## Summary
 # - `ncnn.Mat(array)` borrows the buffer with no reference count: a Mat cloned from a temporary array copies freed
 #   memory (a few wrong values, no error), and an in-place first layer fed a borrowed Mat dies with SIGSEGV.
-#   `runtime.net.to_mat` holds the array, then clones.
+#   `runtime.binding.net.to_mat` holds the array, then clones.
 # - `ret, m = ex.extract(name)` always returns a private clone; `ex.extract(name, m)` returns the extractor's blob
 #   unless it came from ncnn's pool. KV caches (chapter 05) are extracted the second way and fed back untouched.
 # - `Option` turns the fp16 paths on by default; on this x86 CPU that changes nothing, elsewhere it does.
-#   `runtime.net.make_net` turns fp16 and bf16 off before `load_param`.
+#   `runtime.binding.net.make_net` turns fp16 and bf16 off before `load_param`.
 #
 # **Artifacts left:** `data/reports/<ckpt>/appendix_b_ncnn_binding_pitfalls.json` only.
 #
