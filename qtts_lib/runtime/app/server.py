@@ -78,7 +78,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..audio.clips import read_voice_clip
+from ..audio.clips import MAX_UPLOAD_SECONDS, read_voice_clip
 from ..audio.encode import FORMATS, Encoder
 from ..audio.tempo import Tempo
 from ..audio.wav import SAMPLE_RATE, save_wav
@@ -237,7 +237,7 @@ class Voices:
         if self.exists(name):
             raise FileExistsError(name)
         clip = read_voice_clip(audio, text, name=f"the uploaded clip {filename!r}" if filename else "the uploaded clip",
-                               keep_long_option=None)
+                               keep_long_option=None, max_seconds=MAX_UPLOAD_SECONDS)
         voice = self.synth.voice(wav=clip.wav, text=text)
         wav, txt, meta = (self.folder / f"{name}{suffix}" for suffix in (".wav", ".txt", ".json"))
         if text is not None:
@@ -305,7 +305,8 @@ class Consents:
     """OpenAI's voice consent recordings (`/v1/audio/voice_consents`), which a voice made through `POST
     /v1/audio/voices` must name: each a record (`schema.VoiceConsent`'s fields: an id `cons_...`, when it came, its
     label and language; the upload's file name) and the recording as uploaded, once it passed a voice clip's checks
-    (`audio.clips.read_voice_clip`: readable, not NaN, not silent, long enough; never trimmed). With a folder (the
+    (`audio.clips.read_voice_clip`: readable, not NaN, not silent, long enough, at most MAX_UPLOAD_SECONDS, refused
+    before it is decoded whole; never trimmed; one at a time, `checker`). With a folder (the
     voices folder's `consents/`) both are kept there, `<id>.json` and the recording beside it, so a restart finds
     them; without one only the records are, in memory (no endpoint reads a recording back). Listed oldest first
     (each record's `created_ns`, its time of creation to the nanosecond). Records change on the event loop; the
@@ -315,6 +316,7 @@ class Consents:
 
     def __init__(self, folder: Path | None, log: Callable[[str], None]):
         self.folder, self.records = folder, {}
+        self.checker = ThreadPoolExecutor(1, thread_name_prefix="qtts-consents")  # one recording decoded at a time
         for meta in sorted(folder.glob("cons_*.json")) if folder and folder.is_dir() else []:
             try:
                 record = json.loads(meta.read_text(encoding="utf-8"))
@@ -337,13 +339,14 @@ class Consents:
     async def add(self, name: str, language: str, recording: bytes, filename: str | None) -> dict:
         """A new consent recording's record, the recording checked and kept; an `AudioError` for one that cannot be
         used."""
-        record = await asyncio.to_thread(self._check_and_save, name, language, recording, filename)
+        record = await asyncio.get_running_loop().run_in_executor(self.checker, self._check_and_save, name,
+                                                                  language, recording, filename)
         self.records[record["id"]] = record
         return record
 
     def _check_and_save(self, name: str, language: str, recording: bytes, filename: str | None) -> dict:
         read_voice_clip(recording, keep_long=True, name=f"the consent recording {filename!r}" if filename else
-                        "the consent recording", keep_long_option=None)
+                        "the consent recording", keep_long_option=None, max_seconds=MAX_UPLOAD_SECONDS)
         consent_id = f"cons_{secrets.token_hex(12)}"
         suffix = Path(filename or "").suffix.lower()
         kept = consent_id + (suffix if re.match(r"^\.[a-z0-9]{1,8}$", suffix) else ".audio")

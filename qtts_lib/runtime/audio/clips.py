@@ -27,6 +27,9 @@ TRIM_WINDOW_SECONDS = 0.05  # ... measured as the RMS of 50 ms windows (a pause 
 SILENCE_RMS = 1e-3         # -60 dBFS: speech at a usable level is -30..-15 dBFS RMS (voice.wav: -21 dBFS)
 CLIP_LEVEL = 0.999         # a sample this close to full scale was (almost surely) clipped
 CLIP_FRACTION = 1e-3       # more than 0.1% of samples at full scale: audibly distorted speech
+MAX_UPLOAD_SECONDS = 60.0  # the longest clip a server decodes (a voice keeps 15 s, a consent statement takes a
+#                            few): past it an upload is refused, from its container's stated length before any
+#                            sample is decoded, else as soon as the decode goes past it (`wav.read_audio`)
 KEEP_LONG_OPTION = "--keep-long-voice"  # how `qtts say` keeps a long clip whole (None: a front end offers no way)
 
 
@@ -130,12 +133,13 @@ def prepare_voice_clip(wav: np.ndarray, transcript: str | None = None, keep_long
 
 def read_voice_clip(source: str | Path | bytes, transcript: str | None = None, keep_long: bool = False,
                     strict: bool = False, name: str | None = None,
-                    keep_long_option: str | None = KEEP_LONG_OPTION) -> VoiceClip:
+                    keep_long_option: str | None = KEEP_LONG_OPTION, max_seconds: float | None = None) -> VoiceClip:
     """A voice clip from a file or the bytes of one (an upload: wav, flac, ogg or mp3), read by `wav.read_audio`
     (another rate or channel count converted with a note, or refused when `strict`; `name` calls it in messages),
     then `prepare_voice_clip`: an `AudioError` saying why it cannot be used, or the clip with its messages.
+    `max_seconds` (a server's uploads: MAX_UPLOAD_SECONDS) refuses a longer clip before decoding it whole.
     Introduced in 16."""
-    wav, notes = read_audio(source, strict, name)
+    wav, notes = read_audio(source, strict, name, max_seconds=max_seconds)
     wav, messages = prepare_voice_clip(wav, transcript, keep_long, keep_long_option)
     return VoiceClip(wav, tuple(f"note: {n}" for n in notes) + tuple(messages))
 

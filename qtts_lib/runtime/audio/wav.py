@@ -39,11 +39,17 @@ def load_wav(path: str | Path, strict: bool = False, quiet: bool = False) -> np.
     return wav
 
 
-def read_audio(source: str | Path | bytes, strict: bool = False,
-               name: str | None = None) -> tuple[np.ndarray, list[str]]:
+def read_audio(source: str | Path | bytes, strict: bool = False, name: str | None = None,
+               max_seconds: float | None = None) -> tuple[np.ndarray, list[str]]:
     """A file, or the bytes of one (wav, flac, ogg, mp3: what libsndfile reads), as float32 mono at 24 kHz, with
     notes on what was converted (channels averaged, rate resampled), or an `AudioError` (unreadable, empty, or not
-    24 kHz mono when `strict`). `name` calls the audio in messages (default: the file's path)."""
+    24 kHz mono when `strict`). `name` calls the audio in messages (default: the file's path).
+
+    `max_seconds` bounds what is decoded (a server's uploads: a few kilobytes of FLAC can hold hours of silence).
+    The length the container states (a wav's data size, FLAC's STREAMINFO, the last Ogg page, an mp3's frames) is
+    read before any sample, and a longer clip refused at once; a container that does not say (or lies) is decoded
+    only up to the limit, channels averaged block by block, and refused as soon as it goes past: the samples held
+    are never more than `max_seconds` of mono audio at a rate of at most MAX_READ_RATE."""
     import io
 
     import soundfile as sf
@@ -53,24 +59,60 @@ def read_audio(source: str | Path | bytes, strict: bool = False,
     if not isinstance(source, bytes) and not Path(source).is_file():
         raise AudioError(f"audio file not found: {whole}")
     try:
-        wav, sr = sf.read(io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32",
-                          always_2d=True)
+        with sf.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as f:
+            sr, channels = f.samplerate, f.channels
+            wav = _decode(f, whole, max_seconds)
+    except AudioError:
+        raise
     except Exception as e:  # soundfile raises several types for unreadable files
         raise AudioError(f"cannot read {whole} as audio: {e}") from None
-    if wav.shape[0] == 0:
+    if len(wav) == 0:
         raise AudioError(f"{whole} holds no samples")
     notes = []
-    if wav.shape[1] > 1:
+    if channels > 1:
         if strict:
-            raise AudioError(f"{whole} has {wav.shape[1]} channels; the model takes mono")
-        notes.append(f"{short} has {wav.shape[1]} channels; averaging them to mono")
-    wav = wav.mean(axis=1).astype(np.float32)
+            raise AudioError(f"{whole} has {channels} channels; the model takes mono")
+        notes.append(f"{short} has {channels} channels; averaging them to mono")
     if sr != SAMPLE_RATE:
         if strict:
             raise AudioError(f"{whole} is {sr} Hz; the model takes {SAMPLE_RATE} Hz")
         notes.append(f"{short} is {sr} Hz; resampling to {SAMPLE_RATE} Hz (polyphase)")
         wav = resample(wav, sr, SAMPLE_RATE)
     return wav, notes
+
+
+MAX_READ_RATE = 192000      # Hz: the highest rate a bounded read takes (a header may claim any)
+READ_BLOCK_VALUES = 1 << 20  # samples (all channels) decoded at a time by a bounded read: 4 MB of float32
+UNKNOWN_FRAMES = (1 << 63) - 1  # what libsndfile says for a length the container does not state
+
+
+def too_long(whole: str, max_seconds: float, seconds: float | None = None) -> AudioError:
+    said = f"{seconds:.1f} s long" if seconds is not None else "longer than that"
+    return AudioError(f"{whole} is {said}; this server reads at most {max_seconds:.0f} s of audio "
+                      f"(the limit on a clip's length): cut it to the part you want")
+
+
+def _decode(f, whole: str, max_seconds: float | None) -> np.ndarray:
+    """The samples of an open `soundfile.SoundFile`, mono float32 at its own rate; with `max_seconds`, bounded as
+    `read_audio` says."""
+    if max_seconds is None:
+        return f.read(dtype="float32", always_2d=True).mean(axis=1).astype(np.float32)
+    if f.samplerate > MAX_READ_RATE:
+        raise AudioError(f"{whole} is {f.samplerate} Hz; this server reads audio up to {MAX_READ_RATE} Hz")
+    limit = int(max_seconds * f.samplerate)
+    if 0 <= f.frames < UNKNOWN_FRAMES and f.frames > limit:  # refused from the container's word, before decoding
+        raise too_long(whole, max_seconds, f.frames / f.samplerate)
+    block = max(1, READ_BLOCK_VALUES // f.channels)
+    pieces, got = [], 0
+    while got <= limit:
+        data = f.read(min(block, limit + 1 - got), dtype="float32", always_2d=True)
+        if len(data) == 0:
+            break
+        pieces.append(data.mean(axis=1).astype(np.float32))
+        got += len(data)
+    if got > limit:  # the container did not say, or said less than it holds: stopped one sample past the limit
+        raise too_long(whole, max_seconds)
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
 def resample(wav: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
