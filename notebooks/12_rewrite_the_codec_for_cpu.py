@@ -15,17 +15,21 @@
 # # 12 · Rewrite the codec for the CPU
 # > The same arithmetic through faster kernels: rewrite the graph's text, prove it equal, measure it.
 #
-# **You will:** rewrite the exported codec graph step by step (2-D kernels, polyphase upsampling, fewer reshapes,
-# long convolutions cut along time and wide ones along channels), check every step equal to the exported graph and
-# time it; cut the graph in parts, **measure** how far back each part looks, and run the parts chunk by chunk; then
-# hold the result against PyTorch's codec and the machine's peak.
+# The codec decoder (chapter 01): codebook sums, a `pre_conv`, a small transformer, then upsampling stages to 1920
+# samples a frame (two ConvNeXt stages; four decoder stages, each a transposed convolution and *residual units*, skip
+# connections around convolutions and the Snake activation `x + sin²(αx)/β`). Unlike the loop it is *compute-bound*:
+# each weight is reused at every sample, so a faster codec needs faster kernels, not fewer bytes (chapter 11).
 #
-# **You will learn:** that a graph rewrite is a pure function of the `.param` text (and of the `.bin` when weights
-# move); why polyphase upsampling does no work on inserted zeros; why time tiles keep ncnn's im2col matrix small; how
-# to measure a receptive field instead of adding up kernel sizes; why chunking changes memory, not speed.
+# **You will:** rewrite the exported codec graph step by step, each step checked equal and timed; cut it in parts,
+# **measure** how far back each part looks, run them chunk by chunk; hold it against PyTorch's codec and the peak.
+#
+# **You will learn:** that a graph rewrite is a pure function of the `.param` text (and `.bin`); why *polyphase*
+# upsampling (one small convolution per output phase) skips the inserted zeros; why time tiles keep ncnn's *im2col*
+# matrix (the input unrolled so that one matrix product convolves it) small; how to measure a receptive field (the
+# input samples an output depends on); why chunking changes memory, not speed.
 #
 # **You need:** `models/<ckpt>/ncnn/codec_decoder.*` (chapter 04; exported here if missing). Timings on `tiny-*`
-# mean little (overhead dominates); the full-size numbers are the committed ones (`data/bench/codec/`).
+# mean little (call overhead dominates); the full-size numbers are the committed ones (`data/bench/codec/`).
 # **Leaves behind:** `models/<ckpt>/ncnn/fast/` (the codec's CPU form, in parts),
 # `data/reports/<ckpt>/12_rewrite_the_codec_for_cpu.json`.
 
@@ -53,10 +57,10 @@ T = 100 if full else 40  # frames per decode in the timings below
 
 # %% [markdown]
 # ## 1. Read the exported graph
-# pnnx wrote the codec as 1-D layers: `Convolution1D` for every convolution, `Deconvolution1D` for each upsampling
-# stage (a strided transposed convolution), `ConvolutionDepthWise1D` in the ConvNeXt upsampler. On x86, ncnn's 1-D
-# layers have no packed GEMM path, while its 2-D `Convolution` has im2col + sgemm and packed direct kernels. The
-# layer types of the graph:
+# pnnx wrote the codec as 1-D layers (`Convolution1D`; `Deconvolution1D`, each upsampling stage's strided transposed
+# convolution; `ConvolutionDepthWise1D` in the ConvNeXt stages). On x86 ncnn's 1-D layers loop over plain arrays, while
+# its 2-D `Convolution` has fast kernels: im2col + sgemm (single-precision matrix product) and direct kernels over
+# *packed* data (channels interleaved by 4, 8 or 16, one SIMD register each). The graph's layer types:
 
 # %%
 from collections import Counter
@@ -70,14 +74,16 @@ display(pd.Series(dict(types.most_common(12)), name="layers").to_frame().T)
 
 # %% [markdown]
 # ## 2. Rewrite it step by step, each step equal
-# Every rewrite in `runtime.rewrites.codec_cpu` takes the graph's text (and bytes) and returns an equivalent graph:
-# `conv1d_as_conv2d` / `deconv1d_as_deconv2d` (the same weights as a 2-D layer of kernel height 1 between two
-# Reshapes, a zero left padding folded into its `pad_left`); `deconv_polyphase` (each upsampling transposed
-# convolution as a stride-1 convolution over `stride` phases, interleaved: new weights, section 3); `keep_3d` and
-# `self_mul_as_square` (no Reshape pairs between consecutive convolutions, Snake's `sin(x)·sin(x)` one square);
-# `conv_split_input` / `conv_tile_time` (wide convolutions cut along input channels, long ones along time: section 4).
-# Each step below is the previous one plus one more rewrite. First the five graphs, as (text, bytes) pairs, and
-# the graph's inputs for one set of random codes; `force` picks where the last step cuts (see below the table):
+# Every rewrite in `runtime.rewrites.codec_cpu` maps the graph's text (and bytes) to an equivalent graph; each step
+# below is the previous one plus one more:
+# 1. *2-D kernels* (`conv1d_as_conv2d`, `deconv1d_as_deconv2d`): the same weights as a 2-D layer of height 1, with a
+#    Reshape to 2-D before it and one back after;
+# 2. *polyphase* (`deconv_polyphase`): each upsampling transposed convolution as a stride-1 convolution (section 3);
+# 3. *3-D blobs* (`keep_3d`, `self_mul_as_square`): no Reshape pairs between consecutive convolutions; Snake's sin²;
+# 4. *cuts* (`conv_tile_time`, `conv_split_input`): long convolutions cut along time, wide ones along channels.
+#
+# The cell builds the five (text, bytes) pairs and the graph's inputs for random codes (the codes packed for its
+# embedding lookups, the transformer's mask and rope tables); `force` moves step 4's cuts to a tiny checkpoint's widths:
 
 # %%
 from qtts_lib.runtime.binding import rope
@@ -105,8 +111,9 @@ mask = rope.causal_mask(T, window=st_cfg["sliding_window"])
 graph_inputs = (*pack_codes(codes, cb_size), mask, cos, sin)
 
 # %% [markdown]
-# Each graph runs on those inputs through `Net(..., files=...)` (the export's inputs and outputs, another
-# graph), its waveform compared with the exported graph's, and its time taken (median of five calls):
+# Each graph is written to a scratch folder and run by the runtime's `Net` (`files=` swaps in those files, keeping
+# the export's input and output names); its waveform is compared with the exported graph's by SNR, where 100 dB
+# means float rounding only, and its time is the median of five calls:
 
 # %%
 import tempfile
@@ -128,12 +135,10 @@ for i, (k, (t, b)) in enumerate(steps.items()):
         t0 = time.perf_counter()
         net(*graph_inputs)
         times.append((time.perf_counter() - t0) / T * 1e3)
-    kinds = Counter(lyr.type for lyr in parse_param(t).layers)
-    step_rows.append({"step": k, "layers": sum(kinds.values()),
-                      "1-D (de)convolutions": sum(kinds[x] for x in ONE_D),
-                      "Deconvolution(1D)": kinds["Deconvolution"]
-                      + kinds["Deconvolution1D"],
-                      "Reshape": kinds["Reshape"],
+    n = Counter(lyr.type for lyr in parse_param(t).layers)
+    step_rows.append({"step": k, "layers": n.total(), "1-D (de)convolutions":
+                      sum(n[x] for x in ONE_D), "Deconvolution(1D)": n["Deconvolution"]
+                      + n["Deconvolution1D"], "Reshape": n["Reshape"],
                       "ms per frame": round(float(np.median(times)), 3)})
     if k != "as exported":
         check.snr(f"codec CPU rewrite, {k}: wav vs the exported graph",
@@ -141,10 +146,8 @@ for i, (k, (t, b)) in enumerate(steps.items()):
 display(pd.DataFrame(step_rows).set_index("step"))
 
 # %% [markdown]
-# The last step cuts four time tiles per convolution of the widths the runtime tiles (`cpu_form.TILE_SAMPLES`; the
-# runtime's count follows each part's chunk) and splits channels where `codec_cpu.split_part` says, both tuned to the
-# full-size codec's widths; on a tiny checkpoint `force` cuts at its own widths. Equal is the point of this table:
-# the speed that counts is the full-size one (section 7).
+# Equal is the point of this table; the speed that counts is the full-size one (section 7). The runtime picks the
+# tile count from each part's chunk (`cpu_form.TILE_SAMPLES`).
 #
 # ## 3. Upsample without the zeros: polyphase
 # A transposed convolution with stride s inserts s - 1 zeros between input samples and convolves: most of its
@@ -158,8 +161,8 @@ import inspect
 print(inspect.getsource(codec_cpu.polyphase_weights))
 
 # %% [markdown]
-# Checked against PyTorch's transposed convolution on a small example (kernel 2s, trimmed on the right by K - s as
-# the codec's causal upsampling is):
+# Checked against PyTorch's transposed convolution on a small example: kernel size K = 2s, the output trimmed on the
+# right by K - s samples as the codec's causal upsampling is; the phases' input padded on the left, so causal too:
 
 # %%
 import torch.nn.functional as F
@@ -191,9 +194,9 @@ print(f"multiply-adds per output sample: transposed {in_c * 2 * s} (most on zero
       f"polyphase {in_c * m}")
 
 # %% [markdown]
-# The same with one channel in and one out and a stride of 3, small enough to draw (the codec's strides are larger;
-# the picture is the same). Top, what the transposed convolution sees: the input with two zeros stuffed after each
-# sample, and its six taps; bottom, its output, and each phase's stride-1 output placed at every third sample:
+# The same with one channel in and out and a stride of 3, small enough to draw. Top, what the transposed convolution
+# sees: the input with two zeros after each sample, and its six taps; bottom, its output, and each phase's output
+# placed at every third sample:
 
 # %%
 import matplotlib.pyplot as plt
@@ -211,10 +214,12 @@ plt.show()
 # %% [markdown]
 # ## 4. Keep the im2col matrix small: cut along time and channels
 # ncnn's im2col + sgemm convolution first writes the whole im2col matrix (kernel × channels rows, one column per
-# output sample), then the sgemm reads it back; for a long input it is far larger than the caches. Cut into time
+# output sample), then the sgemm reads it back; for a long input it is far larger than the CPU's caches. Cut into time
 # tiles, each with its few samples of left context from the one before, a causal convolution computes the same sums
 # with a small matrix per tile (`conv_tile_time`); cut into groups of input channels whose partial sums are added, a
-# wide one uses smaller weight matrices per GEMM (`conv_split_input`). One convolution before and after four tiles:
+# wide one uses smaller weight matrices per GEMM (`conv_split_input`). One convolution's `.param` line, then its four
+# tiles: a `Slice` along time; each tile's left context (the last samples of the tile before, `Crop`; zeros for the
+# first, `Padding`) put in front by a `Concat`; four `Convolution`s (each its own copy of the weights); a `Concat`:
 
 # %%
 cut_text = steps["+ cut along time and channels"][0]
@@ -234,15 +239,15 @@ print(layer_lines(cut_text, lambda w: w[1].startswith(one) and w[0] in CUT_TYPES
 # %% [markdown]
 # ## 5. Cut the graph in parts, and measure how far back each part looks
 # `codec_cpu.codec_fast_parts` cuts the rewritten graph in parts: part 0 (the codebooks and the pre_conv), part 1
-# (the transformer), then one part per upsampling stage. After the transformer every part is causal convolutions that
-# look only a few input samples back, so each runs over chunks of a few frames (`codec.parts.run_parts`) and a decode
-# of any length never holds a whole stage in memory. Each causal convolution keeps a state, the last input samples it
-# read, in and out of the part's graph (`codec_cpu.stateful_convolutions`, as a KV cache keeps positions), so no
-# sample is computed twice, which matters once the chunks are one frame (chapter 15).
+# (the transformer), then one part per upsampling stage, each only causal convolutions that look a few input samples
+# back; so each runs over chunks of a few frames (`codec.parts.run_parts`) and no decode holds a whole stage in memory.
+# Each causal convolution keeps a state, the last input samples it read, as an extra input and output of the part's
+# graph (`codec_cpu.stateful_convolutions`, as a KV cache keeps positions): no sample is computed twice.
 #
-# How far back is "a few samples"? `codec.parts.reach` *measures* it when `codec.cpu_form` writes the parts: change
-# one input sample and see which output samples change at all (bitwise); convolutions are shift-invariant, so one
-# position tells the reach everywhere. The experiment on the last part (the highest rate):
+# How far back is "a few"? That is the part's *left context* (its receptive field to the left); `codec.parts.reach`
+# *measures* it when `codec.cpu_form` writes the parts: change one input sample, see which output samples change at
+# all (bitwise); convolutions are shift-invariant, so one position tells it everywhere. On the last part (the highest
+# rate; `last.up`: its output samples per input sample):
 
 # %%
 from qtts_lib.runtime.codec.decoder import Codec
@@ -256,12 +261,11 @@ for part in runtime_form.parts[2:-1]:
     x = part(x)  # what the last part is fed for 4 frames
 p = x.shape[-1] // 2
 y0 = last(x)
-x1 = x.copy()
-x1[..., p] += 1.0
+x1 = np.where(np.arange(x.shape[-1]) == p, x + 1.0, x)  # input sample p bumped
 changed = (last(x1) != y0).reshape(-1, y0.shape[-1]).any(axis=0)
 first, final = np.flatnonzero(changed)[[0, -1]]
 at = p * last.up  # the output sample the changed input lands on
-fig, ax = plt.subplots(figsize=(9, 1.8))
+fig, ax = plt.subplots(figsize=(9, 1.8), layout="tight")
 shown = np.arange(at - 20, final + 40)
 ax.plot(shown, changed[shown], drawstyle="steps-mid")
 ax.axvline(at, color="crimson", ls="--", label=f"input {p} (x{last.up}: output {at})")
@@ -269,14 +273,15 @@ ax.set(xlabel="output sample",
        title=f"last codec part: changing input {p} changes outputs {first}..{final}")
 ax.set_yticks([0, 1], ["same", "changed"])
 ax.legend(fontsize=8)
-fig.tight_layout()
 check.equal("codec part is causal: nothing before the changed sample moves",
             "first changed output", int(first), at)
 check.at_most("the measured reach is within the recorded context", "input samples",
               -(-(final - at) // last.up), desc["parts"][-1]["context"])
 
 # %% [markdown]
-# What was recorded for every part when `cpu_form` wrote them:
+# The check holds the measured reach within the context recorded for the part. What `cpu_form` recorded for every
+# part; each chunk is long enough that its left context (which a part without states recomputes per chunk) is
+# `cpu_form.PART_OVERHEAD` of it:
 
 # %%
 pd.DataFrame([{"part": k, "role": d["role"], "input samples per frame": d.get("spf", 1),
@@ -286,11 +291,10 @@ pd.DataFrame([{"part": k, "role": d["role"], "input samples per frame": d.get("s
               for k, d in enumerate(desc["parts"])]).set_index("part")
 
 # %% [markdown]
-# Each part's chunk is as long as makes its left context cost `cpu_form.PART_OVERHEAD` of the chunk's work.
-#
 # ## 6. Run the parts chunk by chunk
 # The same codes through the exported graph, the parts over whole inputs and the parts chunk by chunk (the runtime):
-# the waveforms compared, and the fresh memory each first decode touches (pages new to the process: slow on a VM).
+# the waveforms compared by SNR, and the *fresh memory* each first decode touches (pages the process had never used,
+# counted as minor page faults: each costs a kernel trap, slow on a VM).
 
 # %%
 import resource
@@ -330,14 +334,13 @@ pd.DataFrame({"ms per frame (median)": {k: round(float(np.median(v)), 2)
 # %% [markdown]
 # What chunking changes is memory: a whole stage grows with the number of frames, a chunk does not, so the first
 # decode's fresh memory and a long one's peak stay bounded (section 7's committed file has them at full size). On a
-# tiny checkpoint a chunk is microseconds of work and the extra calls dominate, so chunked runs slower here.
+# tiny checkpoint a chunk is microseconds of work and the extra calls dominate: chunked runs slower here.
 #
 # ## 7. Against PyTorch's codec, and against the machine's peak
-# The spread between two processes is often larger than the difference between two codecs, so
-# `bench.codec.codec_rounds` runs both codecs in one process on the same random codes and threads, rounds alternating
-# which goes first. The codec is compute-bound, so its other yardstick is the machine's arithmetic peak:
-# `codec_flops_per_frame` counts the reference decode's floating-point operations (PyTorch's `FlopCounterMode`, 2 per
-# multiply-add), `peak_gflops` times a large matrix product at the same threads. Live, on this checkpoint:
+# Two processes often differ more than two codecs do, so `bench.codec.codec_rounds` runs both in one process on the
+# same random codes and threads, rounds alternating. Being compute-bound, the codec's other yardstick is the arithmetic
+# peak: `codec_flops_per_frame` counts the reference decode's floating-point operations (PyTorch's `FlopCounterMode`,
+# 2 per multiply-add), `peak_gflops` times a large matrix product at the same threads. Live, on this checkpoint:
 
 # %%
 from qtts_lib.bench.codec import codec_rounds
@@ -376,14 +379,11 @@ check.at_most("full size, reference machine: the codec's CPU form vs PyTorch "
 
 # %% [markdown]
 # ## Summary
-# - Each CPU rewrite of the codec is a pure function of the graph's text (and bytes where weights move), checked
-#   equal to the exported graph: 2-D kernels, polyphase upsampling, 3-D blobs, time tiles, channel splits.
-# - Polyphase upsampling is a stride-1 convolution over the phases, interleaved: the same sums, none on zeros.
+# - Each CPU rewrite of the codec is a pure function of the graph's text (and bytes), checked equal to the exported
+#   graph: 2-D kernels, polyphase upsampling (the same sums, none on zeros), 3-D blobs, time tiles, channel splits.
 # - The graph runs in parts, chunk by chunk, each convolution keeping its state; each part's left context is
-#   *measured* (`codec.parts.reach`): the same waveform, bounded memory.
-# - `codec.cpu_form` writes the result once under `ncnn/fast/`; the runtime decodes with it on the CPU, and chapters
-#   07 and 08 hold token and waveform parity through it.
-# - At full size the CPU form is faster than PyTorch's codec on the reference machine, near its arithmetic peak.
+#   *measured* (`codec.parts.reach`): the same waveform, bounded memory. `codec.cpu_form` writes it under
+#   `ncnn/fast/`; the runtime decodes with it on the CPU. At full size it beats PyTorch's codec, near the peak.
 #
 # **Artifacts left:** `models/<ckpt>/ncnn/fast/`, the chapter report.
 #
