@@ -13,7 +13,7 @@
 
 # %% [markdown]
 # # 08 · Clone a voice on ncnn
-# > A voice clip enters the prompt twice: as an x-vector, and in context as its own codes beside its transcript.
+# > A voice clip enters the prompt twice: as an x-vector (one vector for the speaker), and as its own codes.
 #
 # An **x-vector** is one fixed-length vector describing a speaker: the speaker encoder (an ECAPA-TDNN, dilated 1-D
 # convolutions pooled over time) computes it from the clip's log-mel spectrogram. **ICL** (in-context learning) puts
