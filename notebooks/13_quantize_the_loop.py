@@ -15,12 +15,16 @@
 # # 13 · Quantize the loop: fewer bytes per weight
 # > The generation loop is memory-bound, so the only way below its fp32 floor is fewer bytes per weight.
 #
-# **You will:** turn each precision tier's bytes per frame into a floor; write fp16 as a `.param` rewrite and int8 as
-# new weights from numpy, checked against a numpy model of ncnn's int8 arithmetic; time the decoders in every tier;
-# measure what a tier costs against fp32; count the int8 loop's graph calls per frame, live.
+# Chapter 11's *floor* is the time to read once, at the measured memory bandwidth, every weight a frame needs. A
+# *precision tier* stores the decoders' weights in fewer bytes: fp32 (4 bytes, the export), fp16 (2 bytes, IEEE half
+# precision, widened to fp32 for the arithmetic) or int8 (1 byte: an 8-bit integer times a float scale).
+#
+# **You will:** turn each tier's bytes per frame into a floor; write fp16 as a `.param` rewrite and int8 as new weights
+# from numpy, checked against a numpy model of ncnn's arithmetic; time every tier; measure its cost in quality; count
+# the int8 loop's graph calls per frame.
 #
 # **You will learn:** why fp32 cannot reach real time on two cores; how ncnn's int8 Gemm wants its weights; why
-# agreement on random weights is a pessimistic proxy.
+# agreement with fp32's codes, on random weights, is a pessimistic proxy.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; made here if missing). **Leaves behind:** `ncnn/int8/`,
 # `data/outputs/<ckpt>/13_quality.json` and `13_one_gemm/`, `data/reports/<ckpt>/13_quantize_the_loop.json`.
@@ -49,9 +53,10 @@ committed = lambda name: json.loads((BENCH / name).read_text())  # noqa: E731
 
 # %% [markdown]
 # ## 1. Bytes per frame, per tier
-# Chapter 11 counted the weights one frame reads: the talker decoder once, the code predictor's 15 times, the heads.
-# A tier stores the decoders' projections (int8: and the predictor's heads) in fewer bytes; the codec head stays fp32,
-# the embeddings are read a few rows at a time, the codec has its own tiers (chapter 14). Over the bandwidth read now:
+# Chapter 11 counted the weights a frame reads: the talker decoder and its `codec_head` once, the code predictor's
+# decoder and one of its 15 heads 15 times. A tier stores the decoders' projections (int8: the predictor's heads too)
+# in fewer bytes; the codec head stays fp32, embeddings are read a few rows at a time, the codec has its own tiers
+# (chapter 14). Over the bandwidth read now:
 
 # %%
 from qtts_lib.bench.machine import describe
@@ -60,7 +65,7 @@ from qtts_lib.bench.workload import weight_bytes_per_frame
 bandwidth = describe([THREADS])["read_bandwidth_gbs"][str(THREADS)]
 tiers = list(precision.TIERS)
 bytes_per_frame = {t: weight_bytes_per_frame(ncnn_dir, precision=t) for t in tiers}
-mb = {t: bytes_per_frame[t] / 1e6 for t in tiers}
+mb = {t: bytes_per_frame[t] / 1e6 for t in tiers}  # MB per frame; MB / (GB/s) = ms
 floors = pd.DataFrame({"bytes per weight": [precision.weight_bytes(t) for t in tiers],
                        "MB read per frame": [round(mb[t], 2) for t in tiers],
                        f"floor ms/frame at {bandwidth} GB/s":
@@ -70,28 +75,13 @@ check.equal("tiers by bytes read per frame", "order", order, "int8 < fp16 < fp32
 display(floors)
 
 # %% [markdown]
-# At full size, as the reference machine's runs counted it, over their probe's bandwidth (a frame: 80 ms of audio):
-
-# %%
-tier_run = committed(f"{REFERENCE}-full-base-tiers.json")
-int8_runs = [committed(f"{REFERENCE}-full-base-int8-weights-as-a{s}.json")
-             for s in ("", "-run2")]
-full_bytes = (tier_run["weight_bytes_per_frame_by_precision"]
-              | int8_runs[0]["weight_bytes_per_frame_by_precision"])
-ref_bw = int8_runs[0]["machine"]["read_bandwidth_gbs"]["2"]
-floor_ms = {t: full_bytes[t] / ref_bw / 1e6 for t in tiers}
-print(f"full-base, {int8_runs[0]['machine']['cpu']}, 2 threads reading {ref_bw} GB/s:")
-for t in tiers:
-    print(f"  {t} {full_bytes[t] / 1e9:.2f} GB a frame, floor {floor_ms[t]:.0f} ms")
-print(f"real time needs at most 80 ms per frame: only int8's floor is under it "
-      f"({floor_ms['int8'] / 80:.2f} of a frame), before the codec decodes a sample")
-
-# %% [markdown]
 # ## 2. fp16: a `.param` rewrite
-# fp16 needs no new weights: ncnn's x86 InnerProduct keeps its weights as fp16 when `use_fp16_storage` is on and
-# converts them while reading (F16C), arithmetic in fp32. The option would round every activation too, so
-# `rewrites.decode_step.fp16_step` rewrites a step graph into InnerProducts and masks every other layer back to fp32
-# (`31=2`); prefill keeps the fp32 graph (x86 Gemm has no fp16 storage), so the tier holds the weights 1.5 times.
+# fp16 needs no new weights. ncnn has two layers for a projection: `Gemm` (a matrix product, what pnnx wrote) and
+# `InnerProduct` (torch's `Linear`). On x86 only InnerProduct keeps fp16 weights, when the net's `use_fp16_storage` is
+# on, widening them while reading (the CPU's F16C instructions) for fp32 arithmetic. The option would round every
+# activation too, so `rewrites.decode_step.fp16_step` rewrites a *step graph* (the one-position graph of a decode step)
+# into InnerProducts and masks every other layer back to fp32 (`31=2`, the *featmask* param turning fp16 off per
+# layer); prefill keeps the fp32 Gemm graph, so the tier holds the weights 1.5 times.
 
 # %%
 from qtts_lib.runtime.rewrites.decode_step import fp16_step
@@ -104,13 +94,15 @@ print(f"fp16 step graph: {inner} InnerProducts with fp16 weights, "
 
 # %% [markdown]
 # ## 3. int8: the projections written from numpy
-# `rewrites.int8.int8_graph` rewrites every projection (a Gemm whose B is a constant weight) as ncnn's int8 Gemm with
-# the weights as its constant **A**, one scale per row (per output feature): ncnn keeps a scale per row of a constant
-# A but one per *tensor* of a constant B (`Gemm::load_model` in ncnn's `src/layer/gemm.cpp`), which would waste most
-# of the 8 bits on rows of small weights. The activations become B, quantized as it runs (absmax → 127, one scale per
-# call, shared by the rows of a prefill or a batch), multiplied in int32 on VNNI. Projections sharing an input are
-# fused (q/k/v, gate/up) and split after by a `Slice`. Layer 0's attention, exported and int8 (`4=1` constant A, `7`
-# its rows, `9` K, `14=1` output back to rows × features, `18=2` int8 with run-time scales, `22` one tile over K):
+# ncnn's `Gemm` computes A·B. `rewrites.int8.int8_graph` rewrites every projection (a Gemm whose B is a constant
+# weight) as ncnn's int8 Gemm with the weights as its constant **A**, with *per-row scales*: each row (one output
+# feature) is stored as 8-bit integers times its own scale, its largest |weight| / 127. ncnn allows a scale per row
+# of a constant A but one per *tensor* of a constant B (`Gemm::load_model` in ncnn's `src/layer/gemm.cpp`), which
+# would waste most of the 8 bits on rows of small weights. The activations become B, quantized as it runs (largest
+# |value| → 127, one scale per call, shared by the rows of a prefill or a batch), multiplied in int32 on VNNI (the
+# CPU's 8-bit dot-product instructions). Projections sharing an input are fused (q/k/v, gate/up), then cut apart by a
+# `Slice`. Layer 0's attention, exported and int8 (`4=1` constant A, `7` its rows, `9` K, the inputs per row, `14=1`
+# output back to rows × features, `18=2` int8 with run-time scales, `22` one tile over K):
 
 # %%
 precision.ensure_int8_tier(ncnn_dir, log=print)
@@ -132,9 +124,9 @@ pd.DataFrame({n: {"int8 Gemms": stamps[n]["gemms"],
 
 # %% [markdown]
 # The predictor's heads are rewritten the same way, not fused (a step needs one of the 15), and run inside its graph.
-# Does ncnn compute what we think? One talker projection in int8, run by ncnn, against a numpy model of the same
-# arithmetic (one activation scale per call, exact integer sums, both scales undone): equal to float rounding; the
-# fp32 product it only approximates:
+# Does ncnn compute what we think? One talker projection in int8, run by ncnn, against a numpy model: `quantize_rows`
+# gives `w ≈ q / 127 · scale` per row, the input is `x ≈ x_q / a_scale`, so `y ≈ x_q · qᵀ / (127 · a_scale) · scale`,
+# the integer sums exact. It must match to float rounding; the fp32 product it only approximates:
 
 # %%
 from qtts_lib.runtime.binding.graph import Graph, params_dict
@@ -175,13 +167,12 @@ talker_cfg = checkpoint.load_config(ckpt)["talker_config"]
 decoders = {"talker_decoder": talker_cfg,
             "predictor_decoder": talker_cfg["code_predictor_config"]}
 rng = np.random.default_rng(4)
-steps_ms, outputs = {}, {}
+steps_ms = {}
 for name, c in decoders.items():
     nets = {t: precision.decoder(ncnn_dir, name, c["head_dim"], c["rope_theta"],
                                  THREADS, precision=t) for t in tiers}
-    h = c["hidden_size"]
-    x0 = rng.standard_normal((1, 8, h)).astype(np.float32)
-    xs = [rng.standard_normal((1, 1, h)).astype(np.float32) for _ in range(12)]
+    x0, *xs = [rng.standard_normal((1, n, c["hidden_size"])).astype(np.float32)
+               for n in [8] + [1] * 12]  # a prefill of 8 positions, 12 steps
     times = {t: [] for t in tiers}
     prefilled = {t: net.prefill(x0) for t, net in nets.items()}  # ((1, 8, H), cache)
     outs = {t: [hidden] for t, (hidden, _) in prefilled.items()}
@@ -191,23 +182,24 @@ for name, c in decoders.items():
             outs[t].append(net.forward(x, prefilled[t][1]))
             times[t].append((time.perf_counter() - t0) * 1e3)
     steps_ms[name] = {t: float(np.median(v[2:])) for t, v in times.items()}
-    outputs[name] = {t: np.concatenate([o.reshape(-1, o.shape[-1]) for o in v])
-                     for t, v in outs.items()}
+    got = {t: np.concatenate([o.reshape(-1, o.shape[-1]) for o in v])
+           for t, v in outs.items()}
     del nets
     for t in ("fp16", "int8"):
         check.within(f"{name}: {t} vs fp32 over a prefill and 12 steps", "rel",
-                     outputs[name][t], outputs[name]["fp32"],
-                     5e-3 if t == "fp16" else 0.1)
+                     got[t], got["fp32"], 5e-3 if t == "fp16" else 0.1)
 pd.DataFrame(steps_ms).round(2).rename_axis("step ms (median)")
 
 # %% [markdown]
 # ## 5. What a tier costs in quality
-# Faster is worthless if the codes change. `bench.quality.measure` measures, on one prompt, greedy: the
-# **teacher-forced agreement** (fp32's codes fed to the tier code by code through a `Sampler` handed to the runtime's
-# own loop, `quality.TeacherForced`: would the tier have picked the same code? one number per codebook; fp32 against
-# itself gives 1.0, which checks the harness), the **first divergent frame** when the tier runs free, and the
-# **per-layer error** of one decode step (drawn below). Random weights make near-ties between the top two logits
-# common, so a tiny rounding flips a pick far more often than on a trained checkpoint: a pessimistic proxy.
+# Faster is worthless if the codes change. `bench.quality.measure` measures, on one prompt, greedy (random weights
+# make near-ties between the top two logits common, so a tiny rounding flips a pick far more often than on a trained
+# checkpoint: a pessimistic proxy):
+# - **teacher-forced agreement**: at every step the tier is fed fp32's code, not its own (*teacher forcing*: the
+#   runtime's loop driven by `quality.TeacherForced`, a `Sampler` that returns fp32's code), and we count how often it
+#   would have picked that code; one share per codebook (fp32 against itself gives 1.0, which checks the harness);
+# - the **first divergent frame**, where the tier running free on its own codes first leaves fp32's;
+# - the **per-layer error** of one decode step against fp32 (drawn below).
 
 # %%
 from qtts_lib.bench import quality
@@ -256,8 +248,8 @@ agreement_plot(live, f"{ckpt}: {live['frames']} frames, random weights "
                "(near-ties make this pessimistic)")
 
 # %% [markdown]
-# At full size (`make quality`), committed: `full-base` on the reference machine (int8 in section 3's form);
-# `full-1.7b-customvoice` on a larger host, as its talker's export needs more memory.
+# At full size (`make quality`), committed: `full-base` on the reference machine (int8, section 3's form, from its
+# `-weights-as-a` file); `full-1.7b-customvoice` on a larger host, as its talker's export needs more memory.
 
 # %%
 n_files = len(list((BENCH / "quality").glob("*.json")))
@@ -279,12 +271,17 @@ agreement_plot(full_q | {"tiers": with_17}, "full-base; int8 at 1.7B")
 # %% [markdown]
 # ## 6. Full size, on the reference machine
 # `make bench BENCH_PRECISION=fp32,fp16,int8` (chapter 11's harness): PyTorch, fp32 and fp16 from one run, int8 from
-# two runs of section 3's form, the fp32 codec everywhere, each row's floor probed in its own run; every machine is on
-# the [results page](results.ipynb). The 2-thread rows as bars, each beside its floor:
+# two runs of section 3's form, the fp32 codec everywhere; every machine is on the [results page](results.ipynb). Each
+# row's floor comes from the bandwidth its run's *probe* (a timed read of a large buffer) measured; `loop / floor` is
+# talker + predictor over it. A frame is 80 ms of audio, so real time allows that much per frame, and only int8's
+# floor is under it. The 2-thread rows as bars:
 
 # %%
 from qtts_lib.bench.results import check_schema
 
+tier_run = committed(f"{REFERENCE}-full-base-tiers.json")
+int8_runs = [committed(f"{REFERENCE}-full-base-int8-weights-as-a{s}.json")
+             for s in ("", "-run2")]
 tiered = [f for f in BENCH.glob("*.json")
           if len({r["precision"] for r in json.loads(f.read_text())["rows"]}) > 1]
 check.at_least("committed full-size runs with precision tiers", "files", len(tiered), 1)
@@ -303,9 +300,9 @@ sized = sized.set_index(["threads", "runtime", "precision"])
 display(sized.style.set_caption(f"full-base, {tier_run['machine']['cpu']}, "
                                 f"{tier_run['frames']} frames, ms per frame"))
 two = sized.loc[2]  # the 2-thread rows as bars, beside the loop's floor
-labels = [f"{r}\n{p}" for r, p in two.index]
-ax = two[["talker", "predictor", "codec"]].set_axis(labels).plot.bar(
-    stacked=True, figsize=(8, 3.4), rot=0)
+bars = two[["talker", "predictor", "codec"]]
+bars = bars.set_axis([f"{r}\n{p}" for r, p in two.index])  # runtime, precision
+ax = bars.plot.bar(stacked=True, figsize=(8, 3.4), rot=0)
 ax.scatter(range(len(two)), two["floor"], marker="_", s=900, c="k", label="loop floor")
 ax.axhline(80, color="crimson", ls="--", lw=1, label="real time")
 ax.set(ylabel="ms per frame", xlabel="",
@@ -315,10 +312,11 @@ plt.show()
 
 # %% [markdown]
 # ## 7. Count what a frame of the int8 loop calls
-# Only the int8 loop's floor is under real time, yet the loop runs above it (why: chapter 14). A frame makes fixed
-# calls: the codec head, the predictor's prefill and 14 steps (heads inside), a talker step, each one output; only
-# the prefill hands back caches (a step appends to the Mats fed in). Counted live: a `ncnn.Net` made with the counter
-# installed counts its extractors (one per graph call) and its `extract`s.
+# Only the int8 loop's floor is under real time, yet the loop runs above it (chapter 14 section 1). A frame makes a
+# fixed set of graph calls, each extracting one output: the talker's codec head, the predictor's prefill and 14 steps
+# (heads inside), a talker step; only the prefill hands back caches, as a step appends its keys and values into the
+# cache Mats fed in. Counted live: nets made while `CountedNet` stands in for `ncnn.Net` count their extractors (one
+# per graph call) and `extract`s.
 
 # %%
 import ncnn
@@ -331,10 +329,8 @@ class Counted:
 
     def __init__(self, ex):
         self.ex = ex
-
-    def __getattr__(self, attr):
+    def __getattr__(self, attr):  # everything else: the real extractor's
         return getattr(self.ex, attr)
-
     def extract(self, name, *args):
         tally["caches" if name.startswith("cache_") else "outputs"] += 1
         return self.ex.extract(name, *args)
@@ -346,7 +342,9 @@ class CountedNet(ncnn.Net):
         return Counted(super().create_extractor())
 
 # %% [markdown]
-# An int8 synthesizer made while `ncnn.Net` counts generates 8 and 16 frames; the difference drops the prefill:
+# An int8 synthesizer made while `ncnn.Net` counts generates 8 and 16 frames; the difference drops the prompt's
+# prefill. Per frame: a call and an output per codebook, plus the codec head's; as caches, the predictor prefill's K
+# and V per layer, and the talker's when its steps outgrow their cache Mats (all its layers, once at most in 8 frames):
 
 # %%
 from qtts_lib.bench.workload import LANGUAGE, TEXT
@@ -369,7 +367,7 @@ for frames in (8, 16):
 per_frame = {key: (b[key] - a[key]) / (f2 - f1) for key in a}
 calls = talker_cfg["num_code_groups"] + 1  # head, predictor prefill + 14 steps, talker
 caches = 2 * talker_cfg["code_predictor_config"]["num_hidden_layers"]  # prefill's K, V
-grown = 2 * talker_cfg["num_hidden_layers"] / (f2 - f1)  # talker caches outgrowing room
+grown = 2 * talker_cfg["num_hidden_layers"] / (f2 - f1)  # talker K, V regrown once
 check.equal(f"int8 loop: graph calls per frame on {ckpt}", "calls",
             round(per_frame["calls"]), calls)
 check.equal(f"int8 loop: outputs extracted per frame on {ckpt}", "outputs",
@@ -379,12 +377,11 @@ check.at_most(f"int8 loop: caches extracted per frame on {ckpt}, beyond the "
 
 # %% [markdown]
 # ## Summary
-# - The loop's floor is bytes per frame over bandwidth: fp16 halves it, int8 about quarters it. A frame of the int8
-#   loop makes a fixed number of graph calls, counted live.
-# - fp16 is a `.param` rewrite; int8 a new `.param`/`.bin` from numpy (weights as the Gemm's constant A, a scale per
-#   row, one activation scale per call), checked against a numpy model of ncnn's arithmetic. `qtts say --precision`
-#   picks the tier; fp32 stays the default, the one that holds token parity with PyTorch.
-# - Quality is measured, not assumed (teacher-forced agreement, first divergent frame, per-layer error).
+# - The loop's floor is bytes per frame over bandwidth: fp16 halves it, int8 about quarters it.
+# - fp16 is a `.param` rewrite; int8 a new `.param`/`.bin` from numpy (weights as the Gemm's constant A, per-row
+#   scales, one activation scale per call), checked against a numpy model of ncnn's arithmetic. `--precision` picks
+#   the tier; fp32 stays the default, the one that holds token parity with PyTorch.
+# - Quality is measured, not assumed: teacher-forced agreement, first divergent frame, per-layer error.
 #
 # **Artifacts left:** `models/<ckpt>/ncnn/int8/` (rewritten when the exports change), `13_quality.json`,
 # `13_one_gemm/`, the report. What bounds the loop, what was tried: the [lab notes](../lab_notes.md).
