@@ -239,11 +239,13 @@ class Health(BaseModel):
     error: str | None = Field(None, description="Why the engine stopped.")
     model: str
     busy: bool = Field(description="A request is being spoken.")
-    speaking: int = Field(description="Requests in progress.")
+    speaking: int = Field(description="Requests the batch has admitted (at most max_batch), from their first segment "
+                                      "to their last.")
     batch: int = Field(description="Utterances in the batch now.")
     max_batch: int
     largest_batch: int = Field(description="The widest batch seen.")
-    waiting: int = Field(description="Requests queued beside the batch.")
+    waiting: int = Field(description="Requests that hold a place and wait for the batch to admit them (as "
+                                     "qtts_queue_depth).")
     served: int = Field(description="Requests spoken to the end.")
     auth: bool = Field(description="Whether /v1/ needs a bearer token (--api-key).")
 
@@ -616,7 +618,9 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                 "operationId": "createSpeech", "summary": "Speak text, streamed as it is generated",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": ref("SpeechRequest")}}},
                 "responses": {"200": {"description": "The audio, chunked as it is generated: the bytes of "
-                                                     "response_format, or with stream_format sse server-sent events",
+                                                     "response_format, or with stream_format sse server-sent events "
+                                                     "(no samples at all where the model ends the text at its "
+                                                     "first frame)",
                                       "headers": headers, "content": audio},
                               "400": error("Invalid request"), "401": error("Missing or wrong API key"),
                               "404": error("Unknown model"), "413": error("Body too large"),

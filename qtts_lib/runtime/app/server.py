@@ -50,7 +50,9 @@ Every request's work is bounded: the body (64 KiB, refused from its Content-Leng
 text (`--frame-budget` frames at most, else a 400 before any work), the places (`--max-batch` speaking and `--queue`
 waiting; past that a 503 with Retry-After at once; `--max-connections` for uvicorn), and the audio a client has not
 read yet: past `--backlog` seconds its text is held (no next segment), and a client that takes no audio for
-`--send-timeout` seconds is dropped. Failures are seen: every bad request gets a 4xx with an OpenAI-style JSON error
+`--send-timeout` seconds is dropped. A text the model ends at once (its end of speech at the first frame) is answered
+200 with no samples (a wav header alone, an empty pcm body, a compressed stream of nothing): there was nothing to
+say, and nothing failed. Failures are seen: every bad request gets a 4xx with an OpenAI-style JSON error
 before any audio; an engine that stopped makes `/health` answer 503 and every request a 5xx JSON error; a stream
 that fails after its first audio is cut off (its chunked body never ends), never ended as if complete; a client that
 leaves, queued or speaking, frees its place at once. With an API key ($QTTS_API_KEY, or `--api-key`, which other
@@ -118,7 +120,8 @@ class Voices:
         self.log = log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr))
         self.built: dict = {}
         self.broken: dict[str, str] = {}  # a clip in the folder that cannot be used: why
-        self.ids = self._read_ids()        # {name: OpenAI voice id}
+        self.ids = self._read_ids()        # {name: OpenAI voice id}: replaced whole, never changed in place (the
+        #                                    builder writes it while requests read it: `by_id`)
         self.builder = ThreadPoolExecutor(1, thread_name_prefix="qtts-voices")
 
     @property
@@ -163,7 +166,8 @@ class Voices:
 
     def by_id(self) -> dict[str, str]:
         """{OpenAI voice id: name}: what a speech request's `{"id": ...}` may give instead of the name."""
-        return {voice_id: name for name, voice_id in self.ids.items()}
+        ids = self.ids  # one version of it: the builder replaces the dict, never changes it
+        return {voice_id: name for name, voice_id in ids.items()}
 
     def info(self) -> list[dict]:
         """`schema.VoiceInfo` of every voice."""
@@ -254,7 +258,7 @@ class Voices:
         self.built[name] = voice
         self.broken.pop(name, None)
         if voice_id is not None:
-            self.ids[name] = voice_id
+            self.ids = self.ids | {name: voice_id}
         return {"name": name, "builtin": False, "mode": voice.mode, "error": None, "id": voice_id,
                 "seconds": round(clip.seconds, 3), "messages": list(clip.messages)}
 
@@ -267,7 +271,7 @@ class Voices:
             (self.folder / f"{name}{suffix}").unlink(missing_ok=True)
         self.built.pop(name, None)
         self.broken.pop(name, None)
-        self.ids.pop(name, None)
+        self.ids = {n: i for n, i in self.ids.items() if n != name}
 
     @staticmethod
     def _released(work, *args):
@@ -390,13 +394,14 @@ class Job:
     "done", or "refused"/"error") is put on `out` through the event loop. `backlog`: samples sent and not yet
     taken by the response (the client's reading, felt through the event loop's flow control)."""
 
-    def __init__(self, speech, planned: list, loop: asyncio.AbstractEventLoop):
-        self.speech, self.planned, self.loop = speech, planned, loop
+    def __init__(self, speech, planned: list, loop: asyncio.AbstractEventLoop, wake: Callable[[], None] = lambda: None):
+        self.speech, self.planned, self.loop, self.wake = speech, planned, loop, wake
         self.out: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.released = False
         self.long: LongText | None = None  # the engine thread's
         self._backlog, self._lock = 0, threading.Lock()
+        self._held_over: int | None = None  # held for a backlog over this many samples: `take` wakes the engine
 
     @property
     def backlog(self) -> int:
@@ -412,12 +417,25 @@ class Job:
         except RuntimeError:  # the event loop has closed: the server is going down
             self.cancelled.set()
 
+    def held(self, limit: int) -> bool:
+        """From the engine thread: whether the backlog is over `limit` samples (its text then waits); while it is,
+        the client's next `take` that brings it back under wakes the engine (`wake`), which sleeps meanwhile."""
+        with self._lock:
+            held = self._backlog > limit
+            self._held_over = limit if held else None
+            return held
+
     async def take(self):
         """The next (kind, value), on the event loop."""
         kind, value = await self.out.get()
         if kind == "audio":
             with self._lock:
                 self._backlog -= len(value)
+                wake = self._held_over is not None and self._backlog <= self._held_over
+                if wake:
+                    self._held_over = None
+            if wake:
+                self.wake()
         return kind, value
 
 
@@ -445,9 +463,9 @@ class Engine:
         self.backlog = int(backlog_seconds * SAMPLE_RATE)
         self.scheduler = Scheduler(synth, max_batch)
         self.inbox: queue.Queue[Job | None] = queue.Queue()
-        self.speaking: list[Job] = []  # the engine thread's
+        self.speaking: list[Job] = []  # the engine thread's: every request started, admitted to the batch or not
         self.pending = 0               # requests holding a place, queued or speaking (the event loop's)
-        self.active = 0                # requests the engine is speaking
+        self.active = 0                # requests speaking: those the batch has admitted (the rest wait, /health)
         self.largest_batch = self.served = 0
         self.failure: BaseException | None = None
         self.on_step: Callable[[int], None] | None = None  # each frame step's batch size (the metrics), this thread
@@ -493,7 +511,7 @@ class Engine:
         if self.pending >= self.max_batch + self.queue_places:
             raise Unavailable(f"server busy: {self.max_batch} requests speaking and {self.queue_places} queued; "
                               "retry later", retry_after=max(1, round(self.pending / self.max_batch)))
-        job = Job(speech, planned, asyncio.get_running_loop())
+        job = Job(speech, planned, asyncio.get_running_loop(), wake=lambda: self.inbox.put(None))
         self.pending += 1
         self.inbox.put(job)
         return job
@@ -531,10 +549,11 @@ class Engine:
                     job.send("error", e)
 
     def _take_inbox(self) -> bool:
-        """Start the requests that came (wait for one when idle); drop those whose clients left; False: stop."""
+        """Start the requests that came (wait for one when idle: nothing speaking, or every text held for its
+        client's backlog with nothing left to step); drop those whose clients left; False: stop."""
         incoming = []
         try:
-            incoming.append(self.inbox.get(block=not self.speaking))
+            incoming.append(self.inbox.get(block=not self.speaking or not self.scheduler))
             while True:
                 incoming.append(self.inbox.get_nowait())
         except queue.Empty:
@@ -561,7 +580,7 @@ class Engine:
             job.send("refused", e)
             return
         self.speaking.append(job)
-        self.active = len(self.speaking)
+        self._count()
 
     def _step(self) -> None:
         events = self.scheduler.step()
@@ -575,12 +594,18 @@ class Engine:
             if job.long.done:  # not counted as speaking once its client can hear it is done (`/health`)
                 self._end(job, "done")
             else:
-                job.long.hold(job.backlog > self.backlog)  # a client far behind: no next segment for now
+                job.long.hold(job.held(self.backlog))  # a client far behind: no next segment for now
+        self._count()
+
+    def _count(self) -> None:
+        """`active`: the requests the batch has admitted (their first segment, and every later one, keep their
+        place); the others started here still wait in the scheduler's queue, and count as waiting."""
+        self.active = sum(job.long.lane.started for job in self.speaking)
 
     def _end(self, job: Job, message: str | None = None) -> None:
         job.long.cancel()
         self.speaking.remove(job)
-        self.active = len(self.speaking)
+        self._count()
         if message:
             job.send(message)
 
@@ -597,6 +622,22 @@ class Reply:
         self.encoder = Encoder(job.speech.format)
         self.tempo = Tempo(job.speech.speed)
         self.samples = 0
+        # PyAV's work (an encoder of a compressed format, the tempo filter) runs on a thread, off the event loop;
+        # pcm and wav at speed 1 are a few numpy operations, done in place
+        self.off_loop = FORMATS[job.speech.format].container is not None or job.speech.speed != 1.0
+        self._busy: asyncio.Future | None = None  # that work, while it runs (`close` waits for it to discard)
+
+    async def _encode(self, work, *args) -> bytes:
+        if not self.off_loop:
+            return work(*args)
+        self._busy = asyncio.get_running_loop().run_in_executor(None, work, *args)
+        return await self._busy
+
+    def _piece(self, value) -> bytes:
+        return self.encoder.write(self.tempo.write(value))
+
+    def _rest(self) -> bytes:
+        return self.encoder.write(self.tempo.close()) + self.encoder.close()
 
     @property
     def seed(self) -> int:
@@ -608,7 +649,8 @@ class Reply:
         return {"input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}
 
     async def first(self, request):
-        """("audio", piece), ("refused"/"error", exception), or None when the client left first. An engine that
+        """("audio", piece), ("done", None) for an utterance with no audio at all (the model's end of speech at its
+        first frame), ("refused"/"error", exception), or None when the client left first. An engine that
         stops while the request waits is noticed within a second, whatever it managed to tell."""
         taken = asyncio.ensure_future(self.job.take())
         gone = asyncio.ensure_future(_disconnected(request.receive))
@@ -627,7 +669,7 @@ class Reply:
         first = True
         while kind == "audio":
             self.samples += len(value)
-            chunk = self.encoder.write(self.tempo.write(value))
+            chunk = await self._encode(self._piece, value)
             if chunk:
                 if first:
                     self.metrics.time_to_first_audio.observe(time.monotonic() - self.received)
@@ -637,7 +679,7 @@ class Reply:
         if kind != "done":
             self.outcome = "error"
             raise BrokenStream(value)
-        rest = self.encoder.write(self.tempo.close()) + self.encoder.close()
+        rest = await self._encode(self._rest)
         self.outcome = "done"
         self.engine.served += 1
         audio_s = self.encoder.samples / SAMPLE_RATE
@@ -651,7 +693,10 @@ class Reply:
     def close(self) -> None:
         self.engine.release(self.job)
         if self.outcome != "done":
-            self.encoder.discard()
+            if self._busy is not None and not self._busy.done():  # a piece still encoding on its thread
+                self._busy.add_done_callback(lambda _: self.encoder.discard())
+            else:
+                self.encoder.discard()
         self.metrics.streams.labels(self.job.speech.format, self.outcome).inc()
 
 
@@ -744,7 +789,7 @@ class Api:
         except BaseException:
             reply.close()
             raise
-        if first is not None and first[0] == "audio":
+        if first is not None and first[0] in ("audio", "done"):  # "done" first: no audio (EOS at the first frame)
             return AudioResponse(reply, first, FORMATS[job.speech.format].content_type,
                                  sse=job.speech.stream_format == "sse")
         reply.outcome = "error" if first and first[0] == "error" else "abandoned"

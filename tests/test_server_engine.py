@@ -1,0 +1,166 @@
+"""`qtts serve`'s engine, honest and quiet: an utterance with no audio is answered, /health and /metrics tell
+waiting from speaking, the engine thread sleeps while every text waits for its reader, and the voice ids are read
+while the builder writes them. In-process servers paced step by step (`serving.Served`), as test_server_traffic."""
+import json
+import shutil
+import threading
+import time
+import types
+
+import pytest
+from serving import Served, post, request, until
+
+from qtts_lib import paths
+from qtts_lib.runtime.app import server
+
+PARAGRAPH = ("The tutorial ports a speech model to a small runtime. Each chapter checks one claim against the "
+             "reference, and every number lands in a report. Long texts are cut into sentences, packed into "
+             "segments, and spoken one segment at a time with the same voice. ")
+
+
+@pytest.fixture
+def serve(synth, tmp_path):
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    served = Served(synth)
+
+    def start(send_timeout: float = server.SEND_TIMEOUT, send_buffer: int | None = None, **options):
+        options = {"max_frames": 6, "chunk_frames": 2, "queue_places": 2, "max_batch": 1} | options
+        return served.start(voices, send_timeout=send_timeout, send_buffer=send_buffer, **options)
+
+    yield start
+    served.stop()
+
+
+def speech(text: str = "Hello there.", **fields) -> dict:
+    return {"input": text, "voice": "alice", "response_format": "pcm"} | fields
+
+
+def test_an_utterance_that_ends_at_its_first_frame_is_answered_200_with_no_audio(serve, monkeypatch):
+    """The model's end of speech at the very first frame (every codebook-0 draw is EOS): nothing to say and nothing
+    failed, so a 200 with no samples (pcm: empty; wav: its header alone; mp3: a stream of nothing), never a 500
+    "the engine failed: None"; the server goes on serving."""
+    from qtts_lib.runtime.pipeline.sampling import Sampler
+
+    engine, url, paced = serve()
+    paced.run_free()
+    monkeypatch.setattr(Sampler, "first", lambda self, logits, generated: self.eos_id)
+    for fmt, check in (("pcm", lambda body: body == b""), ("wav", lambda body: len(body) == 44),
+                       ("mp3", lambda body: len(body) < 2000)):
+        status, headers, body = request(url, "/v1/audio/speech", speech(response_format=fmt))
+        assert status == 200 and check(body) and "x-seed" in {k.lower() for k in headers}, (fmt, status, body[:200])
+    status, _, body = request(url, "/v1/audio/speech", speech(stream_format="sse"))
+    events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] == 0
+    monkeypatch.undo()
+    status, _, body = request(url, "/v1/audio/speech", speech())
+    assert status == 200 and len(body) > 0 and engine.served == 5
+
+
+def metric(url: str, name: str) -> float:
+    text = request(url, "/metrics")[2].decode()
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_health_and_metrics_tell_waiting_from_speaking(serve):
+    """One batch place: A speaks; B comes and is started by the engine (its first segment in the scheduler's queue,
+    the batch full). /health says one speaking and one waiting, and qtts_queue_depth reads 1: B is not counted
+    as speaking while it waits for the batch."""
+    engine, url, paced = serve(max_batch=1, queue_places=2, max_frames=40)
+    a = post(url, speech(PARAGRAPH))
+    a_out = {}
+    threading.Thread(target=lambda: a_out.setdefault("r", a.getresponse()), daemon=True).start()
+    paced.allow(3)
+    paced.wait_for(3)
+    b = post(url, speech())
+    until(lambda: engine.pending == 2, what="B given a place")
+    steps = paced.done
+    paced.allow()  # the engine takes B from its inbox before this step: B's utterance waits in the scheduler
+    paced.wait_for(steps + 1)
+    until(lambda: len(engine.speaking) == 2, what="B started")
+    health = json.loads(request(url, "/health")[2])
+    assert (health["speaking"], health["waiting"], health["batch"]) == (1, 1, 1), health
+    assert metric(url, "qtts_queue_depth") == 1 and metric(url, "qtts_requests_speaking") == 1
+    paced.run_free()
+    until(lambda: "r" in a_out, what="A's answer")
+    assert a_out["r"].read() and b.getresponse().read()
+    health = json.loads(request(url, "/health")[2])
+    assert (health["speaking"], health["waiting"]) == (0, 0)
+
+
+def test_the_engine_sleeps_while_every_text_waits_for_its_reader(serve):
+    """A client reads a little and stops (small socket buffers): its unread audio passes the backlog, its text is
+    held, and nothing is left to step. The engine thread then blocks until there is work: over a second it makes
+    no step at all (it spun through empty steps before). When the client reads again, the engine wakes and the
+    text is spoken to its end."""
+    engine, url, paced = serve(max_batch=2, max_frames=30, chunk_frames=2, backlog_seconds=0.5, send_timeout=120,
+                               send_buffer=4096)
+    text = PARAGRAPH * 3
+    segments = len(engine.plan(types.SimpleNamespace(text=text)))
+    assert segments >= 2
+    paced.run_free()
+    a = post(url, speech(text), rcvbuf=4096)
+    response = a.getresponse()
+    assert response.status == 200 and response.read(64)
+    until(lambda: engine.speaking and engine.speaking[0].long.held and not engine.scheduler, timeout=300,
+          what="the text held with nothing to step")
+    steps = paced.done
+    time.sleep(1.0)
+    assert paced.done - steps <= 1, f"{paced.done - steps} steps while every text was held"
+    body = response.read()  # the client reads again: the engine wakes and finishes the text
+    assert len(body) > 0 and engine.served == 1 and engine.pending == 0
+    a.close()
+
+
+class _Paused(dict):
+    """A dict whose iteration runs `during` after its first item: the builder thread writing while a request reads,
+    made to happen at one exact point."""
+
+    during = staticmethod(lambda: None)
+
+    def items(self):
+        for i, item in enumerate(dict.items(self)):
+            yield item
+            if i == 0:
+                during, self.during = self.during, lambda: None  # once
+                during()
+
+
+def test_voice_ids_are_read_while_the_builder_writes_them(tmp_path):
+    """`Voices.by_id` (a request, on the event loop) walks the ids while the builder thread removes one (a delete)
+    or adds one (an upload): the reader sees one version whole, never "dictionary changed size during iteration"."""
+    synth = types.SimpleNamespace(kind="base", speakers=[])
+    voices = server.Voices(synth, tmp_path, log=lambda m: None)
+    try:
+        voices.ids = _Paused(alice="voice_a", bob="voice_b", carol="voice_c")
+        voices.ids.during = lambda: voices._delete("bob")
+        assert voices.by_id() == {"voice_a": "alice", "voice_b": "bob", "voice_c": "carol"}
+        assert voices.by_id() == {"voice_a": "alice", "voice_c": "carol"}
+    finally:
+        voices.close()
+
+
+def test_a_reader_that_catches_up_wakes_the_engine():
+    """`Job.held` (engine thread) and `Job.take` (event loop): a job held for its backlog wakes the engine once,
+    when a take brings the backlog back under the limit, and not before."""
+    import asyncio
+
+    import numpy as np
+
+    woken = []
+
+    async def run():
+        job = server.Job(None, [], asyncio.get_running_loop(), wake=lambda: woken.append(1))
+        for _ in range(3):
+            job.send("audio", np.zeros(100, np.float32))
+        await asyncio.sleep(0)
+        assert job.held(150) and job.backlog == 300
+        await job.take()
+        assert woken == []  # 200 left: still over
+        await job.take()
+        assert woken == [1]  # 100: under, the engine is woken
+        await job.take()
+        assert woken == [1] and not job.held(150)
+
+    asyncio.run(run())
