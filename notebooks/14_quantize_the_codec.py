@@ -17,11 +17,10 @@
 # > arithmetic cheaper, not the bytes fewer.
 #
 # **You will:** see what the codec costs beside chapter 13's int8 loop; decode in bf16 storage and with int8
-# convolutions calibrated once, measured against fp32 by SNR, log-spectral distance and the codes the Mimi encoder
-# hears back; and pick a tier from one table of speed beside quality.
+# convolutions calibrated once, each measured against fp32's audio; pick a tier from a table of speed beside quality.
 #
-# **You will learn:** why the codec's tiers are not the loop's; what a static input scale is and where it breaks; why
-# the fastest codec tier is the CPU's business.
+# **You will learn:** why the codec's tiers are not the loop's; what a *static* input scale (fixed once from sample
+# inputs, not measured per call) is and where it breaks; why the fastest codec tier is the CPU's business.
 #
 # **You need:** `models/<ckpt>/ncnn/` with the codec's CPU form (chapters 04, 12; made here if missing). **Leaves
 # behind:** `models/<ckpt>/ncnn/fast_int8/` (the int8 codec), `data/reports/<ckpt>/14_quantize_the_codec.json`.
@@ -49,10 +48,12 @@ committed = lambda name: json.loads((BENCH / name).read_text())  # noqa: E731
 
 # %% [markdown]
 # ## 1. Where a frame of the int8 loop goes
-# Chapter 13 left the loop in int8 and the codec in fp32. What keeps the loop above its floor at full size is read in
-# the [lab notes](../lab_notes.md) ("What bounds the loop?") from committed files: the int8 projections alone and the
-# loop end to end on the reference machine, a frame call by call on a 2-core Intel Xeon VM with AMX. Held here: 13's
-# form is the fastest measured; projections and loop stay above the floor; the rest of a frame is a small share.
+# Chapter 13 left the loop in int8 and the codec in fp32. Its *weight-read floor* (bytes per frame over the probed
+# bandwidth) is under real time, yet the loop runs above it; the [lab notes](../lab_notes.md) ("What bounds the
+# loop?") take the gap apart with committed files, and this cell holds their findings. The *projections alone* files
+# time only a frame's int8 Gemms, in several forms: chapter 13's (weights as A, one tile over K) is the fastest, and
+# even it stays above the floor. A *calls* file times a frame call by call: its *rest*, the time beyond reading the
+# weights (norms, attention, caches, Python), is a small share. End to end the loop stays above its floor:
 
 # %%
 int8_runs = [committed(f"{REFERENCE}-full-base-int8-weights-as-a{s}.json")
@@ -79,7 +80,7 @@ check.at_least("int8 loop end to end, at or above its weight-read floor", "ratio
 
 # %% [markdown]
 # The codec comes on top: its share of each frame in the same runs, and the codec alone (chapter 12's benchmark),
-# the arithmetic a frame needs against the machine's measured sgemm peak at the same threads.
+# the arithmetic a frame needs against the machine's measured peak (a large fp32 matrix product) at the same threads.
 
 # %%
 fp32_codec = [r for doc in int8_runs for r in doc["rows"]
@@ -95,15 +96,18 @@ print(f"the codec alone: {alone['gflop_per_frame']} GFLOP per frame at "
       f"({alone['peak_gflops']} GFLOP/s): compute-bound")
 
 # %% [markdown]
-# The loop reads every weight per frame and does little arithmetic with it; the codec turns 16 codes into 1920
-# samples through convolutions that reuse each weight at every sample, so it runs near the arithmetic peak and fewer
-# bytes per weight would not help it. Cheaper arithmetic can: narrower numbers, more products per instruction.
+# The loop reads every weight per frame and does little arithmetic with it; the codec reuses each weight at every
+# sample (chapter 12): fewer bytes per weight would not help it, cheaper arithmetic can (more products per instruction).
 #
 # ## 2. The codec in bf16
 # ncnn's *bf16 storage* keeps weights and the activations between layers as bfloat16 (fp32's exponent, 8 bits of
 # mantissa); on a CPU with AVX512-BF16 (AMD Zen 4 has it) its convolutions multiply bf16 pairs into fp32, twice the
 # products per instruction. `Codec(precision="bf16")` (`qtts say --codec-precision bf16`) turns it on for the
-# upsampling parts, nearly all of the arithmetic. It is an approximation; what it costs, on random codes:
+# upsampling parts, nearly all of the arithmetic. An approximation, so its audio is measured against fp32's on random
+# codes, three ways, as each misses something: **SNR** counts every sample's error (a tiny phase shift is a large
+# error); the **log-spectral distance** (LSD) is the RMS difference of the two power spectra in dB, frame by frame
+# (closer to what the ear weighs); re-encoding both audios with the checkpoint's Mimi encoder asks whether the *codes*
+# survive, codebook by codebook:
 
 # %%
 from qtts_lib.bench.codec import tier_rounds
@@ -111,8 +115,7 @@ from qtts_lib.bench.codec import tier_rounds
 cpu_flags = open("/proc/cpuinfo").read()
 print("this CPU has AVX512-BF16:", "avx512_bf16" in cpu_flags,
       "| VNNI:", "avx512_vnni" in cpu_flags)
-here = tier_rounds(model_dir, THREADS, ["fp32", "bf16"], frames=40, rounds=3,
-                   progress=False)
+here = tier_rounds(model_dir, THREADS, ["fp32", "bf16"], rounds=3, progress=False)
 vs = here["vs_fp32"]["bf16"]
 display(pd.DataFrame({"ms per frame, here and now": here["median_ms_per_frame"]}).T)
 mimi = vs["mimi_codes_agree"]
@@ -131,10 +134,7 @@ ax.set(xlabel="codebook", ylabel="agreement", ylim=(0, 1.05), xticks=range(16),
 plt.show()
 
 # %% [markdown]
-# Three measures, because each misses something: SNR counts every sample's error (a tiny phase shift is a large
-# error), the log-spectral distance compares the spectrum frame by frame (what the ear weighs more), and re-encoding
-# both audios with the checkpoint's Mimi encoder asks whether the *codes* survive: codebook 0 (coarse content) nearly
-# always, the fine residual codebooks less. On random weights the audio is noise: a floor. Listen to both:
+# Codebook 0 (coarse content) survives nearly always, the fine codebooks less. Random weights: noise. Listen to both:
 
 # %%
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE
@@ -153,10 +153,10 @@ display(Audio(codec_fp32.decode(codes40), rate=SAMPLE_RATE),
 # 8-bit integers (VNNI's `vpdpbusd`, four products per lane per instruction) into int32: one scale per output channel
 # for the weights (127 / that channel's |max|) and one *static* scale for the input (127 / the largest |input| the
 # layer is expected to get), fixed in the `.bin`, where the loop's int8 Gemm measures its activations on every call.
-# The static scale is a calibration: `codec.int8_form` decodes random codes through the fp32 CPU form once, chunk by
-# chunk, records the largest |input| of the residual units' convolutions of decoder stages 2-4 (the rest stays fp32;
-# the module's docstring lists the cuts measured), and writes those parts under `ncnn/fast_int8/`.
-# `Codec(precision="int8")`, `qtts say --codec-precision int8`. What it wrote, per stage:
+# That scale is a calibration: `codec.int8_form` decodes random codes through the fp32 CPU form once, chunk by chunk,
+# records the largest |input| of the residual units' convolutions (chapter 12) in decoder stages 2-4 (the rest stays
+# fp32; the module's docstring lists the cuts measured), writes those parts under `ncnn/fast_int8/` (an int8 layer
+# has `8=1` in its `.param` line). `Codec(precision="int8")`, `qtts say --codec-precision int8`. What it wrote:
 
 # %%
 from qtts_lib.runtime.codec.int8_form import INT8_DIR
@@ -173,8 +173,7 @@ marked = sum((ncnn_dir / INT8_DIR / f).read_text().count(" 8=1") for f in writte
 check.equal("codec int8: layers marked int8 in the written parts", "layers", marked,
             int8_layers)
 check.at_least("codec int8: layers made int8", "layers", int8_layers, 1)
-here = tier_rounds(model_dir, THREADS, ["fp32", "int8"], frames=40, rounds=3,
-                   progress=False)
+here = tier_rounds(model_dir, THREADS, ["fp32", "int8"], rounds=3, progress=False)
 vq = here["vs_fp32"]["int8"]
 display(pd.DataFrame({"ms per frame, here and now": here["median_ms_per_frame"]}).T)
 mimi = vq["mimi_codes_agree"]
@@ -192,12 +191,11 @@ display(Audio(codec_int8.decode(codes40), rate=SAMPLE_RATE))
 # The calibration is the weak point: an input beyond the calibrated |max| is clipped to ±127 steps, and random codes
 # are not speech. On a real checkpoint, measure the tier on your codes (`python -m qtts_lib.bench codec --tiers`).
 #
-# A stream (chapter 15) pushes a frame or a few at a time, each push running the transformer one position through
-# its KV cache and reading all its weights. So the tier gives that cached form the loop's int8 projections (chapter
-# 13: per-row weight scales, activations measured per call), all but its input and output projections (int8, those
-# alone cost the stream several dB); a whole decode runs the fp32 transformer. The ConvNeXt upsampler's pointwise
-# projections get the same int8 Gemm in both. The check: streamed a frame at a time, the int8 tier stays as close to
-# fp32's audio as its whole decode does.
+# A stream (chapter 15) pushes a frame or a few at a time; each push runs the codec's transformer one position through
+# its KV cache, reading all its weights (the loop's memory-bound case). So the tier gives that cached form the loop's
+# int8 projections (chapter 13), all but its input and output projections (those alone cost the stream several dB);
+# a whole decode runs the fp32 transformer. The ConvNeXt stages' pointwise projections (a `Linear` per sample) get the
+# same int8 Gemm in both. The check: streamed a frame at a time, the int8 tier stays as close to fp32 as a whole decode:
 
 # %%
 kv_stats = int8_desc["transformer_kv_stats"]
@@ -276,10 +274,12 @@ display(pd.DataFrame(shares).T[["fp32", "bf16", "int8"]].style.set_caption(
     "the codec's share of one frame (int8 loop, 2 threads), per codec tier"))
 
 # %% [markdown]
-# ## 5. Hold the second-core experiment to its files
-# Could a second process decode chunk k while the loop makes chunk k+1? Only where one thread draws most of the
-# memory bandwidth ([lab notes](../lab_notes.md), "What does the second core buy?"), so `runtime.experimental` keeps it.
-# Checked here: the decoder squeezed beside a two-thread loop (oversubscribed) is the slowest in every file;
+# ## 5. Check the second-core experiment against its files
+# Could a second process decode chunk k while the loop makes chunk k+1? `python -m qtts_lib.bench overlap` times four
+# arrangements of two cores: *sequential* (loop, then codec, each on both), *split* (loop on one, codec on the other),
+# *oversubscribed* (loop on both, the codec squeezed in) and the *codec process*. Splitting pays only where one thread
+# draws most of the bandwidth (lab notes, "What does the second core buy?"), so `runtime.experimental` keeps it.
+# Checked here: oversubscribed is the slowest in every committed file;
 
 # %%
 overlap_files = sorted((BENCH / "overlap").glob("*.json"))
@@ -317,8 +317,8 @@ check.snr("codec process: the same audio as in process", b.wav, a.wav, 100.0)
 # A tier is two choices, the loop's precision (`--precision`, chapter 13) and the codec's (`--codec-precision`), each
 # with its price: the codes the loop picks (teacher-forced agreement, first divergent frame; chapter 13's committed
 # quality files) and the audio the codec makes (SNR, log-spectral distance, Mimi's codes; section 4's file). One
-# table, every pair the reference machine ran end to end (one stream, 2 threads; best and worst run), beside both
-# prices. fp32 + fp32 is the only pair that keeps token parity with PyTorch.
+# table, every pair the reference machine ran end to end (one stream, 2 threads; each pair's best and worst RTF over
+# its runs), beside both prices. fp32 + fp32 is the only pair that keeps token parity with PyTorch.
 
 # %%
 SPEED = [f"{REFERENCE}-full-base-tiers.json", f"{REFERENCE}-full-base-codec-tiers.json",
@@ -379,10 +379,10 @@ print("real time (RTF < 1) on this machine:",
 # %% [markdown]
 # ## Summary
 # - The codec is compute-bound, so its tiers are cheaper arithmetic: bf16 storage on its upsampling parts, int8
-#   convolutions with static input scales calibrated once (plus, for streams, the loop's int8 projections in the
+#   convolutions with static input scales calibrated once (for streams, also the loop's int8 projections in the
 #   transformer's cached form); each measured against fp32 by SNR, log-spectral distance and Mimi's codes.
-# - Which codec tier is faster depends on the CPU; measure on yours (`python -m qtts_lib.bench codec --tiers`).
-# - The codec process (a second core decoding) keeps the codes and audio; its gain varies by machine: an experiment.
+# - Which codec tier is faster depends on the CPU: measure on yours (`python -m qtts_lib.bench codec --tiers`). The
+#   codec process (a second core decoding) keeps the codes and audio; its gain varies by machine: an experiment.
 # - The tier to pick is the last table: the fastest pair beside its price; fp32 + fp32 for parity.
 #
 # **Artifacts left:** `models/<ckpt>/ncnn/fast_int8/` (the int8 parts and their calibration, rewritten when the CPU
