@@ -26,3 +26,34 @@ def run_without_torch(code: str, *args: str) -> subprocess.CompletedProcess:
 def qtts_without_torch(*args: str) -> subprocess.CompletedProcess:
     """The `qtts` CLI (`qtts say ...`) in a process where torch cannot be imported."""
     return run_without_torch("from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))", *args)
+
+
+def serve_without_torch(args: list[str], log, env: dict | None = None,
+                        timeout: float = 600.0) -> tuple[subprocess.Popen, str]:
+    """`qtts serve ARGS` on a free local port in a process where torch cannot be imported, its output in the file
+    `log` (a file, not a pipe nobody reads: a full pipe blocks the server); returns the process and its URL once
+    `/health` answers 200, RuntimeError (with the log's end) if it exits first or does not answer in `timeout`
+    seconds. Introduced in 18."""
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    code = "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code, "serve", "--port", url.rsplit(":", 1)[1],
+                             *args], stdout=Path(log).open("w"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc, url
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"qtts serve did not come up: {Path(log).read_text()[-2000:]}")
