@@ -24,6 +24,8 @@
 #   ratios are only made within one run, never across files.
 # - **loop / floor** is the generation loop (talker + predictor) against the time the weights it must read take at
 #   the bandwidth measured in that run (chapter 11); GPU rows have no floor.
+# - A **tier** is the precision the weights run in (fp32, fp16, int8; the loop's and the codec's chosen apart),
+#   "huge pages" added where the weights sat in huge memory pages (chapter 11, section 7).
 # - The precision tiers are chapters 13 and 14; the batch rows chapter 17; the GPU appendix C; streaming chapter 15.
 #
 # The cell below reads every file (its code is folded: click to show it) and checks each against the schema.
@@ -58,7 +60,9 @@ print(f"{len(results)} result files ({len(top)} end to end, "
 
 # %% [markdown]
 # Every end-to-end row into one table: its machine, its tier (loop precision, the codec's where it differs, huge
-# pages), its milliseconds per frame, RTF, the ratio to PyTorch in the same file and the loop against its floor.
+# pages), its milliseconds per frame, RTF, the ratio to PyTorch in the same file and the loop against its floor. One
+# GPU file (`h200-vulkan.json`) times two forms of the loop, named in its rows' `variant`: chapter 10's exported
+# graphs and its packed caches; the picture below leaves those rows out.
 
 # %% tags=["hide-input"]
 import pandas as pd
@@ -109,8 +113,10 @@ batched = table.file.str.startswith("batch/")
 # ## The picture
 # Left: each machine's best real-time factor per runtime and tier (one utterance of `full-base`, any thread count),
 # PyTorch in black, each ncnn tier with its floor as a dash of the same colour (the RTF the generation loop alone
-# would have at the floor: no runtime of that tier on that machine can beat it). Right: the time to first audio
-# (pieces of one frame) of the streaming runs, per machine and tier. The red lines are real time and one frame.
+# would have at the floor: no runtime of that tier on that machine can beat it). Right: the streaming runs (chapter
+# 15: audio handed out piece by piece, here pieces of one frame), their time from the request to the first piece,
+# per machine and tier; rows of an earlier runtime timed beside the current one (`--against`) are left out. The red
+# lines are real time and one frame.
 
 # %% tags=["hide-input"]
 import matplotlib.pyplot as plt
@@ -186,9 +192,9 @@ pd.DataFrame(machines).T.rename_axis("machine")
 
 # %% [markdown]
 # ## 2. Every run, end to end
-# One row per (runtime, device, tier, threads) of each file; milliseconds per frame by part, RTF, the ratio to
-# PyTorch in the same file, and the loop against its floor. A tier marked "huge pages" ran with its weights in 2 MB
-# pages, as `qtts serve` runs (`qtts_lib.runtime.app.hugepages`).
+# One row per (runtime, device, tier, threads) of each file; milliseconds per frame by part, RTF (coloured green
+# when fast, red when slow), the ratio to PyTorch in the same file, and the loop against its floor. A tier marked
+# "huge pages" ran with its weights in 2 MB pages, as `qtts serve` runs (`qtts_lib.runtime.app.hugepages`).
 
 # %% tags=["hide-input"]
 from IPython.display import display
@@ -232,9 +238,10 @@ fig.tight_layout()
 # `python -m qtts_lib.bench stream` (chapter 15): time to first audio with pieces of one frame, the time from which
 # playback never waits for a piece (newer files), and whole streams against `synthesize`, medians of fresh
 # processes, with the weights in huge pages (as `qtts serve` runs) or not. `python -m qtts_lib.bench calls`
-# (chapter 12): a frame of the int8 loop, its graph calls against their weights read by the same kernels alone. A
-# file may also hold an earlier version of the runtime, timed in turn with the current one (`--against`): its rows
-# are marked "earlier".
+# (chapter 12): a frame of the int8 loop (`frame_ms`) split into `weights_ms` (its calls' weights read by the same
+# kernels alone), `rest_ms` (the frame beyond that) and `glue_ms` (the frame outside its graph calls: Python and
+# numpy between them). A file may also hold an earlier version of the runtime, timed in turn with the current one
+# (`--against`): its rows are marked "earlier".
 
 # %% tags=["hide-input"]
 rows, frames = [], []
