@@ -146,7 +146,7 @@ with streaming.create(**same, response_format="pcm") as r:
         arrivals.append((time.time() - t0, len(chunk) / 2 / SAMPLE_RATE))
 at, seconds = np.array(arrivals).T
 print(f"audio received by then (s): {np.cumsum(seconds).round(2)}; first after "
-      f"{at[0]:.2f} s of {at[-1]:.2f} s (on tiny mostly call overhead)")
+      f"{at[0]:.2f} s of {at[-1]:.2f} s (tiny checkpoints: mostly call overhead)")
 check.equal("the answer is chunked: sent while it is generated", "transfer-encoding",
             r.headers.get("transfer-encoding"), "chunked")
 check.at_most("first audio early in the answer (streamed, not whole)", "ttfa / total",
