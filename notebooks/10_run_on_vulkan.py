@@ -15,21 +15,21 @@
 # # 10 · Run the port on Vulkan
 # > Same graphs, same tokens, another device: prove it before trusting it.
 #
-# Vulkan is the cross-vendor GPU API ncnn uses as its GPU backend: the same graphs run on an NVIDIA, AMD or Intel
+# **Vulkan** is the cross-vendor GPU API ncnn uses as its GPU backend: the same graphs run on an NVIDIA, AMD or Intel
 # GPU, or on Mesa's **lavapipe** (a Vulkan driver that runs on the CPU: how CI runs this chapter). Every layer has a
-# second kernel there, so a port checked on the CPU is not yet a port on a GPU.
+# second kernel there (a compute shader), so a port checked on the CPU is not yet one on a GPU. `ex.input` **uploads**
+# an array to GPU memory; `ex.extract` runs the graph there and **downloads** the blob; the CPU waits for each.
 #
 # **You will:** find a Vulkan device; run every exported graph on it at two lengths against the CPU; step the KV
 # caches on it; generate on it token for token against chapter 03's goldens (x-vector and ICL); test two of ncnn's
-# layer conventions live; and measure what fp16 does instead of assuming it.
+# layer conventions (the input shapes a layer accepts) live; and measure what fp16 does instead of assuming it.
 #
 # **You will learn:** how to trust a port on a new device (per graph, cached step, code, waveform); which forms of
-# ncnn's rope and attention layers its tests pin down; why fp16 is off. What a GPU buys: appendix C.
+# ncnn's rope and attention layers its tests pin down; why the runtime turns off ncnn's fp16 (16-bit float) paths.
 #
 # **You need:** a Vulkan device ncnn can see (a GPU, or lavapipe on any CPU: `apt-get install mesa-vulkan-drivers
 # libvulkan1`; without one the live sections record a skip, and fail where `QTTS_REQUIRE_VULKAN` is set); chapter
 # 03's goldens; the graphs of chapters 04–05 (exported here if missing). `QTTS_DEVICE=vulkan:N` picks a device.
-#
 # **Leaves behind:** `data/outputs/<ckpt>/10_vulkan.wav`, `data/reports/<ckpt>/10_run_on_vulkan.json`.
 
 # %%
@@ -42,16 +42,14 @@ ckpt = settings.checkpoint()  # QTTS_CHECKPOINT, default tiny-base
 THREADS = settings.threads()
 DEVICE = settings.device() if settings.device().startswith("vulkan") else "vulkan"
 report = check.begin("10_run_on_vulkan", ckpt)
-model_dir = checkpoint.ensure(ckpt)
-out_dir = paths.ncnn_dir(ckpt)
+model_dir, out_dir = checkpoint.ensure(ckpt), paths.ncnn_dir(ckpt)
 
 # %% [markdown]
 # ## 1. Find a Vulkan device
 # The pip `ncnn` wheel has Vulkan compiled in; whether it finds a device depends on the Vulkan loader (`libvulkan`)
-# and a driver (an ICD, installable client driver). `lab.vulkan_or_skip` asks ncnn once
-# (`runtime.binding.net.vulkan_devices`, which turns what ncnn's loader writes to stderr into a reason); no device
-# means a recorded skip, or `VulkanRequired` where `QTTS_REQUIRE_VULKAN` is set (`.ci/run` installs lavapipe and
-# sets it, so a skip there cannot hide a broken set-up).
+# and a driver (an **ICD**, installable client driver: a JSON file in `/usr/share/vulkan/icd.d/` naming a driver
+# library). `lab.vulkan_or_skip` asks ncnn once (and turns what its loader writes to stderr into a reason); no device
+# means a recorded skip, or `VulkanRequired` where `QTTS_REQUIRE_VULKAN` is set (as CI does, with lavapipe).
 
 # %%
 import ncnn
@@ -69,9 +67,11 @@ else:
 
 # %% [markdown]
 # ## 2. Run every graph on Vulkan at two lengths
-# The same inputs as chapter 04 (seeded, both lengths of each module) go through the CPU graph and the Vulkan graph;
-# each pair is compared with the metric and tolerance of that module's spec (`spec.check`, as in 02 and 04). fp16 is
-# off on both (`runtime.binding.net.make_net`, section 6 says why), so the differences are summation order only.
+# Chapter 04's seeded inputs (both lengths of each module) go through the CPU graph and the Vulkan graph (`Net`: the
+# runtime's loaded graph, called with numpy arrays); each pair is compared with the metric and tolerance of that
+# module's spec (`spec.check`, as in 02 and 04). fp16 is off on both (`runtime.binding.net.make_net`; section 6 says
+# why), so the differences are summation order only. The plot: each module's relative L2 error at its two lengths
+# (an exact match drawn at 1e-10, the axis' floor), the dashed line at 1e-5 for scale.
 
 # %%
 import matplotlib.pyplot as plt
@@ -104,15 +104,15 @@ if gpu:
 # %% [markdown]
 # ## 3. Step the KV caches on Vulkan
 # Prefill 9 positions, then 16 cached steps, for both decoders, against the CPU decoder (`precision.decoder`), at
-# chapter 05's threshold. Three GPU decoders. The **exported** graphs of chapter 05 as they are: every layer's K
-# and V a separate output, so one step is 2·layers + 1 downloads. The **packed** one: its caches as one blob, so a
-# step is one forward and two downloads. And, for the talker, the GPU loop's own (`pipeline.loop.gpu_talker`,
-# appendix C), stepping from its cache up to 16 positions and running the full sequence after.
+# chapter 05's threshold. Each download is a wait, and the GPU decoders differ in how many a step makes: the
+# **exported** graphs of chapter 05 output every layer's K and V apart (2·layers + 1 downloads); the **packed** one
+# its caches as one blob (two); and, for the talker, the **GPU forms** (`pipeline.loop.gpu_talker`, built in appendix
+# C) are graphs rewritten for the GPU, with fewer layers and one upload and one download a call, which step from the
+# cache up to 16 positions and past that rerun the whole sequence (cheaper than moving a long cache through the host).
 #
-# The packed form is a rewrite of the `_kv` graph's text (`rewrites.gpu.packed_cache_params`): one `Concat` at the
-# end gathers every layer's K and V into `cache_all_out` (prefill and step), and in the step graph one `Slice` at
-# the start splits `cache_all_in` back into the per-layer caches. The weights are untouched, so the packed nets read
-# the exported `.bin`; the same `KvCacheNet` drives them, told that its cache is one blob:
+# The packed form rewrites the `_kv` graph's text (`rewrites.gpu.packed_cache_params`): a `Concat` at the end gathers
+# every K and V into `cache_all_out`; in the step graph a `Slice` splits `cache_all_in` back into per-layer caches.
+# Same `.bin`; the same `KvCacheNet` drives it, told its cache is one blob. The cell prints the step graph's new lines:
 
 # %%
 from qtts_lib.runtime.binding.cached import KvCacheNet
@@ -134,7 +134,9 @@ _, step_text = packed_cache_params((out_dir / "talker_decoder_kv.param").read_te
 print(*[line[:84] for line in step_text.splitlines() if "cache_all" in line], sep="\n")
 
 # %% [markdown]
-# Each decoder gets the same random rows `x` `(1, 25, hidden)`; each call is compared with the CPU's same call:
+# Each decoder gets the same random rows `x` `(1, 25, hidden)` standing in for embeddings; `prefill` returns the
+# hidden states and the cache, `forward` steps one row and grows the cache in place. Each call is compared with the
+# CPU's same call:
 
 # %%
 from qtts_lib.runtime.pipeline.loop import gpu_talker
@@ -181,11 +183,10 @@ if gpu:
 
 # %% [markdown]
 # ## 4. Generate on Vulkan, token for token
-# `Synthesizer(model_dir, device=...)` is the product's pipeline on the GPU, and on a GPU it runs the GPU forms
-# (appendix C). The exported graphs on the GPU are `Loop.load(..., gpu_forms=False)` over the same config and
-# embedding tables. Both must give every code of chapter 03's CPU goldens (PyTorch, greedy, fp32): x-vector (the
-# voice as one speaker vector) and ICL (in-context learning: the clip's codes and transcript in the prompt, encoded
-# by Mimi and the speaker encoder on Vulkan too). Greedy, for HF's `max_new_tokens` N: N - 1 frames.
+# `Synthesizer(model_dir, device=...)`, the product's pipeline, runs the GPU forms on a GPU; `Loop.load(...,
+# gpu_forms=False)` runs the exported graphs. Both must give every code of chapter 03's CPU goldens (PyTorch, greedy,
+# fp32): x-vector (the voice as one speaker vector) and ICL (the clip's codes and transcript in the prompt, encoded
+# by Mimi and the speaker encoder on Vulkan too). `FRAMES` is `max_new_tokens` − 1 (the last token has no frame: 07).
 
 # %%
 from qtts_lib import artifacts, inputs
@@ -218,9 +219,9 @@ if gpu:
         check.tokens_equal(name, np.stack(seq.codes), want)
 
 # %% [markdown]
-# The waveform: `synthesize`'s audio, decoded by the codec's GPU form on Vulkan (`codec.gpu_form`: the codebook sums
-# on the CPU, everything after them one Vulkan graph), against chapter 03's wav (PyTorch on the CPU) and against the
-# ncnn CPU decode of the same codes, at chapter 07's threshold (signal-to-noise ratio in dB).
+# The waveform, decoded by the codec's GPU form (`codec.gpu_form`: RVQ's codebook sums on the CPU, the rest one
+# Vulkan graph), against chapter 03's wav (PyTorch, CPU) and the ncnn CPU decode of the same codes (for ICL with the
+# clip's codes leading as context, as in 08), at chapter 07's threshold (signal-to-noise ratio in dB).
 
 # %%
 from qtts_lib.runtime.audio.wav import save_wav
@@ -236,18 +237,18 @@ if gpu:
 
 # %% [markdown]
 # ## 5. Check ncnn's conventions on this device
-# Another backend can hold other conventions. Two matter here; ncnn's tests say what the layers take (`tests/`):
+# A layer's convention is the shapes and layouts of the inputs it accepts; another backend's kernel can accept
+# other ones. Two matter here; ncnn's tests (`tests/` in its source) say what the layers take:
+# - `RotaryEmbed` applies rope (each pair of a head's channels rotated by an angle that grows with the position)
+#   from cos and sin tables; `tests/test_rotaryembed.cpp` makes them `RandomMat(embed_dim / 2, seqlen)`: **half
+#   width**, one column per pair.
+# - `SDPA` is scaled dot-product attention, `softmax(q·kᵀ/√d + mask)·v`; `tests/test_sdpa.cpp` feeds masks
+#   `(dst_seqlen, src_seqlen)` (2-D) and `(dst, src, 1)` or `(dst, src, q.c)` (3-D, one per head).
 #
-# | layer | ncnn's test | the convention it tests |
-# |---|---|---|
-# | `RotaryEmbed` | `tests/test_rotaryembed.cpp` | `cos_cache = RandomMat(embed_dim / 2, seqlen)`: **half width** |
-# | `SDPA` | `tests/test_sdpa.cpp` | masks `(dst_seqlen, src_seqlen)` 2-D; `(dst, src, 1)`, `(dst, src, q.c)` 3-D |
-#
-# `RotaryEmbed` applies rope (rotary position embedding: each pair of a head's channels rotated by an angle that grows
-# with the position) from cos and sin tables; `SDPA` is scaled dot-product attention, `softmax(q·kᵀ/√d + mask)·v`.
-# Each gets a graph of its own, written as `.param` text: a count line, then one line per layer (type, name, inputs,
-# outputs, parameters). `lab.small_graph` loads such text (prefixing ncnn's magic number line) on a device, with
-# fp16 on or off; `lab.run_graph` feeds named numpy arrays and returns the blob `out`. First rope, with the
+# Each gets a graph of its own, written as `.param` text: a count line (layers, blobs), then one line per layer
+# (type, name, input and output counts, blobs, `key=value` parameters: `0=0` rotates halves rather than adjacent
+# pairs, `5=1` says SDPA has a mask input). `lab.small_graph` loads such text (prefixing ncnn's magic number line)
+# on a device, fp16 on or off; `lab.run_graph` feeds named arrays and returns the blob `out`. First rope, with the
 # half-width tables the test uses and with full-width ones (each row repeated), against numpy:
 
 # %%
@@ -293,20 +294,20 @@ for dev in ["cpu", DEVICE] if gpu else []:
         conventions.append({"test": f"SDPA mask {label}", "device": dev,
                             "max_abs": float(np.abs(y - sdpa_ref(m)).max())})
 for row in conventions:
-    name = f"{row['test']} on {row['device']} = numpy"
-    check.at_most(name, "max_abs", row["max_abs"], 1e-5)
+    check.at_most(f"{row['test']} on {row['device']} = numpy", "max_abs",
+                  row["max_abs"], 1e-5)
 frame = pd.DataFrame(conventions)
 frame.pivot(index="test", columns="device", values="max_abs") if gpu else None
 
 # %% [markdown]
-# On this ncnn version full-width tables (the layer reads the first half of each row) and all three mask ranks give
-# the same answer on both devices. The runtime still feeds half-width tables and 2-D masks: the forms ncnn's tests
-# pin down, so the forms a future version keeps.
+# On this ncnn version full-width tables (the layer reads each row's first half) and all three masks give the same
+# answer on both devices; the runtime still feeds the forms the tests pin down, which a future version will keep.
 #
 # ## 6. Measure fp16 on Vulkan
-# Vulkan devices usually offer fp16 storage and arithmetic, and ncnn turns them on by default. First the
-# corruption: int32 token ids that pass through a GPU layer such as `Reshape` are stored as fp16, so the `Embed`
-# after it reads other rows. Fed straight into `Embed` (which runs them as ids), they survive:
+# Vulkan devices usually offer **fp16 storage** (blobs and weights kept in GPU memory as 16-bit floats, rounded)
+# and **fp16 arithmetic** (shaders computing in 16 bits), and ncnn turns both on by default. First the corruption:
+# an ncnn Mat has no dtype, so int32 ids passing through a GPU layer such as `Reshape` are stored as if floats, in
+# fp16, and the `Embed` after it reads other rows; fed straight into `Embed` (`0=` width, `1=` vocab), they survive:
 
 # %%
 V, E = 300, 4
@@ -331,7 +332,8 @@ for label, text in graphs.items() if gpu else ():
 # Then the whole loop with fp16 on for every graph. The runtime sets ncnn's options in one place,
 # `runtime.binding.net.net_from_text`, just before `load_param_mem` reads the graph (ncnn fixes a net's storage
 # types when it loads): fp16 off. To measure fp16 without a second code path, the cell below swaps `ncnn.Net` for a
-# subclass that turns the three fp16 options back on at that moment, for the nets made inside the `with`:
+# subclass that turns the three fp16 options (storage, arithmetic, and `packed`: fp16 in ncnn's packed layouts of
+# 4 or 8 values) back on at that moment, for the nets made inside the `with`:
 
 # %%
 import contextlib
@@ -355,7 +357,8 @@ def fp16_forced():
         ncnn.Net = real
 
 # %% [markdown]
-# The fp16 loop against the fp32 golden: how many codes agree, and where the first one differs.
+# The fp16 loop against the fp32 golden: how many codes agree, and where the first one differs. The check asserts
+# the harm (at most 0.99 of codes equal): if fp16 stopped changing codes, the reason to keep it off would be stale.
 
 # %%
 if gpu:
@@ -380,21 +383,18 @@ if gpu:
 # ## Summary
 # - Every graph, the cached decoders (exported, packed, GPU forms) and the whole loop give the CPU's answers on
 #   Vulkan in fp32: every code of the x-vector and ICL goldens, waveforms above chapter 07's threshold.
-# - ncnn's tests define half-width rope tables and 2-D / 3-D masks; the runtime keeps to the half-width, 2-D forms.
-# - fp16 on Vulkan corrupts int32 ids that pass through a GPU layer and changes codes: fp32 stays the default, set
-#   in the one place the runtime makes a net.
-# - Where a GPU frame's time goes through the Python binding, the GPU forms that cut it, and how ncnn on Vulkan
-#   compares with PyTorch on CUDA: appendix C. Every machine side by side: the results page.
+# - ncnn's tests pin half-width rope tables and 2-D / 3-D masks; the runtime keeps to the half-width, 2-D forms.
+# - fp16 on Vulkan corrupts int32 ids that pass through a GPU layer and changes codes: fp32 stays the default.
+# - What a GPU buys (where a frame's time goes, the GPU forms, ncnn on Vulkan against PyTorch on CUDA): appendix C.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/10_vulkan.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *A "skipped" row, or `VulkanRequired`* → ncnn saw no Vulkan device (section 1 prints why): install lavapipe.
 # - *"the Vulkan loader found no driver"* → no ICD; on a container GPU host set `VK_DRIVER_FILES` to its json.
-# - *Codes differ from the golden on Vulkan* → fp16 came back on (see 6): `net.opt.use_fp16_*` before
-#   `load_param`; or a parity run without `Sampling(greedy=True)` (the runtime samples by default).
-# - *Garbage embeddings only on the GPU, in a graph of your own* → int32 ids through a GPU layer with fp16 on (see
-#   6); the runtime's lookups are numpy, or feed the ids straight into `Embed`.
+# - *Codes differ from the golden on Vulkan* → fp16 came back on (set `net.opt.use_fp16_*` before `load_param`); or
+#   a parity run without `Sampling(greedy=True)` (the runtime samples by default).
+# - *Garbage embeddings only on the GPU, in a graph of your own* → int32 ids through a GPU layer with fp16 on (6).
 
 # %%
 check.table()

@@ -15,18 +15,20 @@
 # # 11 · Measure performance honestly
 # > Side by side in one run, medians of interleaved repeats, and against what the memory bus allows.
 #
-# **You will:** describe the machine (CPU, cores, memory, read bandwidth measured now); count the bytes of weights
-# one frame must read and turn them into a floor no fp32 runtime can beat; run the benchmark harness
-# (`python -m qtts_lib.bench loop`, `make bench`) on the current checkpoint — PyTorch and the ncnn runtime in fresh
-# processes, repeats interleaved (written first as a short function); then read the reference machine's committed
-# full-size result the same way, and run the harness again with the weights in huge pages.
+# **You will:** describe the machine (CPU, cores, memory, read bandwidth: the bytes per second its cores stream from
+# memory, measured now); count the bytes of weights one frame must read and turn them into a **floor** (weight-read
+# floor: those bytes over that bandwidth) no fp32 runtime can beat; run the benchmark harness (`python -m
+# qtts_lib.bench loop`, `make bench`) on the current checkpoint — PyTorch and the ncnn runtime in fresh processes,
+# repeats interleaved (taking turns; written first as a short function); then read the reference machine's committed
+# full-size result the same way, and run the harness again with the weights in huge pages (larger memory pages).
 #
-# **You will learn:** why the generation loop is memory-bound and how far from its floor it runs; how to report speed
-# so it means something (interleaved medians, ratios from one run, the machine and its bandwidth during the run);
-# how to decide whether a rewrite stays (it must measure faster, not look faster).
+# **You will learn:** why the generation loop is memory-bound (its time set by the bytes it reads) and how far from
+# its floor it runs; how to report speed so it means something (interleaved medians, ratios from one run, the
+# machine and its bandwidth during the run); that a rewrite stays only if it measures faster.
 #
-# **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip. Timings
-# on `tiny-*` time overhead: the method is the same at full size, and the full-size numbers are the committed ones.
+# **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip. The
+# `tiny-*` weights are so small that their timings measure per-call overhead, not weight reads: the method is the
+# same at full size, and the full-size numbers are the committed ones.
 # **Leaves behind:** `data/outputs/<ckpt>/11_bench.json`, `data/reports/<ckpt>/11_measure_performance.json`.
 
 # %%
@@ -50,7 +52,8 @@ thread_counts = sorted({1, THREADS})
 # ## 1. Describe the machine
 # A number without its machine is not a result. `bench.machine.describe` reads the CPU's name, family, model, SIMD
 # extensions and caches, cores, memory, load average and versions, and **measures** the streaming-read bandwidth at
-# each thread count: threads take the max of their slice of a 1 GiB array, median of five passes.
+# each thread count: threads take the numpy max of their slice of a 1 GiB array (a max reads every byte and does
+# next to no arithmetic), median of five passes.
 
 # %%
 from qtts_lib.bench.machine import describe
@@ -60,11 +63,12 @@ pd.Series(machine, dtype=object).to_frame("this machine")
 
 # %% [markdown]
 # ## 2. Count the bytes a frame must read: the floor
-# Each generated frame runs the talker once and the code predictor 15 times (one step per codebook 1..15), and a
-# decode step at batch 1 reads every weight of the graph it runs. So the weights read per frame are the talker
-# decoder and its codec head, plus 15 × (the predictor decoder and one of its 15 heads). Divided by the measured
-# read bandwidth, that is the time no fp32 runtime can beat on this machine. We count the bytes from the `.bin`
-# files and, independently, from the parameter counts in `config.json`:
+# Each generated frame runs the talker once and the code predictor 15 times (one call per codebook 1..15). A call
+# for one position multiplies one row by each weight matrix: every weight is read from memory and used once, so the
+# bytes read set the time (the loop is **memory-bound**). Per frame: the talker decoder and its codec head, plus
+# 15 × (the predictor decoder and one of its 15 heads); not the embedding tables (a lookup reads one row). Counted
+# from the `.bin` files and, independently, from `config.json` (q, k, v, o, Qwen3's per-head q/k norms, SwiGLU's
+# three projections, two RMSNorms a layer, 4 bytes a float):
 
 # %%
 from qtts_lib.bench.workload import weight_bytes_per_frame
@@ -95,8 +99,8 @@ floors = {t: round(from_files / (gbs * 1e9) * 1e3, 1) for t, gbs in bandwidth.it
 pd.DataFrame({"read bandwidth GB/s": bandwidth, "floor ms/frame": floors})
 
 # %% [markdown]
-# The codec is the other half of the time and another kind of work: convolutions over 1920 samples a frame,
-# compute-bound; its yardsticks are PyTorch's codec and the machine's arithmetic peak (chapter 12).
+# The codec is the other half of the time and **compute-bound**: its convolutions reuse each weight at every one of a
+# frame's 1920 samples, so arithmetic sets its time; its yardsticks are PyTorch's and the arithmetic peak (chapter 12).
 #
 # ## 3. Interleave the repeats
 # A virtual machine shares its host: its bandwidth and its cores' speed drift from minute to minute as neighbours
@@ -110,9 +114,8 @@ import time
 
 
 def interleaved(workloads: dict, rounds: int) -> dict:
-    """Each workload once per round, in the same order each round; medians per workload.
-    `workloads`: name -> a function of no arguments. Returns the order the runs ran in,
-    every run's seconds, and the median of each."""
+    """Each workload (name -> function of no arguments) once per round, in one order;
+    returns the order the runs ran in, every run's seconds, and each one's median."""
     order, runs = [], {name: [] for name in workloads}
     for _ in range(rounds):
         for name, work in workloads.items():
@@ -156,8 +159,8 @@ check.at_least("back to back: the same workloads, median B / A", "ratio",
 # factor (RTF: seconds of compute per second of audio; below 1 is faster than real time) and peak memory. Both sides
 # speak `bench.workload`'s prompt (an x-vector clone of the voice clip, greedy); the ncnn side runs the product's
 # `Synthesizer.synthesize`. Each run probes the bandwidth every few frames (`bench.machine.Probe`, outside the timed
-# code) and is held against the floor of what it measured. The cell notes the order the children start in, and
-# writes the result in `data/bench/`'s schema to `data/outputs/` (`make bench` writes the same on `full-base`):
+# code) and is held against the floor of what it measured. To see the interleaving, the cell wraps `child.run`
+# (`mock.patch`) to note each child as it starts, and writes the result in `data/bench/`'s schema to `data/outputs/`:
 
 # %%
 from unittest import mock
@@ -191,9 +194,10 @@ check.equal("both runtimes made the same number of frames", "frames",
             len({r["frames"] for r in result["raw"]}), 1)
 
 # %% [markdown]
-# `table` reads any result of this schema into one row per runtime, tier and threads; `plots.bench_components`
-# draws it: talker, predictor and codec stacked per row, the row's floor as a black bar, real time as a red line.
-# The live run, with the load average before and after it (a busy machine shows there first):
+# `table` reads any result of this schema into one row per runtime, tier (precision) and threads, `loop / floor`
+# being talker + predictor over the floor (1 = at the floor); `plots.bench_components` draws it: talker, predictor
+# and codec stacked per row, the floor as a black bar, real time as a red line. The live run, with the load average
+# before and after it (a busy machine shows there first):
 
 # %%
 from IPython.display import display
@@ -219,11 +223,10 @@ plots.bench_components(result, f"live run on {ckpt}: tiny checkpoints time overh
 # %% [markdown]
 # ## 5. Read a full-size result on the reference machine
 # Full-size runs take tens of minutes and a quiet machine, so they are committed as data: one JSON file per machine
-# and run in `data/bench/`, in the schema `bench.results.check_schema` enforces (checked here for every file). The
-# method is read on one machine, **the reference machine**: a 2-core AMD EPYC virtual machine, whose files are named
-# `dev-2core-epyc-*`; where a later chapter says "the reference machine", it means this one, and a file made on
-# another machine is named after it. Its run with the precision tiers (`make bench`, five interleaved repeats) is
-# read here in fp32 against PyTorch (its other tiers: chapter 13). The results page sets every machine side by side.
+# and run in `data/bench/` (named after its machine), in the schema `bench.results.check_schema` enforces (checked
+# here for every file). Later chapters read **the reference machine**: a 2-core AMD EPYC virtual machine, files
+# `dev-2core-epyc-*`. Its run with the precision tiers (the weights in fp32, fp16 or int8; `make bench`, five
+# interleaved repeats) is read here in fp32 against PyTorch (the other tiers: chapter 13).
 
 # %%
 REFERENCE, BENCH = "dev-2core-epyc", paths.DATA / "bench"  # the reference machine
@@ -245,9 +248,10 @@ plots.bench_components(ref, f"the reference machine: {ref['checkpoint']}, fp32")
 # how close to the memory bus its kernels run, PyTorch's how far it is from it; the codec does not count against the
 # floor, and the ratios that matter are between rows of this one file, made in the same minutes.
 #
-# Why probe inside the run: every run's own probes (one dot per probe, runs in the order they ran, interleaved), and
-# each ncnn run's loop against the floor of its own probes and against the floor of the bandwidth measured once at
-# the start of the file (the table: the range of each):
+# Why probe inside the run: left, every run's own probes (one dot per probe; the file's `raw` list holds a pair's
+# repeats together, so `ran` puts each run back at its place in the interleaved order); right, each ncnn run's loop
+# against the floor of its own probes and against the floor of the bandwidth measured once at the start of the file
+# (the table: the range of each):
 
 # %%
 import matplotlib.pyplot as plt
@@ -281,18 +285,17 @@ pd.DataFrame({(t, how): {"min": r.min(), "max": r.max()}
               for t, d in ratios.items() for how, r in d.items()}).round(2)
 
 # %% [markdown]
-# On a shared VM the bandwidth moves from probe to probe, so a floor taken once at the start puts the same loop
-# above or below it depending on the minute. Against its own probes each run's ratio moves less, and the row reports
-# their median. A ratio a little under 1 means ncnn's kernels read memory a little faster than numpy's reduction:
-# the probe is a yardstick, not the hardware's limit.
+# On a shared VM the bandwidth moves from probe to probe, so a floor taken once puts the same loop above or below it
+# by the minute; against its own probes each run's ratio moves less (the row reports their median). A ratio a little
+# under 1: ncnn reads memory a little faster than the probe's numpy max, a yardstick, not the hardware's limit.
 #
 # ## 6. Decide with the harness: a rewrite that did not stay
-# Every projection of the exported decoders is a `Gemm`. `rewrites.decode_step.decode_step` rewrites each
-# constant-weight Gemm of a `_kv.param` as an `InnerProduct` on a 1-D input, ncnn's threaded GEMV path, over the same
-# `.bin`: a graph for one-position steps only. It looks faster for a one-row step. Measured at full size it ran
-# within the noise of the exported graph (the lab notes keep the numbers), and it is a second net holding a second
-# copy of every weight. So the fp32 runtime steps through the exported graph; the **fp16** tier (chapter 13) keeps
-# the InnerProduct form, because ncnn's x86 `Gemm` has no fp16 weight storage. What each tier loads:
+# Every projection of the exported decoders is a `Gemm` (ncnn's general matrix product). `rewrites.decode_step`
+# rewrites each constant-weight Gemm of a `_kv.param` as an `InnerProduct` (a fully connected layer) on a 1-D input,
+# ncnn's threaded GEMV path (matrix times one vector), over the same `.bin`: a graph for one-position steps only,
+# which looks faster. At full size it ran within the noise of the exported graph (the lab notes keep the numbers),
+# as a second net holding a second copy of every weight. So fp32 steps through the exported graph; the **fp16** tier
+# (chapter 13) keeps the InnerProduct form, as ncnn's x86 `Gemm` has no fp16 weight storage. What each tier loads:
 
 # %%
 from qtts_lib.runtime.pipeline import precision
@@ -337,9 +340,9 @@ pd.Series(step_ms, name="talker step ms (median)").round(2).to_frame()
 # The floor counts bytes; the memory system also counts pages. ncnn keeps each weight matrix in a block of its own
 # from glibc's malloc, in 4 KB pages, each a TLB entry (the CPU's cache of page addresses). Linux can back a block
 # with 2 MB pages (transparent huge pages) where the program asks, and glibc's malloc asks when the process *starts*
-# with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`: a property of how a process is launched. The harness takes it as one
-# more axis (`huge_pages`), `qtts serve` restarts itself with it (`runtime.app.hugepages`). Each run reports how much
-# of its memory the kernel gave in huge pages:
+# with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`. The harness takes it as one more axis (`huge_pages`), `qtts serve`
+# restarts itself with it (`runtime.app.hugepages`). The kernel's THP mode is `always` (every process gets them),
+# `madvise` (only where asked; the check needs it) or `never`. Each run reports its memory in huge pages:
 
 # %%
 from qtts_lib.runtime.app import hugepages
@@ -358,9 +361,10 @@ if cannot is None:
                        mb["huge pages"] - mb["4 KB pages"], 1)
 
 # %% [markdown]
-# What it buys is a full-size question, answered on a 2-core Intel Xeon VM with AMX (int8, fresh processes in turn,
-# 40 and 240 frames): the talker gains, the predictor (its weights partly in that VM's large cache) less or nothing,
-# and loading is slower: that VM's kernel hands out huge pages from memory the host has not given it yet.
+# What it buys is a full-size question, answered on a 2-core Intel Xeon VM with AMX (Intel's matrix instructions;
+# int8 tier, fresh processes in turn, 40 and 240 frames): the talker gains, the predictor (its weights partly in that
+# VM's large cache) less or nothing, and loading is slower (that VM's kernel finds the huge pages in memory the host
+# has not given it yet).
 
 # %%
 hp = {}
@@ -377,18 +381,17 @@ display(hp)
 
 # %% [markdown]
 # ## Summary
-# - Speed is medians of interleaved repeats (`interleaved`; `benchmark()` for whole runs, each in its own process),
-#   the machine described and its bandwidth measured in the same run; ratios only between rows of one run.
-# - The loop reads the talker's weights once and the code predictor's 15 times a frame: those bytes over the
-#   measured bandwidth are its floor; the codec is compute-bound (chapter 12).
+# - Speed is medians of interleaved repeats (`benchmark()`: whole runs, each its own process), the machine described
+#   and its bandwidth measured in the same run; ratios only between rows of one run.
+# - The loop is memory-bound: its weight bytes a frame over the measured bandwidth are its floor. The codec is not.
 # - The reference machine (2-core AMD EPYC, `dev-2core-epyc-*`) is the one later chapters read.
 # - A rewrite stays only if it measures faster; weights in huge pages cost the loop fewer TLB misses.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/11_bench.json`, the chapter report.
 #
 # **If your numbers differ**
-# - *ncnn much slower at 2 threads than at 1* → another process uses the CPU: GNU OpenMP's workers spin before they
-#   sleep, so a busy core stalls every parallel region; read the printed load average, rerun on a quiet machine.
+# - *ncnn much slower at 2 threads than at 1* → another process uses the CPU (OpenMP's workers spin before they
+#   sleep, so a busy core stalls every parallel region): read the printed load average; rerun on a quiet machine.
 # - *Loop far above its floor at full size* → check that the fp16/bf16 paths are off and the threads set
 #   (`runtime.binding.net.make_net`); a 2-D InnerProduct at one row runs one thread.
 # - *Bandwidth far below your hardware's datasheet* → a VM or a busy neighbour: the floor is what it delivers now.
