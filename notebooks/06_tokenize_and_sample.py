@@ -15,12 +15,11 @@
 # # 06 · Tokenize the text and sample the codes
 # > Text becomes ids by byte-level BPE; the talker's scores become codes through a chain of processors.
 #
-# **You will:** write Qwen2's tokenizer in steps (pre-tokenizer, byte map, merge loop) and the processors the
-# reference applies to the talker's scores; check both against the reference's and the library's.
+# **You will:** write Qwen2's text tokenizer in steps (pre-tokenizer, byte map, merge loop) and the **logits
+# processors** (functions that edit the talker's scores before a code is picked); check both against the reference.
 #
-# **You will learn:** how byte-level BPE turns any text into ids; which pre-tokenizer the reference really runs; the
-# order in which the talker's scores are processed and why it matters; that `min_new_tokens` is a mask, not a
-# resample; that a checkpoint samples unless told to be greedy.
+# **You will learn:** how byte-level BPE turns any text into ids; which word-splitting regex the reference runs; the
+# processors' order; that `min_new_tokens` hides EOS at first (no second draw); that a checkpoint samples by default.
 #
 # **You need:** the checkpoint (chapter 00) and `data/golden/<ckpt>/` (chapter 03: its greedy golden).
 # **Leaves behind:** `data/reports/<ckpt>/06_tokenize_and_sample.json`.
@@ -43,9 +42,9 @@ theirs = tts.processor.tokenizer                  # the reference's tokenizer
 # The talker reads **token ids**, integers that index its text embedding table. Qwen2's tokenizer is a **byte-level
 # BPE** (byte-pair encoding): it starts from the text's UTF-8 bytes, so any string has a spelling, and repeatedly
 # glues adjacent pieces together following a learned list of pairs, word by word. A **pre-tokenizer** first cuts the
-# text into words with one regular expression. The reference's is not Qwen2's: qwen-tts loads its processor with
-# `fix_mistral_regex=True`, which swaps Qwen2's pattern (with contraction rules, `'s|'t|'re|...`) for this one, read
-# from the reference's tokenizer:
+# text into words: a regex split (each match one word), then section 2's byte map. The regex is not Qwen2's: qwen-tts
+# loads its tokenizer with `fix_mistral_regex=True`, a transformers option (written for Mistral's tokenizers) that
+# swaps Qwen2's pattern (with contraction rules, `'s|'t|'re|...`) for this one, read from the reference's tokenizer:
 
 # %%
 import json
@@ -59,7 +58,7 @@ print(*source.split("|"), sep="\n")  # one alternative a line; the first match w
 
 
 def pretokenize(text: str) -> list[str]:
-    """Text -> words, in order, covering every character (a Split, "isolated")."""
+    """Text -> words, in order, covering every character (each match one word)."""
     return PATTERN.findall(text)
 
 # %% [markdown]
@@ -82,9 +81,9 @@ check.equal("pre-tokenizer regex = library scanner (chapter strings)", "equal",
 
 # %% [markdown]
 # ## 2. Map bytes to printable characters
-# "Byte-level": the alphabet is the 256 byte values. GPT-2's table keeps them printable: the 188 printable Latin-1
-# bytes map to themselves, the other 68 to `U+0100` onwards (a space becomes `Ġ`, a newline `Ċ`), one character per
-# UTF-8 byte ("é" is two). The reference's pre-tokenizer (`pre_tokenize_str`) runs these same two steps:
+# "Byte-level": the alphabet is the 256 byte values; the token files are text, so GPT-2's table gives each a printable
+# character: the 188 printable Latin-1 bytes map to themselves, the other 68 to `U+0100` onwards (a space becomes
+# `Ġ`, a newline `Ċ`), one character per UTF-8 byte ("é" is two). The reference's `pre_tokenize_str` splits and maps:
 
 # %%
 def bytes_to_unicode() -> dict[int, str]:
@@ -138,7 +137,7 @@ def bpe_merge(word: str, ranks: dict, trace: list | None = None) -> list[str]:
     return symbols
 
 # %% [markdown]
-# The word " ncnn" of the chapter's sentence, merge by merge:
+# The word " ncnn" of `inputs.TARGET_TEXT` (the sentence every chapter speaks), merge by merge (`Ġ`: its space):
 
 # %%
 trace: list[str] = []
@@ -172,8 +171,9 @@ def encode(text: str, normalize=nfc) -> list[int]:
     return ids
 
 # %% [markdown]
-# The library's `Tokenizer.from_dir` reads the same three files. On the chapter's strings, and on the prompt the
-# talker reads (the chat template around the sentence), the cells, the library and the reference give the same ids:
+# The library's `Tokenizer.from_dir` reads the same three files. The talker's text is a chat turn (Qwen's template:
+# `<|im_start|>assistant\n`, the text, `<|im_end|>\n`, then the next turn opened); on it and on the chapter's strings
+# the cells, the library and the reference give the same ids:
 
 # %%
 ours = bpe.Tokenizer.from_dir(model_dir)
@@ -191,8 +191,8 @@ check.equal("prompt ids = reference tokenizer", "equal",
 
 # %% [markdown]
 # A committed corpus pushes harder (caseless scripts, marks, emoji, contractions, digit and whitespace runs, added
-# tokens inside words); the library matches it line for line. The cells can miss: the reference's NFC knows
-# only Unicode 9.0 and leaves alone marks that Python's composes. With the library's `bpe.nfc` the cells match too:
+# tokens inside words); the library matches it line for line. The cells miss the lines printed: the reference's NFC
+# knows only Unicode 9.0 and leaves alone marks that Python's composes. With the library's `bpe.nfc` they match too:
 
 # %%
 from qtts_lib import paths
@@ -209,22 +209,21 @@ check.equal("cells' BPE with the library's NFC = reference (committed corpus)",
 
 # %% [markdown]
 # ## 5. Process the talker's scores: penalty, EOS mask, suppression
-# Each generation step, the talker's codec head gives **logits**: one raw score per id of its vocabulary (codebook
-# 0's 2048 codes, then control ids), which softmax turns into probabilities. Before picking, the reference runs
-# Hugging Face **logits processors**, functions from scores to scores, in a fixed order. The first three always run:
-# - the **repetition penalty** (1.05 in the checkpoints' `generation_config.json`): each id already generated in
-#   this sequence is made less likely, a positive score divided by the penalty, a negative one multiplied, once
-#   however often it occurred;
+# Each generation step, the talker's output layer (`codec_head`) gives **logits**: one raw score per id of its
+# vocabulary (codebook 0's 2048 codes, then control ids), which softmax turns into probabilities. Before picking, the
+# reference runs Hugging Face's logits processors in a fixed order. The first three always run:
+# - the **repetition penalty** (1.05, `generation_config.json`): each id already generated in this sequence becomes
+#   less likely, once however often it occurred: a positive score divided by it, a negative one multiplied;
 # - the **EOS mask**: EOS, the codec id that ends the speech, gets `-inf` (probability 0) while fewer than
-#   `min_new_tokens` codes exist (the reference's `generate` sets it to 2 for the talker: its source says so);
-# - **suppression**: the top 1024 ids, the control range, get `-inf` at every step, EOS spared.
+#   `min_new_tokens` codes exist (the reference's `generate` sets it to 2 for the talker: the cell reads its source);
+# - **suppression**: the last 1024 ids, the control range, get `-inf` at every step, EOS spared.
 
 # %%
 import inspect
 
 import numpy as np
 
-NEG_INF = np.float32(-np.inf)
+NEG_INF = np.float32(-np.inf)  # the first two processors here; suppression in section 7
 
 
 def penalize(x: np.ndarray, generated: list[int], penalty: float) -> np.ndarray:
@@ -246,9 +245,9 @@ check.equal("qwen_tts generate sets min_new_tokens=2", "found in source",
 
 # %% [markdown]
 # ## 6. `min_new_tokens` masks EOS, it does not resample
-# In Hugging Face this is a logits processor: for the first two new tokens the EOS logit becomes `-inf` before the
-# argmax or the sampling, so the runner-up wins. A port that instead samples, sees EOS and samples again draws from
-# a different distribution. HF's processor and `mask_eos`, on logits where EOS is the top token, for three tokens:
+# HF's processor sets the EOS logit to `-inf` for the first two new tokens, before the argmax or the draw, so the
+# runner-up wins; a port that draws, sees EOS and draws again samples another distribution. HF's and `mask_eos`,
+# on random logits with EOS on top, for new tokens 0, 1, 2 (HF counts them past the prompt, 12 ids here):
 
 # %%
 from transformers.generation import logits_process as lp
@@ -295,9 +294,9 @@ def top_p(x: np.ndarray, p: float) -> np.ndarray:
     return x
 
 # %% [markdown]
-# `pipeline.sampling` turns a user's `Sampling` (greedy, temperature, top-k, top-p, penalty, seed) into a
-# `SamplerConfig` per generate call of the reference: the talker's (all of the above) or the code predictor's (no
-# penalty, no EOS, no suppression). `process` is the whole chain in HF's order:
+# In `pipeline.sampling`, a `Sampling` is what a user chooses (greedy, temperature, top-k, top-p, penalty, seed; its
+# `subtalker_*` fields, the code predictor's), a `SamplerConfig` what one sampler applies: `.talker` (all the above)
+# or `.subtalker` (no penalty, EOS or suppression). `process` is the whole chain in HF's order:
 
 # %%
 from qtts_lib.runtime.pipeline.sampling import SamplerConfig
@@ -319,9 +318,9 @@ def process(logits: np.ndarray, generated: list[int], step: int,
 
 # %% [markdown]
 # ## 8. Hold the processors to Hugging Face's and the library's
-# A checkpoint's defaults come from its `generation_config.json` (`Sampling.from_generation_config`, the file the
-# reference reads), and they **sample**: parity with a greedy golden needs `greedy=True` on top. The golden's step 6
-# gives real logits; HF's processor list is built as the reference's `generate` builds it:
+# A checkpoint's defaults (its `generation_config.json`, read by `Sampling.from_generation_config`) **sample**:
+# parity with a greedy golden needs `greedy=True` on top. The golden (`mode_of` names its file) gives step 6's
+# logits, past the EOS mask, and the 6 codes before as the penalty's history; HF's list is the reference's:
 
 # %%
 from qtts_lib import artifacts
@@ -348,8 +347,9 @@ def hf_scores(sc: SamplerConfig) -> np.ndarray:
     return lp.LogitsProcessorList(hf)(torch.tensor([hist]), x)[0].numpy()
 
 # %% [markdown]
-# Greedy first (the argmax is the golden's next code), then three sampled settings, against HF and against the
-# library's `sampling.process`:
+# Greedy first: `sampling.sample(logits, generated, step, config, rng)` (process, then the argmax or, sampling, a
+# draw) must give the golden's code. Three sampled settings then meet HF's `-inf` positions and the library's
+# `sampling.process` (`nan_to_num` makes `-inf` finite, so that the values compare):
 
 # %%
 from qtts_lib.runtime.pipeline import sampling
@@ -377,16 +377,16 @@ for label, s in settings_.items():
                 max_abs=1e-6)
 
 # %% [markdown]
-# The library adds torch's float32 summation order (top-p, softmax) and `draw`: one id from the softmax with numpy's
-# random Generator, repeatable for a seed but not torch's stream. Chapter 07 drives it, one stream a sequence.
+# To draw, the library's softmax sums in torch's float32 order (so top-p cuts where HF does) and `draw` picks one id
+# with numpy's random Generator: repeatable for a seed, but not torch's random stream. Chapter 07 drives it.
 #
 # ## Summary
 # - Byte-level BPE: cut out added tokens, NFC (Unicode 9.0's, as the reference), split into words with the regex
 #   `fix_mistral_regex=True` installs, map each UTF-8 byte to a character, merge pairs by rank, look tokens up.
 # - The talker's scores go through HF's order: repetition penalty, the EOS masks, the suppressed control range, then
 #   (when sampling) temperature, top-k, top-p; the code predictor gets none of the first three.
-# - `min_new_tokens` is an EOS mask (`-inf`) applied before the argmax; the port does the same, in the same order.
-# - A checkpoint samples by default; parity with a greedy golden passes `Sampling(greedy=True)`.
+# - `min_new_tokens` is an EOS mask (`-inf`) before the argmax or the draw, not a second draw. A checkpoint samples
+#   by default; parity with a greedy golden passes `Sampling(greedy=True)`.
 #
 # **Artifacts left:** the chapter report.
 #
