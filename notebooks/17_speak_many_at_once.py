@@ -16,9 +16,9 @@
 # > A memory-bound step reads every weight once, whatever it computes with them. Give it four rows instead of one.
 #
 # **You will:** fold several sequences into one decoder call with a `.param` rewrite; decode the cache layout of
-# ncnn's SDPA layer (scaled dot-product attention, one fused layer) so that sequences can join and leave a batch;
-# draw the mask that keeps them apart; check a batch of four prompts against the four alone, token for token;
-# watch continuous batching; and read what batching buys at full size on one machine.
+# ncnn's SDPA layer (scaled dot-product attention, one fused layer) so that sequences join and leave a batch; draw
+# the mask that keeps them apart; check four prompts batched against alone; watch continuous batching; read what
+# batching buys at full size.
 #
 # **You will learn:** why batching is almost free in this loop and where it stops (attention, the codec); why
 # sequences go into the head axis; what holds bitwise and what to float rounding; what `--max-batch` does.
@@ -45,10 +45,9 @@ print(ckpt, "talker:", {k: talker[k] for k in ("hidden_size", "num_hidden_layers
 # %% [markdown]
 # ## 1. Four rows for the price of one
 # Every frame the talker reads all its weights once and the code predictor its own 15 times: the loop is bound by
-# memory, not arithmetic (chapter 11 counts the bytes). A projection over M rows reads the same weights as over one;
-# only the arithmetic grows. So B utterances decoded together cost about what one costs, *if* every graph call can
-# take one row per utterance. One talker step of this checkpoint at M rows, timed on this machine now and not
-# asserted (the folded graph of section 2; on a tiny checkpoint mostly call overhead; full size in section 7):
+# memory, not arithmetic (chapter 11). A projection over M rows reads the same weights as over one, so B utterances
+# decoded together cost about what one costs, *if* every graph call takes a row per utterance. A talker step at M
+# rows, timed here and not asserted (section 2's folded graph; a tiny checkpoint is mostly call overhead):
 
 # %%
 import time
@@ -58,8 +57,7 @@ from IPython.display import display
 
 from qtts_lib.runtime.binding.cached import merge
 
-step_net = synth.loop.talker
-rng = np.random.default_rng(14)
+step_net, rng = synth.loop.talker, np.random.default_rng(14)
 
 
 def step_ms(rows: int, repeats: int = 30) -> float:
@@ -248,6 +246,12 @@ texts = ["Hello from ncnn.",
          "Four at once.", "A fourth sentence, of middling length, to fill the batch."]
 prompts = [synth.prompt(t, "english", voices[i // 2], non_streaming=bool(i % 2))
            for i, t in enumerate(texts)]
+print("prompt rows:", [p.embeds.shape[0] for p in prompts])
+
+# %% [markdown]
+# Each prompt gets its own sampler, greedy then seeded; the four run alone and in one `Batch`:
+
+# %%
 FRAMES, rows = 44, []
 for greedy in (True, False):
     def sampler(i: int, greedy: bool = greedy) -> Sampler:
@@ -262,8 +266,7 @@ for greedy in (True, False):
         differ = [f for f, (x, y) in enumerate(zip(a.codes, b.codes))
                   if not np.array_equal(x, y)]
         rows.append({"sampling": "greedy" if greedy else f"seed {40 + i}", "prompt": i,
-                     "rows": prompts[i].embeds.shape[0], "frames": len(b.codes),
-                     "codes equal": len(a.codes) == len(b.codes) and not differ,
+                     "frames alone / batched": f"{len(a.codes)} / {len(b.codes)}",
                      "first differing frame": differ[0] if differ else None})
         if greedy:
             check.tokens_equal(f"greedy prompt {i}: batched = alone", np.stack(b.codes),
@@ -311,7 +314,7 @@ while scheduler:
     for event in events:
         spans.setdefault(event.ticket.id, [len(widths), len(widths)])[1] = len(widths)
     widths.append(len(events))
-fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 4), sharex=True)
+fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 4), sharex=True, layout="constrained")
 for row, t in enumerate(tickets):
     first, last = spans[t.id]
     a1.barh(row, last - first + 1, left=first, color=f"C{row}")
@@ -319,7 +322,6 @@ a1.set(yticks=range(len(tickets)), title="which utterance runs at which step",
        yticklabels=[f"#{i + 1} ({c} frames)" for i, c in enumerate(caps)])
 a2.step(range(len(widths)), widths, where="mid")
 a2.set(xlabel="step (a frame of each running utterance)", ylabel="width", ylim=(0, 4.5))
-plt.tight_layout()
 plt.show()
 
 # %% [markdown]
@@ -365,17 +367,15 @@ table = pd.DataFrame([{"loop": r["precision"], "B": r["batch"], "codec ms": m["c
 table.set_index(["loop", "B"])
 
 # %% [markdown]
-# The loop's cost per aggregate frame falls almost as 1/B at first (the weights are read once for B rows), then more
-# slowly. The codec does not batch: it is bound by arithmetic (chapter 12), so its share grows with B and its own
-# cost, the bf16 tier, is the lever. The [lab notes](../lab_notes.md) ("What does batching buy?") keep the rest.
+# The loop's cost per aggregate frame falls almost as 1/B at first, then more slowly. The codec, bound by arithmetic
+# (chapter 12), does not batch: its own cost (the bf16 tier) is the lever. More in the [lab notes](../lab_notes.md).
 #
 # ## 8. Where users get it
 # - Python: `synth.synthesize_many([Utterance(...), ...], max_batch=4)`; a `Scheduler` to submit at any time.
 # - `qtts say --text-file book.txt --max-batch 4`: a long text's segments, four at a time (the default).
 # - `qtts serve --max-batch 4`: concurrent requests share the batch; a request is a *lane* (`Scheduler.lane`) that
 #   keeps its place from its first segment to its last, so a stream never waits behind a newcomer (chapter 18).
-# - On a GPU `--max-batch` defaults to 1 (chapter 10's GPU forms take one sequence a call); more loads the CPU's
-#   folded graphs on the device (`gpu_batches=True`).
+# - On a GPU `--max-batch` defaults to 1; more loads the CPU's folded graphs on the device (`gpu_batches=True`).
 #
 # ## Summary
 # - Sequences fold into the attention's head axis (`rewrites.batch.fold_batch`): every other layer sees B·L rows,
@@ -393,7 +393,7 @@ table.set_index(["loop", "B"])
 # - *A batch's codes differ from the alone run at once* → the mask: a sequence sees another's padding, or rope rows
 #   at the wrong positions (each sequence its own `lengths[b]`).
 # - *`cache_layout.probe` refuses this build* → another ncnn keeps its cache differently: batching is off.
-# - *B = 8 no faster per frame than B = 4* → the codec dominates (codec ms against loop ms), or attention over long caches.
+# - *B = 8 no faster per frame than B = 4* → the codec dominates, or attention over long caches.
 # - *Batched int8 codes differ from int8 alone* → expected: the quantizer's scale is shared by a call's rows.
 
 # %%
