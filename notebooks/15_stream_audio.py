@@ -114,12 +114,11 @@ check.at_most("measured reach: 60 dB from a context shorter than R", "frames", c
 # section 4) uses `context_frames = R`. A smaller c trades exactness for speed; the product streams exactly.
 #
 # ## 3. Stream the decode, and match what `Codec.decode` does
-# `Codec.decode` copies the reference's `chunked_decode(300, 25)`: up to 300 frames it is one graph call (the
-# one-shot decode); past 300 each chunk of 300 gets only 25 frames of left context, so it is not the one-shot
-# decode. The stream reproduces `Codec.decode` by never reaching further left than its reference chunk's context:
-# re-decoding, a piece [a, b) comes from `codes[max(a − c, chunk context start) : b]`, the reference's decode of its
-# chunk cut at b (causality makes the cut exact); incrementally (the default on the CPU, section 4), one decode per
-# reference chunk starts at the chunk's context start and is fed each piece once.
+# `Codec.decode` copies the reference's `chunked_decode(300, 25)`: up to 300 frames one graph call (the one-shot
+# decode); past 300 each chunk of 300 gets only 25 frames of left context. The stream reproduces `Codec.decode` by
+# never reaching left of its reference chunk's context: re-decoding, a piece [a, b) comes from `codes[max(a − c,
+# chunk context start) : b]` (causality makes the cut at b exact); incrementally (the CPU's default, section 4), one
+# decode per reference chunk starts at its context start and is fed each piece once.
 
 # %%
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME
@@ -142,14 +141,12 @@ check.snr(f"stream (chunks of 36) = Codec.decode, all {T} frames", streamed, chu
 
 # %% [markdown]
 # ## 4. Decode every frame once
-# Re-decoding is simple and exact, but expensive: a piece's left context reaches back to its reference chunk's
-# context start, up to 325 frames. The codec's CPU form (chapter 12) is cut in parts, and each part can continue
-# where it stopped: part 0 (codebooks, pre_conv) reruns only its 3 frames of left context; the transformer runs the
-# new positions with a KV cache (chapter 05's `add_kv_cache`, the mask keeping the sliding window); every causal
-# convolution keeps the last input samples it read, a state blob in and out of its graph
-# (`rewrites.codec_cpu.stateful_convolutions`), so no output sample is computed twice. `Codec.incremental()`
-# returns that decode, an `IncrementalDecode`. To count what each way decodes, the `StreamDecoder` below gets a
-# codec that hands every call on to the real one and adds up the frames each decode is given.
+# Re-decoding is exact but expensive: a piece's left context reaches back to its chunk's context start, up to 325
+# frames. The codec's CPU form (chapter 12) is cut in parts that continue where they stopped: part 0 (codebooks,
+# pre_conv) reruns its 3 frames of left context; the transformer runs new positions with a KV cache (chapter 05's
+# `add_kv_cache`); every causal convolution keeps the last input samples it read, a state blob in and out of its
+# graph (`rewrites.codec_cpu.stateful_convolutions`). `Codec.incremental()` returns that decode, an
+# `IncrementalDecode`. To count what each way decodes, the stream gets a codec that adds up the frames it is given.
 
 # %%
 from qtts_lib.runtime.codec.decoder import IncrementalDecode
@@ -173,8 +170,11 @@ class Counted:
     def incremental(self):
         return Counted(self.inner.incremental(), self.tally)
 
+# %% [markdown]
+# Both ways stream 120 frames in pieces of 4, each checked against one `decode_once` of them:
 
-few = long_codes[:120]  # streamed in pieces of 4 both ways, against one decode_once
+# %%
+few = long_codes[:120]
 once, per_frame = codec.decode_once(few), {}
 ways = (("incremental (default)", None), (f"re-decode, context R = {R}", R))
 for label, context in ways:

@@ -48,10 +48,9 @@ TEXT, MAX_FRAMES, KEY = "Hello from a speech server.", 24, "sk-chapter-18"
 
 # %% [markdown]
 # ## 1. Start the server
-# `qtts serve` loads the checkpoint, builds the voices of its folder once (here `alice.wav`) and listens on a port.
-# It runs as a user starts it: its own process, torch not importable in it, the API key in `$QTTS_API_KEY` (not
-# `--api-key`, which `ps` would show), a small `--max-frames` to keep takes short. `start` returns once `/health`
-# answers (`isolation.serve_without_torch` picks a free port, blocks torch's imports and waits):
+# `qtts serve` loads the checkpoint, builds the voices of its folder (here `alice.wav`) once and listens. It runs as
+# a user starts it (`isolation.serve_without_torch`: its own process on a free port, torch not importable), the key
+# in `$QTTS_API_KEY` (`--api-key` would show in `ps`), a small `--max-frames`; `start` returns once it answers:
 
 # %%
 import atexit
@@ -91,11 +90,10 @@ check.equal("qtts serve answers /health", "status",
 
 # %% [markdown]
 # ## 2. Speak with OpenAI's SDK
-# The official `openai` package speaks to it unchanged: only `base_url` points here. `model` may be OpenAI's names
-# (`tts-1`, ...) or the checkpoint's; `voice` a clip's name; fields OpenAI lacks (`language`, `seed`, sampling) go
-# in `extra_body`. What the server streams is the library's own path, `longform.stream_long` (a long input spoken
-# in segments, chapter 16), with the request's sampling: one take as `pcm` (raw 16-bit samples), and one with
-# another `top_k`, must equal the same requests made in this process; a value the sampler refuses is a 400:
+# The official `openai` package speaks to it unchanged: only `base_url` points here; fields OpenAI lacks
+# (`language`, `seed`, sampling) go in `extra_body`. What the server streams is the library's own path,
+# `longform.stream_long` (a long input spoken in segments, chapter 16), with the request's sampling: a take as `pcm`
+# (raw 16-bit samples), and one with another `top_k`, must equal the same made here; a bad value is a 400:
 
 # %%
 import openai
@@ -186,9 +184,7 @@ check.equal("a take replayed with its X-Seed", "bitwise equal",
 # ## 5. Voices over HTTP
 # On a Base checkpoint voices change while the server runs: `POST /v1/voices` (a form: `name`, the clip `audio`,
 # its transcript `text` for ICL) adds one, `DELETE /v1/voices/{name}` removes it; an upload passes `qtts say`'s
-# clip checks (chapter 08). The clip with its transcript must speak what a voice made from them here speaks; a
-# clip too short and a silent one are refused. OpenAI's SDK makes a voice from a sample and a consent recording's
-# id (`{"id": ...}`); made from the clip, it must speak alice's take:
+# clip checks (chapter 08). The clip with its transcript must speak what a voice made from them here speaks:
 
 # %%
 from qtts_lib.runtime.audio.wav import wav_header
@@ -203,6 +199,13 @@ if synth.kind == "base":
     ours = library(icl, synth.sampling.replace(seed=7))
     check.equal("the uploaded voice = synth.voice(clip, transcript), same seed",
                 "bitwise equal", bool(np.array_equal(bob, ours)), True)
+
+# %% [markdown]
+# A clip too short and a silent one are refused with a 400 that says why; then bob is deleted; then a voice made
+# through OpenAI's SDK, from a sample and a consent recording's id (`{"id": ...}`), must speak alice's take:
+
+# %%
+if synth.kind == "base":
     for name, bad in (("short", clip[: SAMPLE_RATE // 2]),
                       ("silent", np.zeros(2 * SAMPLE_RATE, np.float32))):
         wav = wav_header(data_bytes=2 * len(bad)) + pcm16(bad)  # a wav file of them
@@ -285,9 +288,8 @@ check.equal("the key is not on the server's command line", "found",
 # %% [markdown]
 # ## 8. Hold the options to the how-to page
 # The [how-to page](../howto.md) lists every field and flag; two promises are held here. `wav` and `flac` carry
-# pcm's samples; mp3, Opus and AAC are lossy (a decoder, FFmpeg's through PyAV here, adds priming and padding). And
-# `speed` changes the tempo, not the pitch (`atempo`): the duration scales, the spectral centroid (mean frequency)
-# stays:
+# pcm's samples; mp3, Opus and AAC are lossy (a decoder, FFmpeg's through PyAV here, adds priming and padding).
+# `speed` changes the tempo, not the pitch: the duration scales, the spectral centroid (mean frequency) stays:
 
 # %%
 import io
@@ -356,9 +358,8 @@ check.equal("a dead engine: the request a 5xx, /health 503", "statuses",
 
 # %% [markdown]
 # ## 10. The server under load, at full size
-# `python -m qtts_lib.bench serve` sends a real server streaming clients (1 to 8 at once, and 8 arriving apart),
-# each a text of two segments, timing every chunk. Two committed runs, `full-base` int8: *before*, a long text's next
-# segment queued behind new requests; *after*, a request keeps its place to its last segment (chapter 17's lanes):
+# `python -m qtts_lib.bench serve` times every chunk of streaming clients (1 to 8 at once, 8 arriving apart) on
+# `full-base` int8: *before*, a long text's next segment queued behind new requests; *after*, it keeps its place:
 
 # %%
 import matplotlib.pyplot as plt
@@ -380,8 +381,7 @@ load[["gap_p99_over_p50", "longest_gap_p99_ms", "ttfa_p99_ms", "rtf"]].unstack()
 # - `qtts serve` speaks OpenAI's speech API: the official SDK works with only `base_url` changed, whole or streamed;
 #   its samples are `stream_long`'s, bit for bit. A fresh take per request, replayed by its `X-Seed`.
 # - Voices are uploaded and deleted while it runs; `instructions` are followed or refused, never dropped.
-# - A key guards the API; work past a bound is refused at once; a dead engine shows in `/health`; under load a
-#   request keeps its place to its last segment.
+# - A key guards the API; work past a bound is refused; a dead engine shows in `/health`; a request keeps its place.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/18_voices/`, `18_server_*.log`, the chapter report.
 #
