@@ -26,8 +26,8 @@
 # Timings on `tiny-*` are mostly call overhead; the full-size ones are read from `data/bench/stream/`.
 # **Leaves behind:** `data/outputs/<ckpt>/15_stream.wav`, `data/reports/<ckpt>/15_stream_audio.json`.
 #
-# The set-up loads the checkpoint's `Synthesizer` (chapter 07) and a voice: the committed clip's x-vector, or the
-# first built-in speaker on a CustomVoice checkpoint. The codec's config holds what bounds its reach.
+# The set-up loads the checkpoint's `Synthesizer` (chapter 07) and a voice: the committed clip's x-vector (its speaker
+# embedding, chapter 08), or a built-in speaker on a CustomVoice checkpoint. The codec's config bounds its reach.
 
 # %%
 import inspect

@@ -182,9 +182,9 @@ check.equal("a take replayed with its X-Seed", "bitwise equal",
 
 # %% [markdown]
 # ## 5. Voices over HTTP
-# On a Base checkpoint voices change while the server runs: `POST /v1/voices` (a form: `name`, the clip `audio`,
-# its transcript `text` for ICL) adds one, `DELETE /v1/voices/{name}` removes it; an upload passes `qtts say`'s
-# clip checks (chapter 08). The clip with its transcript must speak what a voice made from them here speaks:
+# On a Base checkpoint voices change while the server runs: `POST /v1/voices` (a form: `name`, the clip `audio`, its
+# transcript `text` for ICL, in-context cloning) adds one, `DELETE /v1/voices/{name}` removes it; uploads pass
+# `qtts say`'s clip checks (chapter 08). The clip with its transcript must speak what a voice made from them here does:
 
 # %%
 from qtts_lib.runtime.audio.wav import wav_header
