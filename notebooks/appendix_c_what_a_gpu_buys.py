@@ -19,13 +19,15 @@
 # Chapter 10 proves the port gives the CPU's answers on a Vulkan device. This appendix asks what that costs and
 # buys. Its live sections run on whatever Vulkan device ncnn sees (CI: Mesa's lavapipe, a Vulkan driver on the CPU,
 # where timings mean nothing, so the live sections count calls and layers instead); its timed sections read what
-# probes measured at full size on one GPU host, an NVIDIA H200, committed in `data/bench/`.
+# probes (small timing programs in `qtts_lib.lab`) measured at full size on one GPU host, an NVIDIA H200, committed
+# in `data/bench/`.
 #
 # **You will:** count the GPU calls one generated frame makes, live; read what one more layer and one projection
 # cost on the H200; see the GPU forms of the decoders (fewer layers, GEMV steps, one blob in and out) and check
 # every graph the GPU loop runs; then read the loop against PyTorch on CUDA, and what ncnn's C++ API would add.
 #
-# **You will learn:** why a GPU step through the binding costs per-call host work plus the weights read at ncnn's
+# **You will learn:** why a GPU step through the binding costs per-call host work (the CPU's share of a call:
+# recording the layers' commands, uploading, submitting, waiting, downloading) plus the weights read at ncnn's
 # one-row `Gemm` speed; what `runtime.rewrites.gpu_layers` does about both; where the Python binding stops.
 #
 # **You need:** chapter 10 run first (the graphs of chapters 04–05 and chapter 03's goldens); a Vulkan device for the
@@ -56,10 +58,12 @@ if not gpu:
 
 # %% [markdown]
 # ## 1. Count the calls a frame makes
-# The pip binding has no `VkMat` (ncnn's Mat in GPU memory): each `extract` is a blocking submission of the recorded
-# layers followed by a download, each CPU Mat given to `input` an upload. So the first cost to know is how many
-# extracts a frame makes. To count them without touching the runtime, the cell below swaps `ncnn.Net` for a subclass
-# whose extractors count their `extract` calls, for the nets made inside the `with`:
+# On Vulkan the CPU records each layer's GPU work into a command buffer and submits it; the GPU runs it. The pip
+# binding has no `VkMat` (ncnn's Mat in GPU memory): each `extract` records, submits, waits for the GPU and
+# downloads, each CPU Mat given to `input` is an upload, and nothing stays on the GPU between calls. So the first
+# cost to know is how many extracts a frame makes. To count them without touching the runtime, the cell below swaps
+# `ncnn.Net` for a subclass whose extractors count their `extract` calls, for the nets made inside the `with` (as
+# chapter 10 forced fp16):
 
 # %%
 import contextlib
@@ -95,7 +99,8 @@ def counting_extracts(counter: list):
 # What each loop's structure says a frame costs. The exported talker (chapter 05) extracts its output and every
 # layer's K and V (1 + 2·layers) and reads its codec head; the exported predictor makes a prefill and 14 steps, each
 # the same extracts plus one of its 15 heads. The GPU loop makes one talker call (hidden and caches in one blob),
-# the codec head, and 16 predictor calls. The embedding tables are numpy on every device, so no lookup is a call.
+# the codec head, and 16 predictor calls (the talker's hidden state builds its cache, then one call per codebook
+# 1..15, each with its head fused in). The embedding tables are numpy on every device, so no lookup is a call.
 
 # %%
 def extracts_per_frame(talker_layers: int, pred_layers: int, gpu_forms: bool) -> int:
@@ -144,8 +149,9 @@ if gpu:
 # %% [markdown]
 # ## 2. Where a GPU step's time goes
 # A probe (`python -m qtts_lib.lab.vulkan_probe`) timed on the H200 what each piece costs: chains of N layers of one
-# type (the slope is the cost of one more layer), and one projection in each of ncnn's forms, with the fp32 weights
-# it reads per second. First the layers, in microseconds per extra layer:
+# type (`wall`: ms per extract; the slope from 1 to N layers is the cost of one more layer; a `ReshapePermute` link
+# is 4 layers, `Gemm64` a 64-wide projection), and one projection in each of ncnn's forms, with the fp32 weight
+# bytes it reads per second. First the layers, in microseconds per extra layer:
 
 # %%
 forms = json.loads((BENCH / "gpu" / "h200-vulkan-forms.json").read_text())
@@ -158,8 +164,9 @@ per_layer = {kind: round(1e3 * (ch[f"{kind} x{n}"]["wall"] - ch[f"{kind} x1"]["w
 pd.Series(per_layer, name="µs per extra layer (ReshapePermute: of 4)").to_frame()
 
 # %% [markdown]
-# Then one projection (a square weight of side 1024) in each form ncnn offers, and the weight bytes it reads
-# per second:
+# Then one projection (a square weight of side 1024) in each form ncnn offers, named by layer and input shape
+# (`Gemm` with the weight as B, transposed, on a `(1, 1024)` row; `InnerProduct` on a 1-D `(1024,)` vector; ...),
+# and the weight bytes it reads per second:
 
 # %%
 timed = pd.DataFrame({k: v for k, v in pf.items() if "wall" in v}).T
@@ -175,7 +182,7 @@ check.at_least("H200: one more Gemm 1024x1024 vs one more AbsVal "
 # %% [markdown]
 # A layer costs microseconds; a projection on one row costs what ncnn's Vulkan `Gemm` reads per second, far below
 # the GPU's memory bandwidth. The same projection as an `InnerProduct` on a **1-D** input runs ncnn's GEMV kernel
-# (general matrix-vector product, the K axis in 8 partial sums) several times faster. fp16 storage also speeds a
+# (general matrix-vector product, the input axis summed in 8 partial sums) several times faster. fp16 storage speeds a
 # `Gemm`, but changes codes (chapter 10, section 6).
 #
 # ## 3. The GPU forms
@@ -196,8 +203,9 @@ print(inspect.getsource(gpu_layers.gemv_step))
 
 # %% [markdown]
 # The talker steps from its cache only while it is short: past `loop.TALKER_MAX_CACHED` positions each step runs the
-# full sequence instead, because the flat cache's trip through host memory grows with it and a full forward hardly
-# does. The probe timed both ways at each length (ms per call; the flat cache in MB):
+# full sequence instead. Without `VkMat` the flat cache goes down to host memory and back up every call, a trip that
+# grows with it, while a full forward hardly does. The probe timed both ways at each length (ms per call; the flat
+# cache in MB):
 
 # %%
 ms = forms["gpu_forms"]["ms_per_call"]
@@ -216,9 +224,12 @@ check.at_least("H200: talker at 128 cached positions, cached step vs full sequen
 # %% [markdown]
 # ## 4. Check every graph the GPU loop runs
 # Each graph the GPU loop runs, on this device, against the exported graph it replaces: its ncnn layers may number
-# at most the exported graph's plus what one-blob I/O adds (per cache blob a flatten out, and for a step a Split, a
-# Slice part and a reshape in; the Concat; per step output a Split, a flatten and a Concat). And no layer may lack
-# a Vulkan kernel: such a layer would be a download, a CPU op and an upload inside the extract. The codec's exported
+# at most the exported graph's plus what one-blob I/O adds (the third number of each entry below: a prefill adds a
+# flatten per cache blob and one Concat; a step adds per cache blob a Slice part, a reshape and a flatten, one Split
+# and one Concat, and per output, 1 for the talker and 15 heads for the predictor, a Split, a flatten and a Concat).
+# The full-sequence talker must also shed over a quarter of the exported layers (at most 0.72 of them: the
+# fusions of section 3). And no layer may lack a Vulkan kernel: such a layer would be a download, a CPU op and an
+# upload inside the extract (`support_vulkan` on each of `net.layers()`). The codec's exported
 # graph has such layers; its GPU form (`codec.gpu_form`, what `Synthesizer` decodes with on a GPU) rewrites them
 # into layers that have a kernel (polyphase stride-1 and 2-D convolutions, chapter 12's rewrites without the CPU's
 # cuts) and runs the codebook sums (a gather and a few MFLOP a frame) on the CPU before the Vulkan graph.
@@ -324,8 +335,10 @@ print(f"the loop with packed caches and a fused predictor: {loop_ms(before):.0f}
 # What is left is per-call host work (recording, upload, download) and the talker's cache crossing the bus. ncnn's
 # C++ API keeps a cache on the GPU between calls (`VkMat`) and records several calls into one command
 # (`VkCompute`). `python -m qtts_lib.lab.cpp_probe` builds a probe (`qtts_lib/lab/cpp/`) against ncnn's source and
-# times the GPU loop's one-position graphs through the binding and in C++ (host Mats; caches resident; four calls
-# chained), in ms per call:
+# times the GPU loop's one-position graphs, in ms per call: through the binding, every cache a Mat in and out
+# (`binding_ms`) or the runtime's one-blob graph (`binding_one_blob_ms`); in C++ with host Mats (`host_ms`), with
+# the caches kept on the GPU as `VkMat` between calls (`resident_ms`), and with four calls recorded into one command
+# (`chained_ms_per_call`); `submit_floor_ms` is one command moving 4 bytes up and down:
 
 # %%
 cpp = json.loads((BENCH / "gpu" / "h200-cpp-probe.json").read_text())["rows"]
