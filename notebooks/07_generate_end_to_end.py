@@ -15,17 +15,15 @@
 # # 07 · Generate end to end with ncnn
 # > The prompt, the generation loop over the ncnn graphs and the codec: numpy and ncnn only, every code checked.
 #
-# **You will:** lay the talker's prompt out as two tracks; **write the generation loop** for one sequence over the
-# cached ncnn graphs and match chapter 03's greedy golden code for code; see that the runtime's batched `Loop` is this
-# loop; decode in the reference's chunks; replay a sampled take by its seed; run the `qtts` CLI without torch.
+# **You will:** lay the talker's prompt out; **write the generation loop** for one sequence over the cached ncnn
+# graphs and match chapter 03's greedy golden code for code; see that the runtime's `Loop` (many sequences at once)
+# is this loop; decode in the reference's chunks; replay a sampled take by its seed; run the `qtts` CLI without torch.
 #
-# **You will learn:** the loop exactly (the prompt, codebook 0 and the end of speech, the code predictor's table/head
-# offset, the frame fed back one step late with its trailing text); why the runtime counts frames, not tokens; why
-# the codec is decoded in chunks; what a seed replays.
+# **You will learn:** the loop (prompt; codebook 0 and EOS; which predictor head and table serve which codebook;
+# the talker's next input); why it counts frames, not tokens; why the codec decodes in chunks; what a seed replays.
 #
-# **You need:** `data/golden/<ckpt>/` (chapter 03); `models/<ckpt>/ncnn/` (chapters 04–05, exported here if missing);
-# chapter 06's tokenizer and sampler. The set-up loads the reference (for its voices and codec) and `Synthesizer`,
-# the runtime: its tokenizer, embedding tables, loop and codec, with no torch inside.
+# **You need:** `data/golden/<ckpt>/` (chapter 03), `models/<ckpt>/ncnn/` (04–05, exported if missing). The set-up
+# loads the reference (its voices, its codec), the goldens and `Synthesizer`, the runtime (no torch inside).
 # **Leaves behind:** `data/outputs/<ckpt>/07_ncnn.wav`, `07_cli.wav`, `models/<ckpt>/ncnn/talker_text_table.npy`,
 # `data/reports/<ckpt>/07_generate_end_to_end.json`.
 
@@ -44,8 +42,8 @@ report = check.begin("07_generate_end_to_end", ckpt)
 model_dir = checkpoint.ensure(ckpt)
 tts = reference.load(model_dir, threads=THREADS)
 export.ensure(tts, ckpt)  # chapters 04-05's graphs, reused when current
-synth = Synthesizer(model_dir, threads=THREADS)
-kind = tts.model.tts_model_type  # base; the other kinds (chapter 09) have own goldens
+synth = Synthesizer(model_dir, threads=THREADS)  # writes talker_text_table.npy once
+kind = tts.model.tts_model_type  # base, custom_voice or voice_design (chapter 09)
 mode, voice_args = mode_of(tts), voice_of(tts)  # the golden's stem, and its voice
 golden, _ = artifacts.load_npz(paths.golden_dir(ckpt) / f"{mode}_greedy.npz", ckpt)
 early, _ = artifacts.load_npz(paths.golden_dir(ckpt) / f"{mode}_eos.npz", ckpt)
@@ -53,19 +51,22 @@ print(f"{ckpt} ({kind}): goldens {mode}_greedy and {mode}_eos, voice by", *voice
 
 # %% [markdown]
 # ## 1. Build the prompt: two tracks summed position by position
-# The talker reads one embedding per position, the sum of two tracks. The **text track** carries the role prefix
-# `<|im_start|>assistant\n`, `tts_pad`s, `tts_bos` and the first text token; the **codec track**, from the fourth
-# position on, the think/language tags, the speaker row (the **x-vector**, a vector the speaker encoder computes from
-# a voice clip), `codec_pad`, and `codec_bos` under the first text token. The rest of the text, then `tts_eos`, is
-# **trailing text**, added to the talker's input one row per frame, then `tts_pad` for ever. An in-context clone
-# (**ICL**, chapter 08) puts the clip in too: transcript, text and `tts_eos` beside `codec_bos` and one row per frame
-# of the clip's codes; text that does not fit beside them trails. First the rows, as (label, row) cells:
+# The talker reads one embedding per position: a row of its text embedding table (text ids, chapter 06) plus a row
+# of its codec embedding table (codec ids), two **tracks** summed. An x-vector clone's prompt:
+#
+#     text  <|im_start|> assistant \n tts_pad tts_pad   tts_pad  tts_pad   tts_pad tts_bos   Hello
+#     codec ·            ·         ·  think   think_bos language think_eos speaker codec_pad codec_bos
+# Text: the chat template's role prefix, `tts_pad`s, `tts_bos` (begin of text), the first text token. Codec, after the
+# prefix: four tags naming the language, the speaker row (the **x-vector** the speaker encoder computes from a voice
+# clip), `codec_pad`, `codec_bos` (begin of speech). The rest of the text, then `tts_eos`, is **trailing text**, added
+# to the talker's input a row per frame, then `tts_pad` for ever; an **ICL** (in-context) clone, chapter 08, adds a
+# voice clip's transcript and codes. The rows, as (label, row) pairs, the labels for the figure:
 
 # %%
 from qtts_lib.runtime.pipeline import prompt as chat  # the chat template's strings
 from qtts_lib.runtime.pipeline.prompt import Prompt, Voice
 
-e, tok = synth.embeddings, synth.tokenizer
+e, tok = synth.embeddings, synth.tokenizer  # e.text(ids), e.codec(ids): table rows
 c, top = synth.config.talker, synth.config.config  # config.json: its talker part, all
 text_rows = lambda label, ids: [(label, row) for row in e.text(ids)]  # noqa: E731
 codec_rows = lambda label, ids: [(label, row) for row in e.codec(ids)]  # noqa: E731
@@ -78,14 +79,14 @@ tags = lambda language: codec_rows("codec tag", [  # noqa: E731
     c["codec_think_eos_id"]])
 
 # %% [markdown]
-# `tracks` lays a prompt out, the text placed by voice: an x-vector clone rides its first token on `codec_bos`; ICL
-# as above; a built-in speaker or a described voice (chapter 09) has an instruction first, the text over `codec_pad`s:
+# `tracks` lays a prompt out; `chat.TEXT` is chapter 06's chat template around the text (`ROLE_TOKENS` ids before it,
+# `END_TOKENS` after). An x-vector clone puts the first text token over `codec_bos`; ICL puts transcript, text and
+# `tts_eos` beside the clip's codes; a built-in speaker or a described voice (chapter 09): an instruction, all the text:
 
 # %%
 def tracks(text: str, language: str, voice: Voice) -> tuple[list, list, list]:
-    """The text track, the codec track (a (label, row) cell a position, None: nothing
-    there) and the trailing text, fed one row a frame after the prompt."""
-    ids = tok.encode_template(chat.TEXT, text)
+    """(text track, codec track, trailing text): (label, row) pairs; None: empty."""
+    ids = tok.encode_template(chat.TEXT, text)  # text stays text, whatever it holds
     speaker = [] if voice.speaker_row is None else [("speaker", voice.speaker_row)]
     head = tags(language) + speaker + codec_pad
     upper = text_rows("role", ids[:chat.ROLE_TOKENS]) + [pad] * (len(head) - 1) + [bos]
@@ -106,8 +107,9 @@ def tracks(text: str, language: str, voice: Voice) -> tuple[list, list, list]:
     return first + upper + said + [pad], lower, [pad]
 
 # %% [markdown]
-# Each golden's prompt, summed from its cells, is held to the one the reference built, and becomes a `Prompt` (prompt
-# rows, trailing rows, `tts_pad`) for section 2. `Synthesizer.prompt`, what the product runs, builds the same rows:
+# Each golden's prompt, summed from its pairs, is held to the one the reference built (saved by chapter 03) and
+# becomes a `Prompt` (prompt rows, trailing rows, `tts_pad`) for section 2; `Synthesizer.prompt`, the product's,
+# builds the same rows. The figure: each prompt's two tracks, a column a position, then its trailing text:
 
 # %%
 from qtts_lib import inputs, plots
@@ -129,7 +131,7 @@ for label, (v, gold) in voices.items():
     check.close(f"{label} prompt: trailing text = reference", rest,
                 gold["trailing_text_hidden"], rel=1e-5)
     prompts[label] = Prompt(embeds, rest, pad[1])
-    drawn[label] = [[x and x[0] for x in t] for t in (upper, lower, trailing)]
+    drawn[label] = [[x and x[0] for x in t] for t in (upper, lower, trailing)]  # labels
 voice = voices[next(iter(voices))][0]
 prompt = synth.prompt(inputs.TARGET_TEXT, inputs.LANGUAGE, voice)
 check.close("prompt embeddings = reference", prompt.embeds, golden["inputs_embeds"],
@@ -140,9 +142,9 @@ plots.prompt_tracks(drawn, title=f"the talker's prompt, {ckpt}");
 
 # %% [markdown]
 # ## 2. Write the loop, one sequence
-# A **frame** (12.5 a second of audio) is 16 codes, one per **codebook** (the codec's 16 code tables). It takes four
-# of chapter 04's graphs: the talker and its codec head (codebook 0), the code predictor and its 15 heads (codebooks
-# 1..15), the decoders with chapter 05's KV cache (past positions' keys and values, so a step computes one position):
+# A frame is 16 codes, one per codebook, from four of chapter 04's graphs: talker and code predictor with chapter
+# 05's KV cache (`prefill`, then `forward` a position a step); the codec head; the 15 predictor heads, one graph
+# whose output *s* is head *s* (`Net` called: every output; `.run(inputs, [s])`: output *s*). H, h: their widths:
 
 # %%
 from qtts_lib.runtime.binding.net import Net
@@ -158,9 +160,8 @@ logits0 = lambda h: codec_head(h[None])[0][0]  # noqa: E731  (H,) -> (vocab,)
 
 # %% [markdown]
 # **Prefill the talker** with the whole prompt (every position in one call, filling the cache): its last hidden state
-# gives codebook 0's logits through the codec head, the reference's at step 0. The talker's vocabulary is codebook 0's
-# 2048 codes, then control ids, all suppressed but the codec EOS, itself masked at first (chapter 06's processors, in
-# their greedy talker settings). EOS, picked on codebook 0, ends the sequence: no frame is made for it.
+# gives codebook 0's logits through the codec head, the reference's at step 0. Chapter 06's processors pick the code
+# (greedy talker settings: control ids suppressed, EOS masked at first); EOS ends the sequence, with no frame.
 
 # %%
 from qtts_lib.runtime.pipeline import sampling
@@ -180,8 +181,8 @@ check.equal("codebook 0 of frame 0 = golden", "token", c0, int(golden["codes"][0
 
 # %% [markdown]
 # **Codebooks 1..15: the code predictor** prefills two positions, the talker's hidden state and codebook 0's
-# embedding; head 0 reads codebook 1. Each code is embedded (table *s* for codebook *s+1*) and fed as one cached step,
-# and head *s+1* reads the next. The frame's embedding (its 16 rows summed, the talker's next input) gathers too:
+# embedding; head 0 predicts codebook 1. Each code is embedded (table *s* for codebook *s+1*) and fed as one cached
+# step, and head *s+1* predicts the next. The 16 rows, summed, are the frame's embedding, the talker's next input:
 
 # %%
 def acoustic_codes(h: np.ndarray, c0: int, rest: SamplerConfig, rng) -> tuple:
@@ -204,8 +205,8 @@ check.tokens_equal("frame 0, codebooks 0..15 = golden", np.array(frame0),
                    golden["codes"][0])
 
 # %% [markdown]
-# **The next talker step** is one position: the frame's embedding plus the next row of trailing text (row 0 after
-# frame 0; `tts_pad` once the text has run out), one step behind the codes. It gives step 1's logits:
+# **The next talker step** is one position: frame *t*'s embedding plus row *t* of the trailing text (`tts_pad` once
+# the text has run out). After frame 0 it gives step 1's logits:
 
 # %%
 def talker_step(embed: np.ndarray, t: int, prompt: Prompt, cache) -> np.ndarray:
@@ -219,9 +220,9 @@ check.close("codebook-0 logits after frame 0 = reference (step 1)", logits0(h1),
             golden["logits"][1], rel=1e-5)
 
 # %% [markdown]
-# **The loop** is those pieces in turn until EOS or the frame cap, one random stream for every code it samples. It
-# counts **frames**; the reference counts codebook-0 tokens (`max_new_tokens`), the last of which gets no frame: its
-# 45 new tokens are at most 44 frames, so `max_frames` is `max_new_tokens - 1`.
+# **The loop** is those pieces in turn until EOS or the frame cap, one random stream (a seeded numpy Generator) for
+# every code it samples. It counts **frames**. The reference counts codebook-0 tokens (`max_new_tokens`) and makes a
+# token's codebooks 1..15 in its next talker call, so its last token gets no frame: `max_frames = max_new_tokens - 1`.
 
 # %%
 def generate(prompt: Prompt, choice: Sampling, max_frames: int, eos_id=None) -> tuple:
@@ -243,7 +244,7 @@ def generate(prompt: Prompt, choice: Sampling, max_frames: int, eos_id=None) -> 
 
 # %% [markdown]
 # Greedy, on the main prompt, it gives the golden's codes, its EOS step (-1: none within the cap) and its codebook-0
-# tokens; a bar per frame counts the codes that agree:
+# tokens; a bar per frame counts the codes that agree (green: all 16):
 
 # %%
 import matplotlib.pyplot as plt
@@ -266,8 +267,8 @@ ax.set(ylim=(0, 16.5), xlabel="frame", ylabel="codes equal (of 16)",
        title=f"the notebook's loop vs the PyTorch golden, per frame ({ckpt})");
 
 # %% [markdown]
-# The same loop on the ICL prompt, and with an EOS id that the greedy path emits mid-run (chapter 03's early-stop
-# golden, its id set as `generate(eos_token_id=...)` sets it), so the stop branch runs too:
+# The same loop on the ICL prompt (Base checkpoints), and with an EOS id that the greedy path emits mid-run (chapter
+# 03's early-stop golden: a codebook-0 code declared EOS, as `generate(eos_token_id=...)` does), so the stop runs too:
 
 # %%
 for label, (_, gold) in list(voices.items())[1:]:
@@ -283,7 +284,8 @@ check.tokens_equal("early stop: codes = golden", early_codes, early["codes"])
 # %% [markdown]
 # ## 3. The runtime's `Loop` is this loop, batched
 # `pipeline.loop.Loop` runs the same pieces in the same order for a list of sequences, one row each in every graph
-# call (chapter 17), each `Sequence` keeping what `generate` keeps in locals. Alone, one gives the notebook's codes:
+# call (chapter 17), each `Sequence` keeping what `generate` keeps in locals, its `Sampler` the two `SamplerConfig`s
+# and the random stream. `synth.sampling` is the checkpoint's default `Sampling`. Alone, one gives the loop's codes:
 
 # %%
 from qtts_lib.runtime.pipeline.sampling import Sampler
@@ -301,9 +303,9 @@ check.tokens_equal(
 
 # %% [markdown]
 # ## 4. Decode the codes the way the reference does
-# The codec turns codes (T, 16) into a waveform. The reference decodes in chunks of 300 frames (`chunked_decode`),
-# each with 25 frames of left context decoded and dropped. Past the first chunk this differs from a one-shot decode
-# (the codec's transformer reaches further back than 25 frames), as random codes past one chunk show:
+# The codec turns codes (T, 16) into a waveform: noise (random weights), so the check is the SNR; the figure shows each
+# waveform and its spectrogram. The reference decodes in chunks of 300 frames, each with 25 frames of left context
+# decoded and dropped; the codec sees further back, so past one chunk a one-shot decode differs, as random codes show:
 
 # %%
 from IPython.display import Audio, display
@@ -331,9 +333,8 @@ check.snr(f"chunked decode of {T} frames vs reference", ours_long, ref_long, 60.
 # %% [markdown]
 # ## 5. One call, seeds, and the CLI
 # All of this is one call, `Synthesizer.synthesize(text, language, voice, sampling, max_frames)`, the product's only
-# pipeline (the CLI runs exactly it). Without `sampling=` it samples with the checkpoint's defaults (chapter 06), with
-# a fresh seed per call as the reference draws; `result.seed` replays a take exactly (numpy's random stream is not
-# torch's: sampled runs are compared by seed, never to a golden):
+# pipeline (the CLI runs it). Without `sampling=` it samples as the reference does, with the checkpoint's defaults and
+# a fresh seed per call; `result.seed` replays a take (sampled runs are compared by seed, never to a golden):
 
 # %%
 product = synth.synthesize(inputs.TARGET_TEXT, inputs.LANGUAGE, voice, sampling=greedy,
@@ -355,20 +356,19 @@ check.equal("sampled vs greedy: other codes", "equal",
             same(first.codes, product.codes[: len(first.codes)]), False)
 
 # %% [markdown]
-# `qtts_lib.runtime` imports no torch. The CLI runs it in a fresh process in which importing torch, transformers or
-# qwen_tts raises (the guard `tests/test_runtime_imports.py` uses). `qtts say` samples by default; `--greedy` asks for
-# the parity path. Bad input ends in one clear line and exit status 2, never a traceback from inside ncnn:
+# `qtts_lib.runtime` imports no torch: the CLI runs in a process where importing torch, transformers or qwen_tts raises
+# (`tests/test_runtime_imports.py`'s guard). `qtts say` samples unless `--greedy`, and reports the audio made and its
+# RTF (compute seconds per audio second); bad input ends in one clear line and exit status 2, no traceback:
 
 # %%
 from qtts_lib.isolation import qtts_without_torch
 
 flag = {"base": "voice", "custom_voice": "speaker", "voice_design": "instruct"}[kind]
 value = str(paths.voice_wav()) if flag == "voice" else voice_args[flag]
-say_args = ["say", "--checkpoint", str(model_dir), f"--{flag}", value,
-            "-o", str(paths.outputs_dir(ckpt) / "07_cli.wav")]
+say_args = ["say", "--checkpoint", str(model_dir), f"--{flag}", value, "--threads",
+            str(THREADS), "-o", str(paths.outputs_dir(ckpt) / "07_cli.wav")]
 run = qtts_without_torch(*say_args, "--text", inputs.TARGET_TEXT, "--language",
-                         inputs.LANGUAGE, "--greedy", "--max-frames", "20", "--threads",
-                         str(THREADS))
+                         inputs.LANGUAGE, "--greedy", "--max-frames", "20")
 print(run.stdout, run.stderr[-600:])
 check.equal("qtts say with torch blocked", "exit status", run.returncode, 0)
 for label, extra in [("empty text", ["--text", "   "]),
@@ -380,9 +380,9 @@ for label, extra in [("empty text", ["--text", "   "]),
 # %% [markdown]
 # ## Summary
 # - The prompt is two tracks summed position by position; the rest of the text trails, one row per frame.
-# - Per frame: codebook 0 from the codec head (EOS ends the sequence); the code predictor's prefill and 14 steps (head
-#   *s* predicts codebook *s+1*, table *s* embeds it); the frame's rows plus trailing text feed the next talker step.
-#   The loop matches the golden code for code; the runtime's `Loop` is it, for many sequences at once.
+# - Per frame: codebook 0 from the codec head (EOS ends it); the code predictor's prefill and 14 steps (head *s*
+#   predicts codebook *s+1*, table *s* embeds it); the frame's rows plus trailing text feed the next talker step.
+#   It matches the golden code for code; the runtime's `Loop` is it, for many sequences at once.
 # - Decode in the reference's chunks. Sampling is one `Sampling`, by default the checkpoint's with a fresh seed that
 #   `result.seed` replays; parity passes `Sampling(greedy=True)`. `qtts say` runs it all with torch unimportable.
 #
