@@ -273,6 +273,21 @@ display(pd.DataFrame(frames).set_index(["machine", "runtime"])
         .style.set_caption("the int8 loop, ms per frame"))
 
 # %% [markdown]
+# ## 5. Parity at full size
+# The chapters prove every code path on tiny checkpoints; the real widths and memory are proved by full-size runs
+# of `python -m qtts_lib.bench parity` (reference and runtime on one machine, greedy), committed under
+# `data/bench/parity/`. A row counts the codes that differ from the reference's and compares the waveforms.
+
+# %% tags=["hide-input"]
+PARITY = ["case", "frames", "codes_compared", "codes_mismatched", "eos_step",
+          "prompt_rel_err", "wav_snr_db"]
+for f in sorted((BENCH / "parity").glob("*.json")):
+    doc = json.loads(f.read_text())
+    machine = f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores)"
+    display(pd.DataFrame(doc["parity"]).reindex(columns=PARITY).set_index("case")
+            .style.set_caption(f"{doc['checkpoint']} on {machine}"))
+
+# %% [markdown]
 # To add a machine: `make bench BENCH_NAME=<machine>-full-base` on a quiet machine (and `python -m qtts_lib.bench
 # batch` for the batched rows), add the file to `data/bench/` in the repository, and this page picks it up.
 # `data/bench/README.md` says what each file holds.
