@@ -21,15 +21,16 @@
 #
 # **You will:** write the speaker encoder's mel frontend in numpy and hold it to the reference's; check a voice clip
 # before using it; compute the x-vector with the exported speaker encoder; encode the clip's codes with the Mimi
-# encoder and a numpy split RVQ (residual vector quantizer); clone both ways, each compared with PyTorch.
+# encoder (Kyutai's neural audio codec, the speech tokenizer's encoder half) and a numpy split RVQ (residual vector
+# quantizer); clone both ways, each compared with PyTorch.
 #
 # **You will learn:** the exact mel recipe (one wrong constant costs you the cosine); what makes a clip unusable;
-# how the split RVQ works; how the ICL prompt lines up transcript and codes; why the clip's audio is cut by frame
-# ratio. The runtime's pieces: `audio.mel`, `audio.clips`, `audio.rvq`, `synth.voices`.
+# how the split RVQ works; how the ICL prompt lines up transcript and codes; why the clip's share of the decoded
+# audio is cut by a ratio. The runtime's pieces: `audio.mel`, `audio.clips`, `audio.rvq`, `synth.voices`.
 #
 # **You need:** chapter 03's goldens (`xvec_greedy.npz`, `icl_greedy.npz`); graphs are exported here if missing.
-# Sections 1 and 2 run on every checkpoint; cloning (3 to 5) needs Base, the only kind with a speaker encoder.
-# **Leaves behind:** `data/outputs/<ckpt>/08_*.wav`, `data/reports/<ckpt>/08_clone_voices.json`.
+# Sections 1-2 run on every checkpoint; cloning (3-5) needs Base, the only kind with a speaker encoder. **Leaves
+# behind:** `data/outputs/<ckpt>/08_*.wav`, `data/reports/<ckpt>/08_clone_voices.json`.
 
 # %%
 import numpy as np
@@ -45,12 +46,11 @@ print(f"{ckpt}; voice clip {len(voice_wav) / SAMPLE_RATE:.2f} s: {voice_text!r}"
 
 # %% [markdown]
 # ## 1. Write the mel frontend in numpy
-# The speaker encoder reads a log-mel spectrogram: the short-time spectrum of the wav folded onto 128 bands spaced
-# the way pitch is heard. The reference's `modeling_qwen3_tts.mel_spectrogram` uses `torch.stft` and librosa's filter
-# bank (called by `extract_speaker_embedding` with n_fft 1024, hop 256, 128 mels up to 12 kHz). The runtime has
-# neither, so we write it in numpy, one step a cell. First the frames: the reference reflect-pads the wav by
-# (n_fft − hop)/2 samples on each side (the edge sample not repeated), then cuts frames with `center=False`: one every
-# `HOP` samples, `N_FFT` long, each times a *periodic* Hann window (divided by N, not N − 1, as `torch.hann_window`):
+# The speaker encoder reads a log-mel spectrogram: the short-time spectrum of the wav folded onto 128 bands spaced the
+# way pitch is heard. The reference's `modeling_qwen3_tts.mel_spectrogram` uses `torch.stft` and librosa's filter bank
+# (`extract_speaker_embedding` passes n_fft 1024, hop 256, 128 mels up to 12 kHz); the runtime has neither, so we write
+# it in numpy, one step a cell. First the frames: reflect-pad by (n_fft − hop)/2 samples a side (edge not repeated),
+# then (`center=False`) a frame every `HOP` samples, `N_FFT` long, times a *periodic* Hann window (over N, not N − 1):
 
 # %%
 N_FFT, HOP, N_MELS, FMAX = 1024, 256, 128, 12000.0  # extract_speaker_embedding passes
@@ -122,9 +122,9 @@ def log_mel(w: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(bands, 1e-5)).astype(np.float32)
 
 # %% [markdown]
-# The whole frontend against the reference's `mel_spectrogram` (torch, with the arguments
-# `extract_speaker_embedding` passes: `modules.speaker.MEL_ARGS`) and against the runtime's `audio.mel`, on the
-# voice clip, on noise and on a chirp whose lengths are not a multiple of the hop:
+# The whole frontend against the reference's `mel_spectrogram` (torch, with the arguments `extract_speaker_embedding`
+# passes: `modules.speaker.MEL_ARGS`) and the runtime's `audio.mel`, on the voice clip, noise and a chirp (lengths not
+# a multiple of the hop); then the runtime's against the reference's directly, also by cosine, the x-vector's metric:
 
 # %%
 import torch
@@ -166,11 +166,10 @@ axes[1].set(title="every 8th Slaney filter", xlabel="FFT bin");
 
 # %% [markdown]
 # ## 2. Check the voice clip before using it
-# A clip a person brings can be broken. `audio.clips.prepare_voice_clip` runs before the voice is built (the CLI
-# does it for `--voice`): hard problems (NaN or infinite samples, too short, silent) raise `AudioError`, exit status
-# 2 in the CLI; soft ones (clipped) come back as warnings; a clip over the maximum is cut at the quietest short
-# window of its last seconds, with a note (`--keep-long-voice` keeps it whole). A long clip *with a transcript*
-# (ICL) is refused instead: cut, it would say less than its transcript. The thresholds, then seven test clips:
+# A clip a person brings can be broken. `audio.clips.prepare_voice_clip` runs before a voice is built: hard problems
+# (NaN or infinite samples, too short, silent) raise `AudioError` (CLI exit status 2); soft ones (clipped) come back
+# as warnings; a clip over the maximum is cut at the quietest short window of its last seconds, with a note, but is
+# refused with a transcript (ICL: cut, it would say less than it). The thresholds, then seven test clips:
 
 # %%
 import pandas as pd
@@ -199,7 +198,8 @@ brought = {  # name: (clip, transcript, the outcome it should get)
     "22.7 s with a transcript": (long_clip, "Good morning.", "error")}
 
 # %% [markdown]
-# Each clip's outcome (first word of each message, or the error) against the expected; the long clip's cut point:
+# Each clip's outcome (first word of each message, or "error") against the expected. Last, the long clip's cut: the
+# RMS (root mean square, the loudness) of the 1200 samples around it must be a tenth of the whole clip's or less:
 
 # %%
 def outcome_of(wav: np.ndarray, transcript: str | None) -> dict:
@@ -226,8 +226,8 @@ check.at_most("it is cut where it is quiet (RMS around the cut / RMS of the clip
 # %% [markdown]
 # ## 3. Clone with the x-vector
 # Cloning needs the speaker encoder, which only a Base checkpoint has. CustomVoice (built-in speakers) and
-# VoiceDesign (voices described in words), chapter 09, have none: on them the chapter ends here, its report saying
-# so in one row per cloning step. On Base the cell loads the reference and the runtime (exporting if needed):
+# VoiceDesign (voices described in words), chapter 09, have none: on them the report gets one skip row per cloning
+# step and the cells below do nothing (`if base`). On Base this loads the reference and the runtime (exporting):
 
 # %%
 from qtts_lib import artifacts, checkpoint, export, inputs
@@ -252,8 +252,10 @@ if base:
 
 # %% [markdown]
 # The x-vector is one row of the codec track (between the language tag and `codec_pad`). The runtime computes it
-# with the numpy mel and the ncnn speaker encoder (`synth.voices.xvector`). Then generation runs from it, greedy,
-# for `max_new_tokens - 1` frames, and must reproduce chapter 03's golden made from this wav (07's loop):
+# with the numpy mel and the ncnn speaker encoder (`synth.voices.xvector`). `synth.voice(wav=...)` wraps it in a
+# `Voice` (who speaks: `speaker_row`, plus `codes` and `text` for ICL). `greedy_run` runs 07's `Loop` greedy for
+# `max_new_tokens - 1` frames (07: the last token gets no frame); it must give chapter 03's golden, which the
+# cell first makes sure was made from this same wav (its manifest records the wav's sha256):
 
 # %%
 FRAMES = inputs.GOLDEN_MAX_NEW_TOKENS - 1  # the goldens' 45 new tokens are 44 frames
@@ -281,12 +283,12 @@ if base:
 
 # %% [markdown]
 # ## 4. Clone in context (ICL): voice codes from the Mimi encoder
-# ICL puts the reference *speech* into the prompt as codes. Mimi's quantizer is **split**: a semantic chain (1
-# level) and an acoustic residual chain from the same latent, each through its own 1×1 input projection; the model
-# keeps 16 codes per frame (1 + 15). Each level picks the nearest row of its codebook (its table of code vectors)
-# and hands the remainder on. The argmin search is a few small matrix products, so it stays on the host
-# (`runtime.audio.rvq`, below); `synth.voices.codes` runs the Mimi graph, then this. Against the reference's speech
-# tokenizer, on the clip cut to whole frames and on its first 40 frames:
+# ICL puts the reference *speech* into the prompt as codes. Mimi's quantizer is **split**: a semantic chain (1 level)
+# and an acoustic residual chain from the same latent, each through its own 1×1 input projection; the model keeps 16
+# codes per frame (1 + 15). Each level picks the nearest row of its codebook and hands the remainder on. The argmin
+# search is a few small matrix products, so it stays on the host
+# (`runtime.audio.rvq`, its chain printed first); `synth.voices.codes` runs the Mimi graph, then this. Against the
+# reference's speech tokenizer, on the clip cut to whole frames and on its first 40 frames:
 
 # %%
 import inspect
@@ -323,9 +325,9 @@ if base:
 # %% [markdown]
 # Chapter 07 drew the ICL prompt: after the x-vector's rows, the voice transcript, the text and `tts_eos` on the
 # text track beside `codec_bos` and one row per clip frame on the codec track. The runtime makes the whole voice
-# from the clip (`synth.voice(wav=..., text=...)`: x-vector, codes, transcript) and speaks with it. The reference
-# decodes the clip's codes before the new ones and cuts the clip's part off by the ratio of frames, as
-# `codec.decode_with_voice` does:
+# from the clip (`synth.voice(wav=..., text=...)`) and speaks with it. To decode, the reference puts the clip's
+# codes in front of the new ones (context for the codec), then drops the first clip/all-frames share of the samples,
+# rounded down, so the cut need not fall between frames; `codec.decode_with_voice` does the same:
 
 # %%
 from IPython.display import Audio
@@ -353,8 +355,8 @@ if base:
 
 # %% [markdown]
 # ## 5. From the command line
-# Both clones in a process where torch cannot be imported (`--greedy`: `qtts say` samples by default; `--voice` is
-# the clip, `--voice-text` its transcript for ICL), then a clip too short to use, refused with exit status 2:
+# Both clones with torch blocked (`--greedy`: `qtts say` samples by default; `--voice-text` makes it ICL), then a
+# clip too short to use, refused with exit status 2:
 
 # %%
 from qtts_lib.isolation import qtts_without_torch
@@ -381,11 +383,9 @@ if base:
 # ## Summary
 # - The numpy mel frontend (frames, periodic Hann window, rFFT magnitude, Slaney filter bank, log) reproduces the
 #   reference's `mel_spectrogram` and the runtime's `audio.mel`.
-# - A clip with NaN/Inf, too short or silent is refused (exit 2 in the CLI), a clipped one warned about, a long one
-#   cut at a quiet point (refused with a transcript).
+# - A clip with NaN/Inf, too short or silent is refused (exit 2), a clipped one warned about, a long one cut quietly.
 # - The x-vector (numpy mel + ncnn speaker encoder) matches torch, and the x-vector clone the golden codes.
-# - The Mimi graph + numpy split RVQ give the voice codes exactly on whole frames; the ICL prompt, codes and
-#   waveform (the clip's part cut by frame ratio) match the golden, in the library and in `qtts say`.
+# - Mimi graph + numpy split RVQ give the voice codes exactly on whole frames; ICL prompt, codes, waveform match.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/08_*.wav` (on Base), the chapter report.
 #
