@@ -17,7 +17,6 @@
 #
 # **You will:** speak with built-in speakers (CustomVoice), with an instruction, and in a voice described in words
 # (VoiceDesign); find what 1.7B changes; match the reference token for token for every prompt kind; use `qtts export`.
-#
 # **You will learn:** how a built-in speaker, a dialect and an instruction enter the prompt; that 0.6B CustomVoice
 # drops an instruction, as the reference does; why a talker wider than its code predictor needs no new loop.
 #
@@ -46,11 +45,11 @@ show = reference.show_source  # prints the source lines holding a needle, with f
 
 # %% [markdown]
 # ## 1. Speak with built-in speakers (CustomVoice)
-# A CustomVoice checkpoint has no speaker encoder: a speaker is a row of the talker's codec embedding (`spk_id` in
-# the config) where a clone's x-vector goes. The prompt is **non-streaming**: the whole text and `tts_eos` ride on
-# `codec_pad` rows, `tts_pad + codec_bos` closes it, and the trailing text is `tts_pad` alone. A dialect speaker
-# switches the language tag to its dialect for Chinese and auto. Every speaker, against the reference; then a
-# speaker that does not exist, whose refusal (`refusal` returns its message) must list the valid ones:
+# A CustomVoice checkpoint has no speaker encoder: a speaker is a row of the talker's codec embedding (`spk_id` maps
+# names to rows) where a clone's x-vector goes. Its prompt is **non-streaming**: 07's Base prompt fed the text one token
+# a frame as trailing text; here the whole text and `tts_eos` ride on `codec_pad` rows, `tts_pad + codec_bos` closes
+# it, the trailing text is `tts_pad` alone. A dialect speaker's tag replaces the language only for Chinese and `auto`,
+# so it runs with `auto`. Every speaker against the reference; then an unknown one, whose error must list the valid:
 
 # %%
 from qtts_lib.runtime.errors import InputError
@@ -60,7 +59,7 @@ def refusal(make_voice) -> str:
     try:
         make_voice()
     except InputError as e:
-        return print(e) or str(e)
+        return print(e) or str(e)  # print gives None, so: the message
     return ""
 
 cv, cv_cfg = synths[SMALL], synths[SMALL].config.talker
@@ -84,11 +83,11 @@ check.equal("unknown speaker refused with every valid name", "lists all",
 # %% [markdown]
 # ## 2. Add an instruction, or describe the voice (VoiceDesign)
 # An instruction is a user turn of its own, `<|im_start|>user\n{instruct}<|im_end|>\n`, tokenized alone and put **in
-# front** of the prompt, text rows only: a style for a built-in speaker (`synth.voice(speaker=..., instruct=...)`).
-# On VoiceDesign (no speaker encoder, no speakers) the instruction *is* the voice (`synth.voice(instruct=...)`), with
-# no speaker row; an empty one lets the model pick. Chapter 07's `tracks` is the library's `plots.prompt_cells` (its
-# non-streaming branch printed below). Four prompts, re-summed from their cells, held to the runtime's and the
-# reference's: a speaker with and without `reference.STYLE`, a designed voice, none:
+# front** of the prompt, text rows only: a style for a built-in speaker (`synth.voice(speaker=..., instruct=...)`). On
+# VoiceDesign the instruction *is* the voice (`synth.voice(instruct=...)`), with no speaker row; an empty one lets the
+# model pick. 07's `tracks` is `plots.prompt_cells` (non-streaming branch below): per track (text, codec), a `(label,
+# row)` cell a position, `None` where empty. Four prompts (a speaker with and without `reference.STYLE`, a designed
+# voice, none), their cells summed, held to the runtime's and the reference's (from a 2-token run), then drawn:
 
 # %%
 import numpy as np
@@ -121,8 +120,7 @@ for label, (name, voice_args) in PROMPTS.items():
 plots.prompt_tracks(drawn, title="non-streaming prompts: the whole text in the prompt");
 
 # %% [markdown]
-# The instruction adds exactly its own tokens, a designed voice has no speaker row, and a voice clip given to a
-# VoiceDesign checkpoint is refused:
+# The instruction adds exactly its own tokens, a designed voice has no speaker row, a clip on VoiceDesign is refused:
 
 # %%
 from qtts_lib.runtime import load_wav
@@ -149,8 +147,8 @@ check.equal("a voice clip on VoiceDesign is refused, naming an instruction",
 # %% [markdown]
 # ## 3. Read what 1.7B changes in the config
 # `checkpoint.model_config` writes every checkpoint's `config.json`: the hub's 0.6B file, with `SIZE_1_7B` (the 1.7B
-# model cards' values) laid over the talker for 1.7B; VoiceDesign is CustomVoice's without speakers. One row per
-# checkpoint: only the talker widens; the predictor stays 0.6B's, the x-vector follows the talker:
+# model cards' values) laid over the talker for 1.7B; VoiceDesign is CustomVoice's without speakers. A row for each of
+# `paths.SYNTHETIC` (`tiny-*`, and `full-*`: full size, random weights): only the talker widens, the x-vector with it:
 
 # %%
 import inspect
@@ -206,9 +204,10 @@ check.equal(f"{WIDE}: Linear(192 -> 128, bias)", "in out bias", shape, "192 128 
 # %% [markdown]
 # The export wraps it into the same graph (`modules.talker.Decoder(proj=...)`), so `predictor_decoder` takes
 # talker-wide rows and each position stays one graph call: chapter 07's loop is the same code on 0.6B and 1.7B. In
-# the `.param` it is the first `Gemm`: `9=` is K (192 in), `8=` is N (128 out), `10=4` a constant C of shape (1, N)
-# added to every row, the bias (`-1`: none); its `.bin` weights are the projection's, bit for bit. Last, the whole
-# graph against the reference module (`small_to_mtp_projection`, then the decoder layers) at its two lengths:
+# the `.param` it is the first `Gemm` (a layer line: type, name, input and output counts, blobs, then `k=v` params):
+# `9=` is K (192 in), `8=` is N (128 out), `10=4` a constant C of shape (1, N) added to every row, the bias (`-1`:
+# none); its `.bin` weights are the projection's, bit for bit. Last, the whole graph against the reference module
+# (`small_to_mtp_projection`, then the decoder layers) at its two lengths:
 
 # %%
 from qtts_lib import modules
@@ -240,9 +239,9 @@ for length in spec.lengths:
 
 # %% [markdown]
 # ## 5. Keep the acoustic tables talker-wide
-# The predictor's 15 tables (codebooks 1..15) are `embedding_dim`, the talker's width: the talker's next input sums
-# the frame's 16 rows (chapter 07); the projection narrows them only on their way in. The runtime holds them in
-# `Embeddings.acoustic_table` (row `s·2048 + code`); `Embeddings.frame`, the sum, is held to the reference's lines:
+# The predictor's 15 embedding tables (codebooks 1..15) are `embedding_dim`, the talker's width: the talker's next
+# input sums the frame's 16 rows (07); the projection narrows them only on their way in. `Embeddings.acoustic_table`
+# stacks them (codebook s+1 at rows `s·2048 + code`); `Embeddings.frame`, the sum, is held to the reference's lines:
 
 # %%
 show(predictor_class.__init__, "Qwen3TTSTalkerCodePredictorModel(")
@@ -301,7 +300,8 @@ check.equal(f"{WIDE} speaker_instruct_greedy: no warning (1.7B follows it)", "wa
 
 # %% [markdown]
 # 0.6B CustomVoice drops an instruction in the reference (`generate_custom_voice`, below) and in the runtime, which
-# says so (`Result.warnings`): its codes with one are the golden made without. Then this section's runs in a table:
+# says so (`Result.warnings`): its codes with one are the golden made without. Then this section's runs in a table,
+# green where no code differs (`codes mismatched` reads mismatched/total):
 
 # %%
 show(reference.import_qwen_tts().Qwen3TTSModel.generate_custom_voice, "0b6")
@@ -322,7 +322,8 @@ parity.style.format({"wav SNR dB": "{:.1f}"}).map(matched, subset=["codes mismat
 # %% [markdown]
 # ## 7. Use them: `qtts export`, `qtts say`
 # A checkpoint from the hub has no `ncnn/`. `qtts export DIR` is chapters 04-05 in one command (with torch, the `port`
-# extra); on a copy of `tiny-1.7b-customvoice` as downloaded, it must give the chapters' graphs bit for bit:
+# extra). On a copy of `tiny-1.7b-customvoice` as downloaded (no `ncnn/`, no manifest; hard-linked where one disk
+# holds both), it must give the chapters' graphs bit for bit:
 
 # %%
 import os
@@ -382,10 +383,9 @@ check.equal("qtts say --instruct on a Base checkpoint", "exit status", refused, 
 # ## Summary
 # - A built-in speaker is a codec-embedding row where a clone's x-vector goes; a dialect switches the language tag.
 #   An instruction is a user turn in front of the prompt; a designed voice is that alone; 0.6B drops it, warning.
-# - 1.7B widens the talker only; `small_to_mtp_projection` is the first Gemm of the exported `predictor_decoder`,
-#   weights bit for bit, and the predictor's 15 tables are talker-wide: chapter 07's loop needs no change.
-# - Prompts and codes match the reference token for token for every prompt kind; `qtts export DIR` makes the
-#   chapters' graphs; `qtts say --instruct` speaks with torch blocked.
+# - 1.7B widens the talker only; `small_to_mtp_projection` is the exported `predictor_decoder`'s first Gemm and the
+#   15 tables are talker-wide: 07's loop is unchanged. Every prompt kind matches the reference token for token;
+#   `qtts export DIR` makes the chapters' graphs; `qtts say --instruct` speaks with torch blocked.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/09_user_checkpoint/` (a converted copy), `09_say_*.wav`, the report.
 #
