@@ -45,8 +45,10 @@ print(f"{ckpt} ({synth.kind}), {'random' if random_weights else 'trained'} weigh
 # ## 1. Cut text into sentences, in ten languages
 # `runtime.text.segment` splits at sentence ends (`. ! ?` before a space, the full-width `。！？` anywhere, blank
 # lines) and refuses the periods that do not end a sentence. When unsure it does not split: a missed split only
-# makes a segment longer, a wrong one puts a pause inside a phrase. The committed corpus holds the cases, with the
-# pieces expected:
+# makes a segment longer, a wrong one puts a pause inside a phrase. The committed corpus holds the cases: each names
+# its language, the function it tests (`sentences`, or `clauses`, the finer cut of section 2), a note and the pieces
+# expected. One row a case, red where the pieces differ; then every language the checkpoint knows (its config's
+# `codec_language_id`, the language tags) must have cases, and each language's cases must all pass:
 
 # %%
 import pandas as pd
@@ -91,8 +93,9 @@ print(f"MAX_SEGMENT_TOKENS = {longform.MAX_SEGMENT_TOKENS}, "
       f"({MARGIN_FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE:g} s)")
 
 # %% [markdown]
-# `longform.plan` cuts a text into `TextSegment`s, each with its token count and cap, before anything is spoken.
-# The text below reads in about two minutes:
+# `longform.plan` cuts a text into `TextSegment`s, each with its text, token count and cap, before anything is
+# spoken; speaking fills in the rest (frames made, `stopped` at "eos" or "cap", where its samples sit in the joined
+# wav). The text below, which also explains the method in its own words, reads in about two minutes:
 
 # %%
 TEXT = """Chapter 16. On reading aloud.
@@ -144,7 +147,9 @@ check.equal(f"caps scale with tokens ({FRAMES_PER_TOKEN} per token + {MARGIN_FRA
 # ## 3. Speak it, one segment at a time
 # `longform.synthesize_long` speaks each planned segment with `Synthesizer.synthesize` and the same `Voice`, made
 # once by the caller. To show that the x-vector is computed once and not per segment, the synthesizer's voice
-# encoders (`synth.voices`) are wrapped in a counter for the length of the run.
+# encoders (`synth.voices`) are wrapped in a counter for the length of the run (and put back after it, even on an
+# error). A CustomVoice checkpoint speaks with its first built-in speaker (no x-vector); any other, from the voice
+# clip (x-vector mode). `on_segment` is called after each segment, here to log progress.
 #
 # The run is greedy (`Sampling(greedy=True)`), so its outcome is fixed. What the cap check expects depends on the
 # weights, not on the checkpoint's size. With **random weights** (every checkpoint this project makes, `tiny-*` and
@@ -190,7 +195,8 @@ print(f"{len(segs)} segments, {sum(s.frames for s in segs)} frames, "
 
 # %% [markdown]
 # The run's checks: one x-vector, the plan followed, the caps held (and hit only where the weights say they must),
-# and the joined wav exactly its segments plus the pauses:
+# the joined wav exactly its segments plus the pauses, and each segment exactly 1920 samples a frame (x-vector mode
+# decodes no clip codes in front, so nothing is cut off):
 
 # %%
 from IPython.display import Audio
@@ -214,7 +220,9 @@ save_wav(paths.outputs_dir(ckpt) / "16_long.wav", long.wav)
 display(Audio(long.wav, rate=SAMPLE_RATE))
 
 # %% [markdown]
-# Where each segment sits in the wav, and how close each came to its cap:
+# Where each segment sits in the wav (top: the waveform, each segment shaded and numbered, the pauses between them
+# unshaded), and how close each came to its cap (bottom: the cap in grey, the frames made in blue; with random weights
+# the blue fills the grey):
 
 # %%
 import matplotlib.pyplot as plt
@@ -240,7 +248,8 @@ fig.tight_layout()
 # ## 4. From the command line
 # `qtts say --text-file F` (or `-` for stdin) takes a text of any length; `--max-frames` is a ceiling on each
 # segment's own cap. It samples with the checkpoint's sampling unless told otherwise; `--greedy` makes it
-# greedy, as in section 3. With torch blocked, on the first three paragraphs with 3-frame caps:
+# greedy, as in section 3. With torch blocked, on the first three paragraphs with 3-frame caps. The CLI ends with one
+# line, `OUT: N segments, M frames, ...`; the cell reads N and M from it and holds the wav's length to them:
 
 # %%
 from qtts_lib.isolation import qtts_without_torch
