@@ -46,7 +46,7 @@ show = reference.show_source  # prints the source lines holding a needle, with f
 # %% [markdown]
 # ## 1. Speak with built-in speakers (CustomVoice)
 # A CustomVoice checkpoint has no speaker encoder: a speaker is a row of the talker's codec embedding (`spk_id` maps
-# names to rows) where a clone's x-vector goes. Its prompt is **non-streaming**: 07's Base prompt fed the text one token
+# names to rows) where a clone's x-vector goes. Its prompt is **non-streaming**: 07's x-vector prompt fed text a token
 # a frame as trailing text; here the whole text and `tts_eos` ride on `codec_pad` rows, `tts_pad + codec_bos` closes
 # it, the trailing text is `tts_pad` alone. A dialect speaker's tag replaces the language only for Chinese and `auto`,
 # so it runs with `auto`. Every speaker against the reference; then an unknown one, whose error must list the valid:
