@@ -15,19 +15,21 @@
 # # 15 · Stream audio
 # > First audio after a few frames, and exactly the waveform of the whole-utterance decode.
 #
-# **You will:** measure how much left context the causal codec decoder needs, stream `Synthesizer` output piece by
-# piece and check it against `synthesize`, time the first audio, and pipe the stream out of `qtts say`.
+# **You will:** measure how much *left context* (earlier frames decoded along with a piece, their samples dropped) the
+# causal codec decoder needs, stream `Synthesizer` output *piece* by piece (a few frames' audio, handed out as soon as
+# it is decoded) and check it against `synthesize`, time the *first audio* (request to first samples), pipe `qtts say`.
 #
-# **You will learn:** what "causal" buys (a sample depends on a bounded window of frames) and how to use it well
-# (each frame decoded once: a KV cache for the transformer, kept context for the convolutions); which decode a
-# stream should reproduce (the reference's `chunked_decode(300, 25)`). Running it in a thread of its own: appendix D.
+# **You will learn:** what "causal" buys (a sample depends on a bounded window of frames) and how to use it well (each
+# frame decoded once: a KV cache for the transformer, kept context for the convolutions); which decode a stream should
+# reproduce: the reference's `chunked_decode(300, 25)` (chapter 07). A thread of its own: appendix D.
 #
-# **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip.
-# Timings on `tiny-*` are mostly call overhead; the full-size ones are read from `data/bench/stream/`.
+# **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing), the committed voice clip. Timings on
+# `tiny-*` are mostly call overhead; the full-size ones are read from `data/bench/stream/`.
 # **Leaves behind:** `data/outputs/<ckpt>/15_stream.wav`, `data/reports/<ckpt>/15_stream_audio.json`.
 #
 # The set-up loads the checkpoint's `Synthesizer` (chapter 07) and a voice: the committed clip's x-vector (its speaker
-# embedding, chapter 08), or a built-in speaker on a CustomVoice checkpoint. The codec's config bounds its reach.
+# embedding, chapter 08), or a built-in speaker on a CustomVoice checkpoint. Its config bounds the codec's *reach* (how
+# many frames back a sample can depend on).
 
 # %%
 import inspect
@@ -56,11 +58,11 @@ print({k: codec.config[k] for k in keys})
 
 # %% [markdown]
 # ## 1. Bound the decoder's reach from its structure
-# Every layer of the codec decoder looks only left: causal convolutions (left padding), transposed convolutions
-# whose right overhang is cut, and a transformer whose mask is causal with a sliding window of 72 (each layer sees
-# itself and 71 frames back). Adding each layer's left reach, in frames, gives the receptive field *R*: the
-# transformer's `layers × 71` dominates, the conv stack adds about 10 frames. The same function gives the
-# full-size decoder's, from the same config with its 8 layers:
+# Every layer of the codec decoder looks only left: causal convolutions (left padding), transposed convolutions whose
+# right overhang is cut, and a transformer whose mask is causal with a sliding window of 72 (each layer sees itself and
+# 71 frames back). Adding each layer's left reach, in frames, gives the receptive field *R*: the transformer's `layers ×
+# 71` dominates, the pre-conv before it adds 2 frames and the conv stack after it 10 (the printed "+ 12"). The same
+# function gives the full-size decoder's, from the same config with its 8 layers:
 
 # %%
 print(inspect.getsource(stream.receptive_field))
@@ -74,9 +76,10 @@ check.equal("receptive field = pre-conv 2 + layers x 71 + conv stack 10", "frame
 
 # %% [markdown]
 # ## 2. Measure the context a piece needs
-# Decode frames [a, a+8) from `codes[a−c : a+8]`, drop the first c·1920 samples, and compare with the same frames
-# of a one-shot decode of [0, a+8). Random codes are the hard case: no silence to hide differences. The curve is the
-# worst of three windows; the measuring helpers are `qtts_lib.bench.stream`'s (the runtime needs none of them).
+# Decode frames [a, a+8) from `codes[a−c : a+8]`, drop the first c·1920 samples (1920 a frame), and compare with the
+# same frames of a *one-shot* decode (all of [0, a+8) in one graph call) as an SNR: 60 dB is an error a thousandth of
+# the signal; identical audio gives infinity (capped at 160 in the plot). Random codes are the hard case: no silence to
+# hide differences. Three starts a, the checks on the worst; the helpers are `qtts_lib.bench.stream`'s:
 
 # %%
 import matplotlib.pyplot as plt
@@ -109,16 +112,16 @@ check.at_most("measured reach: 60 dB from a context shorter than R", "frames", c
               contexts[-2])
 
 # %% [markdown]
-# Measured, the reach is shorter than the bound (far frames get tiny attention weights), but the bound is what a
-# stream can rely on with any weights: a stream that decodes each piece again with left context (the way on a GPU,
-# section 4) uses `context_frames = R`. A smaller c trades exactness for speed; the product streams exactly.
+# Measured, the reach is shorter than the bound (far frames get tiny attention weights), but only the bound holds for
+# any weights: a stream that re-decodes each piece with left context (on a GPU, section 4) uses `context_frames = R`.
 #
 # ## 3. Stream the decode, and match what `Codec.decode` does
-# `Codec.decode` copies the reference's `chunked_decode(300, 25)`: up to 300 frames one graph call (the one-shot
-# decode); past 300 each chunk of 300 gets only 25 frames of left context. The stream reproduces `Codec.decode` by
-# never reaching left of its reference chunk's context: re-decoding, a piece [a, b) comes from `codes[max(a − c,
-# chunk context start) : b]` (causality makes the cut at b exact); incrementally (the CPU's default, section 4), one
-# decode per reference chunk starts at its context start and is fed each piece once.
+# Two sizes meet here: a *chunk* is the reference's 300 frames (a graph call, with 25 frames of left context past the
+# first); a *piece* is what the stream hands out, `chunk_frames` frames. `Codec.decode` copies `chunked_decode(300,
+# 25)`, so past 300 frames it is not the one-shot decode. The stream reproduces it by never reaching left of its chunk's
+# *context start* (chunk start − 25): re-decoding, a piece [a, b) comes from `codes[max(a − c, context start) : b]`
+# (causality makes the cut at b exact); incrementally (section 4), one decode per chunk starts at its context start and
+# is fed each piece once. On 316 frames: chunked = one-shot in the first chunk, ≠ past it, and the stream = chunked:
 
 # %%
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME
@@ -142,11 +145,11 @@ check.snr(f"stream (chunks of 36) = Codec.decode, all {T} frames", streamed, chu
 # %% [markdown]
 # ## 4. Decode every frame once
 # Re-decoding is exact but expensive: a piece's left context reaches back to its chunk's context start, up to 325
-# frames. The codec's CPU form (chapter 12) is cut in parts that continue where they stopped: part 0 (codebooks,
-# pre_conv) reruns its 3 frames of left context; the transformer runs new positions with a KV cache (chapter 05's
-# `add_kv_cache`); every causal convolution keeps the last input samples it read, a state blob in and out of its
-# graph (`rewrites.codec_cpu.stateful_convolutions`). `Codec.incremental()` returns that decode, an
-# `IncrementalDecode`. To count what each way decodes, the stream gets a codec that adds up the frames it is given.
+# frames. The codec's CPU form (chapter 12) is cut in parts, graphs run in turn, that continue where they stopped: part
+# 0 (codebooks, pre_conv) reruns its 3 frames of left context; the transformer runs new positions with a KV cache
+# (chapter 05's `add_kv_cache`); every causal convolution keeps the last input samples it read, a state blob in and out
+# of its graph (`rewrites.codec_cpu.stateful_convolutions`). `Codec.incremental()` returns that decode. To count what
+# each way decodes, `Counted` wraps the codec, adds up the frames given to its decodes, passes all else through:
 
 # %%
 from qtts_lib.runtime.codec.decoder import IncrementalDecode
@@ -171,7 +174,8 @@ class Counted:
         return Counted(self.inner.incremental(), self.tally)
 
 # %% [markdown]
-# Both ways stream 120 frames in pieces of 4, each checked against one `decode_once` of them:
+# Both ways (incremental, `context_frames=None`; re-decoding with context R) stream 120 frames in pieces of 4, each
+# checked against one `decode_once` of them, then the frames each decoded per frame played:
 
 # %%
 few = long_codes[:120]
@@ -192,16 +196,15 @@ check.at_least("re-decode stream: frames decoded per frame played", "frames per 
                redecode, 2.0)
 
 # %% [markdown]
-# Re-decoding n frames in pieces of 4 decodes about n/8 frames per frame played. The incremental decode costs a
-# little more than one whole decode (each part reruns its context; more calls of fewer frames): section 6 reads how
-# much at full size. On a GPU the codec runs its graph whole (no parts), so the stream re-decodes there.
+# R is longer than these 120 frames, so each re-decoded piece starts at frame 0: about n/2 frames decoded for 4 played.
+# The incremental decode costs a little more than one whole decode (each part reruns its context; more calls of fewer
+# frames), read at full size in section 6. On a GPU the codec runs whole (no parts), so the stream re-decodes.
 #
 # ## 5. Stream the synthesizer
-# `synthesize` and `stream` are one path: the loop's frames are pushed into a decoder, a `WholeDecoder` (the
-# reference's whole decode at the end) or a `StreamDecoder`. Iterating the `Stream` that `stream` returns runs the
-# generation in your thread, a frame at a time, and yields pieces of `chunk_frames` frames; then `.result` holds the
-# `Result` (codes, why it stopped, seconds per stage). Without a seed each call draws a fresh one, so both get the
-# same seed here; then the stream must make `synthesize`'s codes and wav.
+# `synthesize` and `stream` are one path: the loop's frames go into a decoder, a `WholeDecoder` (the reference's whole
+# decode at the end) or a `StreamDecoder`. Iterating the `Stream` that `stream` returns generates in your thread, a
+# frame at a time, and yields pieces of `chunk_frames` frames; then `.result` holds the `Result` (codes, why it stopped,
+# seconds per stage). With the same seed, the stream must make `synthesize`'s codes and wav:
 
 # %%
 seeded = synth.sampling.replace(seed=7)
@@ -217,9 +220,9 @@ for chunk in (4, 12):
 save_wav(paths.outputs_dir(ckpt) / "15_stream.wav", np.concatenate(pieces))
 
 # %% [markdown]
-# Bad input is refused when `stream` is called, before any frame reached a listener. With an ICL voice (the clip
-# and its transcript, chapter 08) `synthesize` cuts the clip's share by a float ratio, as the reference does, which
-# now and then keeps one sample of the clip in front of the wav; the stream starts at the first generated frame:
+# Bad input is refused when `stream` is called, before any frame reached a listener. With an ICL voice (the clip and its
+# transcript, chapter 08) `synthesize` cuts the clip's share by a float ratio, as the reference does, which now and then
+# keeps one sample of the clip in front of the wav; the stream starts at the first generated frame:
 
 # %%
 from qtts_lib.runtime import InputError
@@ -245,8 +248,8 @@ if synth.kind != "custom_voice":
 
 # %% [markdown]
 # ## 6. Time the first audio
-# Frames generated, audio emitted and what a player that starts at the first piece would play, against wall time.
-# The player plays what is there and stalls whenever it has played everything emitted so far.
+# Frames generated, audio emitted, and what a player starting at the first piece plays (it *stalls* when it has played
+# all emitted so far), against wall time; `on_frame` gets each frame's count. Checked: *ttfa* (time to 1st audio)/total:
 
 # %%
 import time
@@ -257,8 +260,8 @@ for piece in synth.stream(TEXT, "english", voice, max_frames=60, chunk_frames=4,
     so_far = out[-1][1] if out else 0.0
     out.append((time.perf_counter() - t0, len(piece) / SAMPLE_RATE + so_far))
 gen, out = np.array(gen), np.array(out)
-end, played, stalls, playback = out[0, 0], 0.0, 0, []
-for t, emitted in out:
+end, played, stalls, playback = out[0, 0], 0.0, 0, []  # end: when the player runs dry
+for t, emitted in out:  # a piece arrives at t: a stall if the player ran dry before
     stalls += t > end
     start, end = max(end, t), max(end, t) + emitted - played
     playback += [(start, played), (end, emitted)]
@@ -278,11 +281,11 @@ check.at_most("first audio early in the run (streaming, not batch)", "ttfa / tot
               out[0, 0] / out[-1, 0], 0.5)
 
 # %% [markdown]
-# Times are measurements, not checks; what the first piece waits for can be counted. The stream runs in the
-# caller's thread, a frame per step, so exactly `chunk` frames exist when the first piece arrives, and closing the
-# stream generates no more. Nor does the first piece come whole: the decoder stages cost per sample, so the stream
-# hands out the first eighth of a frame as soon as it is decoded, then the rest of the piece in pieces, each as long
-# as all the audio before it (`codec.stream`'s docstring): a player has audio queued while each later piece decodes.
+# Times are measurements, not checks; what the first piece waits for can be counted. The stream runs in the caller's
+# thread, a frame per step, so exactly `chunk` frames exist when the first piece arrives, and closing the stream
+# generates no more. Nor does the first piece come whole: the decoder stages (the upsampling convolutions after the
+# codec's transformer) cost per output sample, so the stream hands out the first eighth of a frame, then the rest in
+# pieces each as long as all the audio before it: a player has audio queued while each later piece decodes.
 
 # %%
 for chunk in (1, 16):
@@ -299,9 +302,9 @@ for chunk in (1, 16):
                 "/ after close()", "frames", made, f"{[chunk]} / {chunk}")
 
 # %% [markdown]
-# Most of the prompt is the voice. Its head (the role, the codec tags, the speaker row; `Prompt.head`) is the same
-# for every text in this voice and language, so it is always prefilled as a call of its own and the synthesizer
-# keeps its cache (`pipeline.scheduler.Prefixes`): the next stream in this voice prefills only its text.
+# Most of the prompt is the voice. Its head (the role, the codec tags, the speaker row; `Prompt.head`) is the same for
+# every text in this voice and language, so it is always prefilled as a call of its own and the synthesizer keeps its
+# cache (`pipeline.scheduler.Prefixes`): the next stream in this voice prefills only its text.
 
 # %%
 p = synth.prompt(TEXT, "english", voice)
@@ -313,11 +316,12 @@ check.equal("this voice's head is kept after its streams", "kept", kept, True)
 # %% [markdown]
 # So the first audio costs the prompt's prefill (its text, once the voice's head is kept), `chunk` frames and their
 # decode up to the decoder stages plus an eighth of a frame through those. Smaller chunks start sooner but make more
-# codec calls, each reading all of the codec's weights. A stream that is slower than its audio (RTF above 1) makes
-# the listener wait between pieces, so what a player can promise is *gapless playback from*: the earliest moment
-# from which no piece arrives after the audio in front of it has played (`bench.stream.gapless_from_ms`), the first
-# audio when the stream keeps up. A committed run (`python -m qtts_lib.bench stream`) at full size, medians of fresh
-# processes: first audio and its parts, gapless playback from, whole streams against `synthesize` (ms per frame):
+# codec calls, each reading all of the codec's weights. A stream that is slower than its audio (RTF above 1) makes the
+# listener wait between pieces, so what a player can promise is *gapless playback from*: the earliest moment from which
+# no piece arrives after the audio in front of it has played (`bench.stream.gapless_from_ms`), the first audio when the
+# stream keeps up. A committed run (`python -m qtts_lib.bench stream`) at full size on a 2-core Xeon with AMX, medians
+# of fresh processes, a column per tier (loop / codec precision, chapters 13–14): first audio and its parts, gapless
+# playback from, whole streams against `synthesize` (ms per frame):
 
 # %%
 import json
@@ -344,11 +348,10 @@ pd.DataFrame(rows)
 
 # %% [markdown]
 # ## 7. Pipe it from the command line
-# `qtts say --stream -o out.wav` writes a complete wav after each piece; `-o -` writes 16-bit PCM behind a WAV header
-# of unknown length to stdout as the pieces come, for a player reading a pipe (`qtts say ... -o - | ffplay -`).
-# Here the command runs in a process where torch cannot be imported, with a seed, so that its take can be compared
-# with `Synthesizer.stream`'s: the pipe carries the same pieces, rounded to 16 bits. Serving the stream over HTTP,
-# to many listeners at once, is chapter 18.
+# `qtts say --stream -o out.wav` writes a complete wav after each piece; `-o -` writes 16-bit PCM behind a 44-byte WAV
+# header of unknown length to stdout as the pieces come, for a player reading a pipe (`qtts say ... -o - | ffplay -`).
+# Here it runs in a process where torch cannot be imported, with a seed, to compare with `Synthesizer.stream`: the same
+# pieces, rounded to 16 bits (an LSB is one step of a 16-bit sample). Over HTTP, to many listeners: chapter 18.
 
 # %%
 import subprocess
@@ -377,21 +380,18 @@ check.equal("qtts say -o - = Synthesizer.stream, same seed, 16-bit PCM",
 
 # %% [markdown]
 # ## Summary
-# - The codec decoder's reach is bounded (R = pre-conv 2 + layers × 71 + 10 frames): a piece decoded with R frames
-#   of left context is the one-shot decode to float rounding; the measured reach is shorter.
-# - The stream reproduces `Codec.decode`, the reference's `chunked_decode(300, 25)`, by never reaching left of a
-#   reference chunk's context; on the CPU it decodes every frame once (`IncrementalDecode`).
+# - The codec decoder's reach is bounded (R = 2 + layers × 71 + 10 frames): a piece decoded with R frames of left
+#   context is the one-shot decode to float rounding. The stream reproduces `Codec.decode` (`chunked_decode(300, 25)`)
+#   by never reaching left of a chunk's context; on the CPU it decodes every frame once (`IncrementalDecode`).
 # - `Synthesizer.stream` generates in the caller's thread and makes `synthesize`'s codes and wav; first audio costs
-#   the text's prefill (a voice's head is kept), `chunk` frames and their decode, an eighth of a frame first.
-# - `qtts say -o -` pipes the same stream as 16-bit PCM behind a WAV header of unknown length.
+#   the text's prefill, `chunk` frames and their decode, an eighth of a frame first. `qtts say -o -` pipes it.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/15_stream.wav`, the chapter report.
 #
 # **If your numbers differ**
-# - *Stream far from `Codec.decode` past frame 300* → a context reaching left of `chunk_start − 25`: that is the
-#   one-shot decode, not the reference's. *SNR near 0 dB* → context samples not dropped (`(a − lo) · 1920`).
-# - *ICL stream one sample short of `synthesize`* → expected: the reference's float-ratio cut (section 5). *Stream
-#   codes differ from `synthesize`'s* → not the same `Sampling` (seed included).
+# - *Stream far from `Codec.decode` past frame 300* → a context reaching left of `chunk_start − 25` (the one-shot
+#   decode). *SNR near 0 dB* → context samples not dropped (`(a − lo) · 1920`).
+# - *ICL stream one sample short of `synthesize`* → expected (section 5). *Stream codes differ* → another `Sampling`.
 # - *Incremental stream off from its second piece on* → mask or rope positions not absolute across calls
 #   (`rope.causal_mask(L, past, window)`), or a part's kept context shorter than its reach (`codec_decoder.json`).
 # - *`qtts say -o -` differs from the stream* → another seed, language (the CLI's default is `auto`) or frame cap.
