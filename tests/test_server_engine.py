@@ -164,3 +164,81 @@ def test_a_reader_that_catches_up_wakes_the_engine():
         assert woken == [1] and not job.held(150)
 
     asyncio.run(run())
+
+
+def stalled(url: str, path: str = "/v1/audio/speech"):
+    """A raw connection that sends its headers and 10 of the 100 body bytes it announced, then nothing."""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    sock = socket.create_connection((u.hostname, u.port), timeout=30)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                 .encode() + b'{"input": ')
+    return sock
+
+
+def answer_of(sock) -> bytes:
+    """Everything the server sends until it closes the connection (a timeout if it never does)."""
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+@pytest.fixture
+def served_app(synth, tmp_path):
+    """(url, engine) of an app with a 1-second body timeout, served with the connection limit `qtts serve` sets by
+    default (max batch + queue + 32)."""
+    from serving import CKPT, InProcess
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    engine = server.Engine(synth, voices, max_frames=6, chunk_frames=2, queue_places=2, max_batch=2)
+    http_server = InProcess(server.build_app(engine, CKPT, body_timeout=1.0),
+                            limit_concurrency=engine.max_batch + engine.queue_places + 32)
+    yield http_server.url, engine
+    engine.stop()
+    engine.thread.join(60)
+    http_server.stop()
+
+
+def test_a_stalled_body_is_dropped(served_app):
+    """A client sends part of its body and stalls: after the body timeout it gets a 408 that names the stall and
+    its connection is closed (recv sees the end); an upload that stalls is dropped the same way."""
+    url, _ = served_app
+    for path in ("/v1/audio/speech", "/v1/voices"):
+        sock = stalled(url, path)
+        start = time.monotonic()
+        answer = answer_of(sock)
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408") and b"sent nothing for 1 s" in answer, answer[:300]
+        assert time.monotonic() - start < 20
+
+
+def test_sixty_stalled_bodies_do_not_keep_health_from_answering(served_app):
+    """60 stalled bodies, more than the server's connection limit (36 here; those past it get uvicorn's 503 at once):
+    each is dropped after the body timeout (a 408, the connection closed), so /health answers 200 within seconds,
+    and a speech request is served."""
+    url, engine = served_app
+    socks = [stalled(url) for _ in range(60)]
+    try:
+        deadline = time.monotonic() + 30
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                status = request(url, "/health", timeout=5)[0]
+            except OSError:
+                status = None
+            if status == 200:
+                break
+            time.sleep(0.2)
+        assert status == 200
+        assert request(url, "/v1/audio/speech", speech())[0] == 200
+        answers = [answer_of(s) for s in socks]  # each closed by the server: 408, or uvicorn's 503 past its limit
+        assert all(a.startswith((b"HTTP/1.1 408", b"HTTP/1.1 503")) for a in answers), [a[:40] for a in answers]
+        assert sum(a.startswith(b"HTTP/1.1 408") for a in answers) >= 30
+    finally:
+        for s in socks:
+            s.close()

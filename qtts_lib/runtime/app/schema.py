@@ -26,6 +26,8 @@ from ..errors import InputError
 from ..pipeline.sampling import Sampling
 
 MAX_BODY_BYTES = 64 * 1024
+BODY_TIMEOUT = 10.0      # seconds a request body may send nothing before it is dropped (408)
+BODY_DEADLINE_TIMES = 12  # ... and the whole body must come within this many of them (a trickle is dropped too)
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a voice upload: a minute of 48 kHz stereo 16-bit wav fits (15 s are used)
 MAX_INPUT_CHARS = 4096   # OpenAI's limit for `input`
 MAX_INSTRUCTIONS_CHARS = 4096
@@ -289,15 +291,32 @@ class Speech:
     stream_format: str = "audio"
 
 
-async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
+async def read_body(request, limit: int = MAX_BODY_BYTES, timeout: float = BODY_TIMEOUT) -> bytes:
     """The request's body, refused (413) past `limit` bytes before it is read: at once from its Content-Length,
-    else as soon as the bytes read pass it."""
+    else as soon as the bytes read pass it. A body that sends nothing for `timeout` seconds, or has not all come
+    after BODY_DEADLINE_TIMES of them, is dropped: a 408 that closes the connection (a stalled client holds no
+    connection, and none of uvicorn's places, for longer)."""
+    import asyncio
+
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise RequestError(413, f"request body over {limit} bytes" if length.isdigit() else
                            "the Content-Length header is not a number")
     body = bytearray()
-    async for chunk in request.stream():
+    chunks = request.stream().__aiter__()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout * BODY_DEADLINE_TIMES
+    while True:
+        wait = min(timeout, deadline - loop.time())
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), max(wait, 0.0))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            why = f"sent nothing for {timeout:g} s" if wait >= timeout else \
+                f"did not all come within {timeout * BODY_DEADLINE_TIMES:g} s"
+            raise RequestError(408, f"the request body {why}: dropped", code="body_timeout",
+                               headers={"Connection": "close"}) from None
         body += chunk
         if len(body) > limit:
             raise RequestError(413, f"request body over {limit} bytes")
@@ -623,7 +642,8 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                                                      "first frame)",
                                       "headers": headers, "content": audio},
                               "400": error("Invalid request"), "401": error("Missing or wrong API key"),
-                              "404": error("Unknown model"), "413": error("Body too large"),
+                              "404": error("Unknown model"), "408": error("The body stalled (--body-timeout)"),
+                              "413": error("Body too large"),
                               "500": error("The engine failed before any audio (a stream that fails later is cut "
                                            "off: its chunked body never ends)"),
                               "503": error("Batch and queue full (Retry-After says when to try again), or the "

@@ -46,7 +46,8 @@ serve all of them, and each response streams as its own frames come. A request k
 segment to its last; one that joins is prefilled a piece per frame, so the streams already running never wait for a
 whole prompt.
 
-Every request's work is bounded: the body (64 KiB, refused from its Content-Length or as soon as more is read), the
+Every request's work is bounded: the body (64 KiB, refused from its Content-Length or as soon as more is read; one
+that stalls for `--body-timeout` seconds is dropped with a 408 that closes the connection), the
 text (`--frame-budget` frames at most, else a 400 before any work), the places (`--max-batch` speaking and `--queue`
 waiting; past that a 503 with Retry-After at once; `--max-connections` for uvicorn), and the audio a client has not
 read yet: past `--backlog` seconds its text is held (no next segment), and a client that takes no audio for
@@ -622,9 +623,10 @@ class Reply:
         self.encoder = Encoder(job.speech.format)
         self.tempo = Tempo(job.speech.speed)
         self.samples = 0
-        # PyAV's work (an encoder of a compressed format, the tempo filter) runs on a thread, off the event loop;
-        # pcm and wav at speed 1 are a few numpy operations, done in place
-        self.off_loop = FORMATS[job.speech.format].container is not None or job.speech.speed != 1.0
+        # PyAV's work (an encoder of a compressed format, the tempo filter) could run on a thread, off the event
+        # loop; tried (issue 53), it stalled the engine's ncnn steps for seconds under four clients on two cores (the
+        # soak of test_server.py timed out), so it stays on the loop until the cores are shared by measurement
+        self.off_loop = False
         self._busy: asyncio.Future | None = None  # that work, while it runs (`close` waits for it to discard)
 
     async def _encode(self, work, *args) -> bytes:
@@ -710,14 +712,15 @@ async def _disconnected(receive) -> None:
         pass
 
 
-def build_app(engine: Engine, model_id: str, api_key: str | None = None, send_timeout: float = SEND_TIMEOUT):
+def build_app(engine: Engine, model_id: str, api_key: str | None = None, send_timeout: float = SEND_TIMEOUT,
+              body_timeout: float | None = None):
     """The Starlette app over one `Engine` (its endpoints: `Api`); with `api_key`, the PROTECTED paths need it as a
-    bearer token."""
+    bearer token; `body_timeout`: seconds a request body may stall (default `schema.BODY_TIMEOUT`)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
-    api = Api(engine, model_id, api_key is not None, send_timeout)
+    api = Api(engine, model_id, api_key is not None, send_timeout, body_timeout)
     routes = [Route("/v1/audio/speech", api.speech, methods=["POST"]),
               Route("/v1/models", api.models, methods=["GET"]),
               Route("/v1/voices", api.voices, methods=["GET"]), Route("/v1/voices", api.add_voice, methods=["POST"]),
@@ -757,10 +760,13 @@ class Api:
     """The server's endpoints over one `Engine`, one method each (`build_app` routes them); the speech request's
     parsing is `schema`'s, its answer a `Reply`."""
 
-    def __init__(self, engine: Engine, model_id: str, auth: bool, send_timeout: float):
+    def __init__(self, engine: Engine, model_id: str, auth: bool, send_timeout: float,
+                 body_timeout: float | None = None):
         from .metrics import Metrics
+        from .schema import BODY_TIMEOUT
 
         self.engine, self.model_id, self.auth, self.send_timeout = engine, model_id, auth, send_timeout
+        self.body_timeout = BODY_TIMEOUT if body_timeout is None else body_timeout
         self.metrics = Metrics(engine)
         engine.on_step = self.metrics.batch_size.observe
         self.served = engine.served_model(model_id)
@@ -768,6 +774,12 @@ class Api:
         self._openapi: tuple[list, dict] | None = None
         voices = engine.voices
         self.consents = Consents(voices.folder / "consents" if voices.folder and voices.clones else None, voices.log)
+
+    async def _body(self, request, upload: bool = False) -> bytes:
+        """`schema.read_body` within this server's body timeout: a speech request's limit, or an upload's."""
+        from .schema import MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_body
+
+        return await read_body(request, MAX_UPLOAD_BYTES if upload else MAX_BODY_BYTES, self.body_timeout)
 
     async def speech(self, request):
         """Read, check and admit the request (a 4xx or 503 at once), wait for its first audio, then stream."""
@@ -807,10 +819,10 @@ class Api:
     async def admit(self, request) -> Job:
         """The request read (`schema.read_body`), checked (`schema.parse_speech`), planned against the budget and
         given a place; any refusal a `schema.RequestError`."""
-        from .schema import RequestError, parse_speech, read_body
+        from .schema import RequestError, parse_speech
 
         voices = self.engine.voices
-        speech = parse_speech(await read_body(request), self.served, voices.names(), voices.by_id())
+        speech = parse_speech(await self._body(request), self.served, voices.names(), voices.by_id())
         try:
             await voices.ready(speech.voice)  # a clip copied in since the start: built now, once
         except (AudioError, InputError) as e:
@@ -864,11 +876,11 @@ class Api:
     async def add_voice(self, request):
         """A voice from an uploaded clip (`schema.parse_voice_form`), built off the engine's thread
         (`Voices.add`) and saved in the voices folder: 201, or a 4xx saying why not."""
-        from .schema import MAX_UPLOAD_BYTES, RequestError, VoiceCreated, parse_voice_form, read_body
+        from .schema import RequestError, VoiceCreated, parse_voice_form
 
         try:
             self._cloning(folder=True)
-            form = await parse_voice_form(await read_body(request, MAX_UPLOAD_BYTES), request.headers)
+            form = await parse_voice_form(await self._body(request, upload=True), request.headers)
             created = await self._add_voice(form.name, form.audio, form.text, form.filename, "audio")
         except RequestError as e:
             return _refusal(e)
@@ -878,11 +890,11 @@ class Api:
         """OpenAI's `POST /v1/audio/voices`: a voice from an audio sample (`schema.parse_sample_form`) under a
         consent recording this server holds, made as `POST /v1/voices` makes one (no transcript: x-vector) and
         given an OpenAI id: `schema.AudioVoice`, or a 4xx saying why not."""
-        from .schema import MAX_UPLOAD_BYTES, AudioVoice, RequestError, parse_sample_form, read_body, shown
+        from .schema import AudioVoice, RequestError, parse_sample_form, shown
 
         try:
             self._cloning(folder=True)
-            form = await parse_sample_form(await read_body(request, MAX_UPLOAD_BYTES), request.headers)
+            form = await parse_sample_form(await self._body(request, upload=True), request.headers)
             if form.consent not in self.consents:
                 raise RequestError(400, f"no consent recording {shown(form.consent)}: upload one with POST "
                                         "/v1/audio/voice_consents and send its id", "consent",
@@ -945,11 +957,11 @@ class Api:
     async def create_consent(self, request):
         """OpenAI's `POST /v1/audio/voice_consents`: a consent recording (`schema.parse_consent_form`), checked as a
         voice clip is and kept (`Consents`): `schema.VoiceConsent`, or a 4xx saying why not."""
-        from .schema import MAX_UPLOAD_BYTES, RequestError, parse_consent_form, read_body
+        from .schema import RequestError, parse_consent_form
 
         try:
             self._cloning()
-            form = await parse_consent_form(await read_body(request, MAX_UPLOAD_BYTES), request.headers)
+            form = await parse_consent_form(await self._body(request, upload=True), request.headers)
             record = await self.consents.add(form.name, form.language, form.recording, form.filename)
         except RequestError as e:
             return _refusal(e)
@@ -976,12 +988,12 @@ class Api:
     async def consent(self, request):
         """OpenAI's retrieve (GET), update (POST: a new label, `schema.parse_consent_update`) and delete of one
         consent recording, by its id."""
-        from .schema import RequestError, VoiceConsentDeleted, parse_consent_update, read_body, shown
+        from .schema import RequestError, VoiceConsentDeleted, parse_consent_update, shown
 
         consent_id = request.path_params["consent_id"]
         try:
             self._cloning()
-            name = parse_consent_update(await read_body(request)) if request.method == "POST" else None
+            name = parse_consent_update(await self._body(request)) if request.method == "POST" else None
             if consent_id not in self.consents:
                 raise RequestError(404, f"no consent recording {shown(consent_id)}", "consent_id",
                                    code="consent_not_found")
@@ -1155,7 +1167,8 @@ def serve(args) -> int:
                 (f"warning: a key given with --api-key shows in `ps` to every user of this machine: set "
                  f"${API_KEY_ENV} instead" if args.api_key else f"the key comes from ${API_KEY_ENV}"))
         connections = args.max_connections or engine.max_batch + engine.queue_places + 32
-        uvicorn.run(build_app(engine, directory.name, api_key=key, send_timeout=args.send_timeout), host=args.host,
+        uvicorn.run(build_app(engine, directory.name, api_key=key, send_timeout=args.send_timeout,
+                              body_timeout=args.body_timeout), host=args.host,
                     port=args.port, log_level=args.log_level, limit_concurrency=connections)
     finally:
         engine.stop()
@@ -1182,6 +1195,9 @@ def add_arguments(p) -> None:
                                                                 "(default: max batch + queue + 32)")
     p.add_argument("--send-timeout", type=float, default=SEND_TIMEOUT,
                    help=f"seconds a client may take no audio before it is dropped (default {SEND_TIMEOUT:.0f})")
+    p.add_argument("--body-timeout", type=float, default=None,
+                   help="seconds a request body may send nothing before it is dropped with a 408 (default 10; the "
+                        "whole body must come within 12 times it)")
     p.add_argument("--backlog", type=float, default=BACKLOG_SECONDS,
                    help="seconds of audio a client may leave unread before its text's next segment waits "
                         f"(default {BACKLOG_SECONDS:.0f})")
