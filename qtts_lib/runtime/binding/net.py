@@ -100,7 +100,7 @@ def release_threads() -> bool:
     own first); the next ncnn call from this thread makes them again. Call it before another thread takes over the
     ncnn work: GNU OpenMP keeps every thread's pool, and once it manages more threads than there are CPUs it stops
     spinning between parallel regions and parks each worker in the kernel: on two cores, steps ran 2x slower
-    (chapter 15, tests/test_threads.py). Returns whether a runtime was found (False elsewhere: nothing to do)."""
+    (appendix D, tests/test_threads.py). Returns whether a runtime was found (False elsewhere: nothing to do)."""
     global _OPENMP
     if _OPENMP is None:  # ncnn (imported above) has loaded its OpenMP runtime by now
         _OPENMP = []
