@@ -40,7 +40,7 @@ the usage (the input's text tokens, the audio frames generated). A long `input` 
 short pauses (`pipeline.longform.LongText`, chapter 16), each segment capped by its own length and by `--max-frames`.
 
 One thread runs every piece of ncnn work (`Engine`): OpenMP keeps a worker pool per thread that ran ncnn, so ncnn
-called from whichever thread the event loop lends would starve on a machine with few cores (chapter 15). Up to
+called from whichever thread the event loop lends would starve on a machine with few cores (appendix D). Up to
 `--max-batch` requests are decoded together (`pipeline.scheduler.Scheduler`, chapter 17): each frame's graph calls
 serve all of them, and each response streams as its own frames come. A request keeps its place from its first
 segment to its last; one that joins is prefilled a piece per frame, so the streams already running never wait for a
