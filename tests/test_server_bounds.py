@@ -70,8 +70,8 @@ def test_a_six_hour_clip_is_refused_before_it_is_decoded(tmp_path, stated):
     assert run.returncode == 0 and len(lines) == 3, run.stdout + run.stderr
     for line in lines[:2]:
         assert line.startswith("REFUSED") and "at most 60 s" in line, line
-    growth, seconds = float(lines[2].split()[1]), float(lines[2].split()[3])
-    assert growth < GROWTH_LIMIT_MB and seconds < 10, lines[2]
+    growth = float(lines[2].split()[1])
+    assert growth < GROWTH_LIMIT_MB, lines[2]  # the time is printed, not asserted: a timing is no property
 
 
 def test_a_clip_within_the_limit_reads_as_before():
@@ -134,5 +134,5 @@ def test_a_six_hour_upload_is_refused_with_the_server_s_memory_bounded(server):
     _, peak = peak_kb(proc.pid)
     for status, body in answers:
         assert status == 400 and "at most 60 s" in body["error"]["message"], body
-    assert (peak - rss) / 1024 < GROWTH_LIMIT_MB and seconds < 20, (peak - rss, seconds)
+    assert (peak - rss) / 1024 < GROWTH_LIMIT_MB, (peak - rss, seconds)  # the time is reported, not asserted
     assert json.loads(request(url, "/health")[2])["status"] == "ok"
