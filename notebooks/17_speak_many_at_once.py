@@ -15,17 +15,17 @@
 # # 17 · Speak many at once: batched generation
 # > A memory-bound step reads every weight once, whatever it computes with them. Give it four rows instead of one.
 #
-# **You will:** fold several sequences into one decoder call with a `.param` rewrite; decode the cache layout of
-# ncnn's SDPA layer (scaled dot-product attention, one fused layer) so that sequences join and leave a batch; draw
-# the mask that keeps them apart; check four prompts batched against alone; watch continuous batching; read what
-# batching buys at full size.
+# **You will:** *fold* several sequences into one decoder call (each becomes its own group of attention heads) with a
+# `.param` rewrite; decode the cache layout of ncnn's SDPA layer (scaled dot-product attention, one fused layer) so that
+# sequences join and leave a batch; draw the mask that keeps them apart; check four prompts batched against alone; watch
+# *continuous batching* (utterances join and leave a running batch between frames); read what it buys.
 #
-# **You will learn:** why batching is almost free in this loop and where it stops (attention, the codec); why
-# sequences go into the head axis; what holds bitwise and what to float rounding; what `--max-batch` does.
+# **You will learn:** why batching is almost free in this loop and where it stops (attention, the codec); why sequences
+# go into the head axis; what holds bitwise and what to float rounding; what `--max-batch` does.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing); the full-size tables come from
-# `data/bench/batch/`. **Leaves behind:** `data/outputs/<ckpt>/17_many_*.wav`, the chapter report. The set-up
-# loads the checkpoint's `Synthesizer` and prints the talker's shape, read by the rewrites below:
+# `data/bench/batch/`. **Leaves behind:** `data/outputs/<ckpt>/17_many_*.wav`, the chapter report. The set-up loads the
+# checkpoint's `Synthesizer` and prints the talker's shape, read by the rewrites below:
 
 # %%
 import numpy as np
@@ -46,8 +46,8 @@ print(ckpt, "talker:", {k: talker[k] for k in ("hidden_size", "num_hidden_layers
 # ## 1. Four rows for the price of one
 # Every frame the talker reads all its weights once and the code predictor its own 15 times: the loop is bound by
 # memory, not arithmetic (chapter 11). A projection over M rows reads the same weights as over one, so B utterances
-# decoded together cost about what one costs, *if* every graph call takes a row per utterance. A talker step at M
-# rows, timed here and not asserted (section 2's folded graph; a tiny checkpoint is mostly call overhead):
+# decoded together cost about what one costs, *if* every graph call takes a row per utterance. A talker step at M rows,
+# timed here and not asserted (section 2's folded graph; a tiny checkpoint is mostly call overhead):
 
 # %%
 import time
@@ -63,7 +63,7 @@ step_net, rng = synth.loop.talker, np.random.default_rng(14)
 def step_ms(rows: int, repeats: int = 30) -> float:
     """Median wall time of a talker step for `rows` sequences of 12 cached positions."""
     x = rng.standard_normal((1, 12, talker["hidden_size"])).astype(np.float32)
-    cache = merge([step_net.prefill(x)[1] for _ in range(rows)])
+    cache = merge([step_net.prefill(x)[1] for _ in range(rows)])  # one batch cache
     times = []
     for _ in range(repeats):
         e = rng.standard_normal((rows, 1, talker["hidden_size"])).astype(np.float32)
@@ -82,11 +82,12 @@ display(steps)
 # %% [markdown]
 # ## 2. Fold the sequences into the head axis
 # Everything in a decoder layer but attention treats rows independently: B sequences of L positions are B·L rows.
-# Attention is where rows meet: the exported graph computes it per head, `q (heads, rows, d)`, and SDPA lets every
-# row see every cached row. `rewrites.batch.fold_batch` makes each sequence a group of heads of its own, `(heads,
-# B·L, d) → (B·heads, L, d)` before SDPA (a Reshape, a 4-D Permute, a Reshape), the inverse after. With grouped-query
-# attention (fewer key/value heads, each shared by a group of query heads), query head `b·heads + h` reads key/value
-# head `b·kv_heads + h // (heads/kv_heads)`: its own sequence's. One attention block, before and after:
+# Attention is where rows meet: the exported graph computes it per head, `q (heads, rows, d)`, and SDPA lets every row
+# see every cached row. `rewrites.batch.fold_batch` makes each sequence a group of heads of its own, `(heads, B·L, d) →
+# (B·heads, L, d)` before SDPA (a Reshape, a 4-D Permute, a Reshape), the inverse after. With grouped-query attention
+# (fewer key/value heads, each shared by a group of query heads), query head `b·heads + h` reads key/value head
+# `b·kv_heads + h // (heads/kv_heads)`: its own sequence's. One attention block, before and after, then what the rewrite
+# adds per attention layer (q, k, v and the output each reshaped; the check counts the layers):
 
 # %%
 from qtts_lib.runtime.binding.param import parse_param
@@ -115,8 +116,8 @@ check.equal(
     (7 * n, 3 * n, n, 0))
 
 # %% [markdown]
-# At one sequence every reshape is the identity, so the folded graph must compute exactly what the exported one
-# does. The runtime runs one sequence without the fold and loads the folded graph once something may batch
+# At one sequence every reshape is the identity, so the folded graph must compute exactly what the exported one does.
+# The runtime runs one sequence without the fold and loads the folded graph once something may batch
 # (`KvCacheNet.batched_net`); a sequence prefilled alone joins a batch with its cache as it is. Bit for bit:
 
 # %%
@@ -137,14 +138,15 @@ check.equal("folded graph at one sequence = exported graph (prefill + 8 steps)",
             "bitwise equal", bool(np.array_equal(*outs)), True)
 
 # %% [markdown]
-# Why not one shared cache, everyone's positions stacked and a block-diagonal mask? Exact, but every query would
-# score all B sequences' keys and throw B−1 of every B away, and a finished sequence would stay until a rebuild.
-
-# %% [markdown]
+# Why not one shared cache, everyone's positions stacked and a block-diagonal mask? Exact, but every query would score
+# all B sequences' keys and throw B−1 of every B away, and a finished sequence would stay until a rebuild.
+#
 # ## 3. The cache is the kernel's: read it to move sequences
-# Sequences join a batch after their own prefill and leave it when they end, so caches are cut and merged. A cache
-# Mat says `(kv_heads, positions, head_dim)`, but its memory is the x86 SDPA kernel's own tiled layout, with room to
-# spare: `binding.cache_layout.probe` runs one SDPA layer on random inputs, finds the tile and checks every element:
+# Sequences join a batch after their own prefill and leave it when they end, so caches are cut and merged. A cache Mat
+# says `(kv_heads, positions, head_dim)`, but its memory is the x86 SDPA kernel's own tiled layout, with room to spare
+# (`cstep`, ncnn's stride from one channel to the next, exceeds h·w): `binding.cache_layout.probe` runs one SDPA layer
+# on random inputs, finds the tile and checks every element. `merge` reads caches out in that layout and writes one
+# batch cache back; the check: a cache merely read and written back steps bitwise as before:
 
 # %%
 import inspect
@@ -169,9 +171,10 @@ check.equal("a cache read and written back: the next step is bitwise the same", 
 
 # %% [markdown]
 # ## 4. The mask that keeps sequences apart
-# All sequences of a batch hold the same number of cached positions (the blobs are one array): a shorter one is
-# padded at the front, and the mask, one row per head, hides each sequence's padding from it. Three sequences that
-# joined with prompts of 30, 12 and 20 rows, four steps later:
+# All sequences of a batch hold the same number of cached positions (the blobs are one array): a shorter one is padded
+# at the front, and the mask, one row per head, hides each sequence's padding from it. Three sequences that joined with
+# prompts of 30, 12 and 20 rows, four steps later. In the figure a row is a query head, grouped by sequence (red lines),
+# a column a key position; black at the left of a group is its sequence's front padding:
 
 # %%
 import matplotlib.pyplot as plt
@@ -205,9 +208,9 @@ check.equal("each sequence's heads see exactly its own positions",
 
 # %% [markdown]
 # ## 5. A batch of four against the four alone
-# A row in a batch may differ from the same row alone: the projections run over M rows (another kernel tile,
-# perhaps another order of additions), and attention scores padded positions the mask sets to −∞ (exact zeros after
-# the softmax). One talker step of the three padded sequences above against the three stepped alone:
+# A row in a batch may differ from the same row alone: the projections run over M rows (another kernel tile, perhaps
+# another order of additions), and attention scores padded positions the mask sets to −∞ (exact zeros after the
+# softmax). One talker step of the three padded sequences above against the three stepped alone:
 
 # %%
 lengths = [30, 12, 20]
@@ -225,10 +228,10 @@ check.at_most("a batched step's rows vs the same rows alone (max relative differ
               "relative", step_diff, 1e-5)
 
 # %% [markdown]
-# Then whole generations: four prompts of four lengths (x-vector and ICL clones, text trailing and inside the
-# prompt), each with its own sampler, decoded in one `Batch` and each alone. Every decision is the same unless it
-# sits within float32 rounding of a boundary (two nearly equal logits, a draw at the edge of a code's share), so
-# greedy codes are asserted equal and sampled ones shown (one may now and then go its own way):
+# Then whole generations: four prompts of four lengths (x-vector and ICL clones, text trailing and inside the prompt),
+# each with its own sampler, decoded in one `Batch` and each alone. Every decision is the same unless it sits within
+# float32 rounding of a boundary (two nearly equal logits, a draw at the edge of a code's share), so greedy codes are
+# asserted equal and sampled ones shown (one may now and then go its own way):
 
 # %%
 from qtts_lib.runtime import load_wav
@@ -274,8 +277,8 @@ for greedy in (True, False):
 display(pd.DataFrame(rows))
 
 # %% [markdown]
-# At full size the same four prompts, greedy, over a longer run (`python -m qtts_lib.bench batch --parity`), in
-# fp32 and in the int8 tier: where a code first changes on random weights, if it does.
+# At full size the same four prompts, greedy, over a longer run (`python -m qtts_lib.bench batch --parity`), in fp32 and
+# in the int8 tier: where a code first changes on random weights, if it does.
 
 # %%
 import json
@@ -288,16 +291,16 @@ for tier in ("fp32", "int8"):
     display(pd.DataFrame(full["sequences"]))
 
 # %% [markdown]
-# In fp32 every code holds to the end; in int8 the batched sequences leave the alone ones within the first frames.
-# int8 quantizes each projection's input at run time with one scale per call (from its absmax), shared by the rows
+# In fp32 every code holds to the end; in int8 the batched sequences leave the alone ones within the first frames. int8
+# quantizes each projection's input at run time with one scale per call (from its largest |value|), shared by the rows
 # of a batch: a batched row's grid depends on the other rows' largest value. int8 is already an approximation that
 # changes codes on random weights (chapter 13); a batch draws another sample of it, so only fp32 keeps parity.
 #
 # ## 6. Continuous batching: join between frames, leave at the end
-# A `Scheduler` keeps up to `max_batch` utterances running. A new one joins between two frames: while others run,
-# its prompt is prefilled a piece at a time (`PREFILL_PIECE` positions a step, so running sequences never wait for
-# a whole prompt), then its cache joins the batch in place. One that ends leaves at once (its channels cut out).
-# Six utterances of different lengths through four places, with the batch width at every step:
+# A `Scheduler` keeps up to `max_batch` utterances running. A new one joins between two frames: while others run, its
+# prompt is prefilled a piece at a time (`PREFILL_PIECE` positions a step, so running sequences never wait for a whole
+# prompt), then its cache joins the batch in place. One that ends leaves at once (its cache channels cut out). Six
+# utterances of different lengths through four places, with the batch width at every step:
 
 # %%
 from qtts_lib.runtime.pipeline.scheduler import PREFILL_PIECE
@@ -325,7 +328,7 @@ a2.set(xlabel="step (a frame of each running utterance)", ylabel="width", ylim=(
 plt.show()
 
 # %% [markdown]
-# The batch must fill and never overflow, every utterance end where it would alone, and some join a running batch.
+# The batch must fill, never overflow, end every utterance where it would alone, and take some mid-batch;
 # `synthesize_many` wraps the same scheduler: a list of utterances in, their results in order out:
 
 # %%
@@ -350,9 +353,10 @@ display(Audio(np.concatenate([r.wav for r in many]), rate=SAMPLE_RATE))
 
 # %% [markdown]
 # ## 7. What it buys at full size
-# `python -m qtts_lib.bench batch` on `full-base`: B utterances of one length, each B in a fresh process, medians.
-# Per *aggregate* frame (all B sequences' frames): the loop's ms, the codec's, and the aggregate real-time factor,
-# also with chapter 14's bf16 codec; other machines are on the [results](results.ipynb) page:
+# `python -m qtts_lib.bench batch` on `full-base`: B utterances of one length, each B in a fresh process, medians. Per
+# *aggregate* frame (a frame of any of the B sequences): the loop's ms, the codec's, and the real-time factor of all B
+# together (wall time over the audio made, below 1 faster than real time), also with chapter 14's bf16 codec. The file's
+# machine is printed; other machines are on the [results](results.ipynb) page:
 
 # %%
 bench = json.loads(BENCH.with_suffix(".json").read_text())
@@ -371,29 +375,26 @@ table.set_index(["loop", "B"])
 # (chapter 12), does not batch: its own cost (the bf16 tier) is the lever. More in the [lab notes](../lab_notes.md).
 #
 # ## 8. Where users get it
-# - Python: `synth.synthesize_many([Utterance(...), ...], max_batch=4)`; a `Scheduler` to submit at any time.
-# - `qtts say --text-file book.txt --max-batch 4`: a long text's segments, four at a time (the default).
+# - Python: `synth.synthesize_many([Utterance(...), ...], max_batch=4)`, or a `Scheduler`; `qtts say --text-file
+#   book.txt --max-batch 4`: a long text's segments, four at a time (the default).
 # - `qtts serve --max-batch 4`: concurrent requests share the batch; a request is a *lane* (`Scheduler.lane`) that
 #   keeps its place from its first segment to its last, so a stream never waits behind a newcomer (chapter 18).
 # - On a GPU `--max-batch` defaults to 1; more loads the CPU's folded graphs on the device (`gpu_batches=True`).
 #
 # ## Summary
-# - Sequences fold into the attention's head axis (`rewrites.batch.fold_batch`): every other layer sees B·L rows,
-#   every weight is read once for all of them, and at one sequence the graph is bitwise the exported one.
+# - Sequences fold into the attention's head axis (`rewrites.batch.fold_batch`): every other layer sees B·L rows, every
+#   weight is read once for all of them, and at one sequence the graph is bitwise the exported one.
 # - The SDPA cache is in the kernel's tiled layout; `binding.cache_layout` probes it so that sequences can be merged
-#   (left-padded, a per-head mask) and cut.
-# - A batch gives each prompt its own hidden states to float32 rounding, so its own greedy codes (in fp32; int8's
-#   run-time quantizer turns rounding differences into other codes).
-# - Continuous batching (`Scheduler`): prefill in pieces between frames, join, leave the frame it ends. The loop's
-#   cost per aggregate frame falls with B; the codec does not batch, so its share of the time grows.
+#   (left-padded, a per-head mask) and cut. A batch keeps each prompt's greedy codes in fp32, not in int8.
+# - Continuous batching (`Scheduler`): prefill in pieces between frames, join, leave the frame it ends. The loop's cost
+#   per aggregate frame falls with B; the codec does not batch, so its share of the time grows.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/17_many_*.wav`, the chapter report.
 #
 # **If your numbers differ**
-# - *A batch's codes differ from the alone run at once* → the mask: a sequence sees another's padding, or rope rows
-#   at the wrong positions (each sequence its own `lengths[b]`).
-# - *`cache_layout.probe` refuses this build* → another ncnn keeps its cache differently: batching is off.
-# - *B = 8 no faster per frame than B = 4* → the codec dominates, or attention over long caches.
+# - *A batch's codes differ from the alone run at once* → the mask (another's padding seen) or rope rows misplaced.
+# - *`cache_layout.probe` refuses this build* → another ncnn's cache layout: batching is off. *B = 8 no faster per
+#   frame than B = 4* → the codec dominates, or attention over long caches.
 # - *Batched int8 codes differ from int8 alone* → expected: the quantizer's scale is shared by a call's rows.
 
 # %%
