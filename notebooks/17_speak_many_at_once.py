@@ -394,8 +394,7 @@ table.set_index(["loop", "B"])
 # **If your numbers differ**
 # - *A batch's codes differ from the alone run at once* → the mask (another's padding seen) or rope rows misplaced.
 # - *`cache_layout.probe` refuses this build* → another ncnn's cache layout: batching is off. *B = 8 no faster per
-#   frame than B = 4* → the codec dominates, or attention over long caches.
-# - *Batched int8 codes differ from int8 alone* → expected: the quantizer's scale is shared by a call's rows.
+#   frame than B = 4* → the codec dominates, or attention over long caches. *Batched int8 ≠ alone* → expected.
 
 # %%
 check.table()
