@@ -33,3 +33,27 @@ def synth(tts):
 
     export.ensure(tts, "tiny-base")
     return Synthesizer(paths.model_dir("tiny-base"), threads=2)
+
+
+@pytest.fixture
+def serve(synth, tmp_path):
+    """serve(**engine options, send_timeout=, send_buffer=) -> (engine, url, paced): an in-process server with the
+    voice alice, whose engine steps the test paces (`serving.Served`); stopped afterwards. For the server's tests."""
+    import shutil
+
+    from serving import Served
+
+    from qtts_lib import paths
+    from qtts_lib.runtime.app import server
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    served = Served(synth)
+
+    def start(send_timeout: float = server.SEND_TIMEOUT, send_buffer: int | None = None, **options):
+        options = {"max_frames": 6, "chunk_frames": 2, "queue_places": 2, "max_batch": 1} | options
+        return served.start(voices, send_timeout=send_timeout, send_buffer=send_buffer, **options)
+
+    yield start
+    served.stop()

@@ -237,3 +237,13 @@ def hang_up(conn) -> None:
     except OSError:
         pass
     conn.close()
+
+
+PARAGRAPH = ("The tutorial ports a speech model to a small runtime. Each chapter checks one claim against the "
+             "reference, and every number lands in a report. Long texts are cut into sentences, packed into "
+             "segments, and spoken one segment at a time with the same voice. ")
+
+
+def speech(text: str = "Hello there.", **fields) -> dict:
+    """A speech request's body in the voice alice (the `serve` fixture's), as pcm."""
+    return {"input": text, "voice": "alice", "response_format": "pcm"} | fields

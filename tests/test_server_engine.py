@@ -8,33 +8,10 @@ import time
 import types
 
 import pytest
-from serving import Served, post, request, until
+from serving import PARAGRAPH, post, request, speech, until
 
 from qtts_lib import paths
 from qtts_lib.runtime.app import server
-
-PARAGRAPH = ("The tutorial ports a speech model to a small runtime. Each chapter checks one claim against the "
-             "reference, and every number lands in a report. Long texts are cut into sentences, packed into "
-             "segments, and spoken one segment at a time with the same voice. ")
-
-
-@pytest.fixture
-def serve(synth, tmp_path):
-    voices = tmp_path / "voices"
-    voices.mkdir()
-    shutil.copy(paths.voice_wav(), voices / "alice.wav")
-    served = Served(synth)
-
-    def start(send_timeout: float = server.SEND_TIMEOUT, send_buffer: int | None = None, **options):
-        options = {"max_frames": 6, "chunk_frames": 2, "queue_places": 2, "max_batch": 1} | options
-        return served.start(voices, send_timeout=send_timeout, send_buffer=send_buffer, **options)
-
-    yield start
-    served.stop()
-
-
-def speech(text: str = "Hello there.", **fields) -> dict:
-    return {"input": text, "voice": "alice", "response_format": "pcm"} | fields
 
 
 def test_an_utterance_that_ends_at_its_first_frame_is_answered_200_with_no_audio(serve, monkeypatch):
@@ -210,16 +187,15 @@ def test_a_stalled_body_is_dropped(served_app):
     url, _ = served_app
     for path in ("/v1/audio/speech", "/v1/voices"):
         sock = stalled(url, path)
-        start = time.monotonic()
-        answer = answer_of(sock)
+        answer = answer_of(sock)  # the socket's 30 s timeout raises if the server never closes it
         sock.close()
         assert answer.startswith(b"HTTP/1.1 408") and b"sent nothing for 1 s" in answer, answer[:300]
-        assert time.monotonic() - start < 20
 
 
 def test_sixty_stalled_bodies_do_not_keep_health_from_answering(served_app):
-    """60 stalled bodies, more than the server's connection limit (36 here; those past it get uvicorn's 503 at once):
-    each is dropped after the body timeout (a 408, the connection closed), so /health answers 200 within seconds,
+    """60 stalled bodies, more than the server's connection limit (36 here): each is closed, with a 408 after the
+    body timeout or uvicorn's 503 past its limit (which of the two depends on how many connections uvicorn had
+    accepted when it parsed each request's headers: an order of events, not a property), so /health answers 200
     and a speech request is served."""
     url, engine = served_app
     socks = [stalled(url) for _ in range(60)]
@@ -238,7 +214,6 @@ def test_sixty_stalled_bodies_do_not_keep_health_from_answering(served_app):
         assert request(url, "/v1/audio/speech", speech())[0] == 200
         answers = [answer_of(s) for s in socks]  # each closed by the server: 408, or uvicorn's 503 past its limit
         assert all(a.startswith((b"HTTP/1.1 408", b"HTTP/1.1 503")) for a in answers), [a[:40] for a in answers]
-        assert sum(a.startswith(b"HTTP/1.1 408") for a in answers) >= 30
     finally:
         for s in socks:
             s.close()

@@ -4,39 +4,14 @@ whose steps the test paces (`serving.Paced`), so that every assertion is about a
 server reaches, never about how long something took."""
 import http.client
 import json
-import shutil
 import threading
 
 import pytest
-from serving import Served, hang_up, post, request, until
+from serving import PARAGRAPH, hang_up, post, request, speech, until
 
 from qtts_lib import paths
 from qtts_lib.runtime.app import server
 from qtts_lib.runtime.pipeline.longform import plan
-
-PARAGRAPH = ("The tutorial ports a speech model to a small runtime. Each chapter checks one claim against the "
-             "reference, and every number lands in a report. Long texts are cut into sentences, packed into "
-             "segments, and spoken one segment at a time with the same voice. ")
-
-
-@pytest.fixture
-def serve(synth, tmp_path):
-    """serve(**engine options, send_timeout=, send_buffer=) -> (engine, url, paced); all stopped afterwards."""
-    voices = tmp_path / "voices"
-    voices.mkdir()
-    shutil.copy(paths.voice_wav(), voices / "alice.wav")
-    served = Served(synth)
-
-    def start(send_timeout: float = server.SEND_TIMEOUT, send_buffer: int | None = None, **options):
-        options = {"max_frames": 6, "chunk_frames": 2, "queue_places": 2, "max_batch": 1} | options
-        return served.start(voices, send_timeout=send_timeout, send_buffer=send_buffer, **options)
-
-    yield start
-    served.stop()
-
-
-def speech(text: str = "Hello there.", **fields) -> dict:
-    return {"input": text, "voice": "alice", "response_format": "pcm"} | fields
 
 
 def response_in_thread(conn) -> dict:
