@@ -13,13 +13,14 @@
 
 # %% [markdown]
 # # 18 · Serve over HTTP
-# > OpenAI's speech API in front of one engine thread: any OpenAI client can speak through it, and no client can
-# > take more than its share.
+# > OpenAI's speech API in front of one engine thread (the one thread that runs every ncnn call, appendix D):
+# > any OpenAI client can speak through it, and no client can take more than its share.
 #
 # **You will:** start `qtts serve`, speak to it with OpenAI's Python SDK, whole and streamed; replay a take by its
 # seed; add and delete voices while it runs; lock it with a key; watch it refuse work it cannot bound.
 #
-# **You will learn:** what the server adds to the library (a request is parsed, bounded, given a place, streamed; the
+# **You will learn:** what the server adds to the library (a request is parsed, bounded, given a place, a row of
+# the engine's batch (chapter 17), streamed; the
 # audio is the library's, bit for bit); why a seed is drawn per request; what each bound protects; how streams fare
 # under load. Every option is listed on the [how-to page](../howto.md).
 #
@@ -130,8 +131,10 @@ check.equal("temperature 0: a 400 naming `temperature`", "status param",
 
 # %% [markdown]
 # ## 3. Stream over HTTP
-# The answer is sent as it is generated: a chunked body, a chunk per piece of `--chunk-frames` frames, read here as
-# it arrives. Newer OpenAI clients ask for `stream_format="sse"`: `speech.audio.delta` events hold the bytes in
+# The answer is sent as it is generated: a chunked body (HTTP's `Transfer-Encoding: chunked`, a body sent in
+# pieces of announced length, its total unknown up front), a chunk per piece of `--chunk-frames` frames, read here as
+# it arrives. Newer OpenAI clients ask for `stream_format="sse"`, server-sent events: text lines `data: {json}`
+# separated by blank lines, of which the cell keeps the `data:` lines. `speech.audio.delta` events hold the bytes in
 # base64 and one `speech.audio.done` ends the stream with the usage; joined, the deltas are the same take:
 
 # %%
@@ -331,7 +334,9 @@ for s in (0.5, 2.0):
 # ## 9. Bound the work
 # A server shares one engine among strangers, so work is bounded and refused at once past a bound (the how-to page
 # lists them). A second server with one place and a small frame budget gets a text over the budget, then a request
-# while its place is held; an app whose engine's step raises must answer 503 on `/health`, for a supervisor:
+# while its place is held. Last, a failure: a real engine rarely fails on demand, so the app is served in this
+# process (starlette's `TestClient`) over an engine whose step is replaced by a `Mock` that raises; the request
+# must get a 5xx and `/health` a 503, which is what a supervisor restarts on:
 
 # %%
 from unittest.mock import Mock
@@ -359,7 +364,11 @@ check.equal("a dead engine: the request a 5xx, /health 503", "statuses",
 # %% [markdown]
 # ## 10. The server under load, at full size
 # `python -m qtts_lib.bench serve` times every chunk of streaming clients (1 to 8 at once, 8 arriving apart) on
-# `full-base` int8: *before*, a long text's next segment queued behind new requests; *after*, it keeps its place:
+# `full-base` int8, here on a 2-core Intel Xeon VM with AMX. Its two files compare two scheduling rules: in
+# *before*, a long text's next segment queued behind new requests; in *after* (the server's rule), it keeps its
+# place. The columns: `gap_p99_over_p50`, a stream's 99th-percentile wait between two pieces over its median wait
+# (1 is an even pace); `longest_gap_p99_ms`, the longest such wait; `ttfa_p99_ms`, first audio of the slowest
+# clients; `rtf`, the audio's real-time factor:
 
 # %%
 import matplotlib.pyplot as plt
@@ -373,9 +382,9 @@ plt.show()
 load[["gap_p99_over_p50", "longest_gap_p99_ms", "ttfa_p99_ms", "rtf"]].unstack()
 
 # %% [markdown]
-# Past the batch's room (8 clients, 4 places), *before*, newcomers took a running stream's place between segments
-# (its longest gap grows); *after*, every stream that started keeps its pace, and the wait moves to where a server
-# can bound it: a waiting request's first audio. Other machines: the [results](results.ipynb) page.
+# Past the batch's room (8 clients, 4 places), under the *before* rule newcomers took a running stream's place
+# between segments (its longest gap grows); under the *after* rule every stream that started keeps its pace, and
+# the wait moves to where a server can bound it: a waiting request's first audio. Other machines: the [results](results.ipynb) page.
 #
 # ## Summary
 # - `qtts serve` speaks OpenAI's speech API: the official SDK works with only `base_url` changed, whole or streamed;

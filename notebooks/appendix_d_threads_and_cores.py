@@ -13,8 +13,8 @@
 
 # %% [markdown]
 # # Appendix D · Threads and cores
-# > ncnn's OpenMP workers belong to the thread that started them: a program that hands ncnn to another thread must
-# > let the first thread's workers go.
+# > ncnn's OpenMP workers (the threads that share a layer's work) belong to the thread that started them: a
+# > program that hands ncnn to another thread must let the first thread's workers go.
 #
 # Chapter 15 streams in the caller's thread. A program around the runtime may instead hand ncnn to a thread of its
 # own: `qtts serve` loads the model in its main thread and runs every ncnn call on one engine thread (chapter 18).
