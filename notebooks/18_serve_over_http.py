@@ -384,7 +384,8 @@ load[["gap_p99_over_p50", "longest_gap_p99_ms", "ttfa_p99_ms", "rtf"]].unstack()
 # %% [markdown]
 # Past the batch's room (8 clients, 4 places), under the *before* rule newcomers took a running stream's place
 # between segments (its longest gap grows); under the *after* rule every stream that started keeps its pace, and
-# the wait moves to where a server can bound it: a waiting request's first audio. Other machines: the [results](results.ipynb) page.
+# the wait moves to where a server can bound it: a waiting request's first audio. Other machines: the
+# [results](results.ipynb) page.
 #
 # ## Summary
 # - `qtts serve` speaks OpenAI's speech API: the official SDK works with only `base_url` changed, whole or streamed;
