@@ -57,7 +57,7 @@ from .prompt import Prompt, PromptBuilder, Voice, frame_cap
 from .sampling import Sampler, Sampling
 
 DEFAULT_MAX_BATCH = 4   # chapter 17: four rows cost about what one costs in a memory-bound step
-PREFIXES_KEPT = 8       # prompt heads whose talker caches a synthesizer keeps (`Prefixes`)
+PREFIX_BUDGET_MB = 256  # the memory a synthesizer's kept prompt heads may hold, in MB (`Prefixes`)
 PREFILL_PIECE = 32      # prompt positions a joining utterance prefills per step while others run
 WARM_FRAMES = 4         # frames of a voice clip's codes its decoder decodes per step meanwhile (`StreamDecoder.warm`)
 
@@ -113,36 +113,62 @@ class Job:
 
 
 class Prefixes:
-    """The talker caches of prompt heads (`Prompt.head`), by the digest of the head's rows, the PREFIXES_KEPT used
-    last: a scheduler prefills a head as a call of its own and keeps its cache here, and an utterance whose prompt
-    starts with the same rows (the same voice, language and instruction) starts from a copy of it. A head always
-    goes in as its own call, kept or not, so an utterance gives the same numbers the first time and every time
-    after. A synthesizer holds one for all its schedulers (`synthesize` after `synthesize`, the server's requests).
-    A kept cache holds the head's positions of every talker layer: about 4 MB at full size for a cloned voice's nine
-    (an instruction adds its own)."""
+    """The talker caches of prompt heads (`Prompt.head`), by the digest of the head's rows: a scheduler prefills a
+    head as a call of its own and keeps its cache here, and an utterance whose prompt starts with the same rows (the
+    same voice, language and instruction) starts from a copy of it. A head always goes in as its own call, kept or
+    not, so an utterance gives the same numbers the first time and every time after. A synthesizer holds one for all
+    its schedulers (`synthesize` after `synthesize`, the server's requests).
 
-    def __init__(self, kept: int = PREFIXES_KEPT):
-        self.kept = kept
-        self._caches: OrderedDict[bytes, KvCache] = OrderedDict()
+    The kept caches hold at most `budget_mb` MB (2**20 bytes) together, counted as the memory of their Mats
+    (`cache_bytes`, the room to spare included): the least recently used (put, or found by `get`) go first, and a
+    head whose cache alone is larger than the budget is not kept (its utterances prefill it every time, with the
+    same numbers). A kept cache holds the head's positions of every talker layer, 224 KB a position at full size
+    (28 layers, K and V of 8 heads of 128 floats) in whole tiles of positions: about 4 MB for a cloned voice's nine,
+    about 224 MB for a head of a thousand (a long instruction)."""
+
+    def __init__(self, budget_mb: float = PREFIX_BUDGET_MB):
+        if budget_mb < 0:
+            raise ValueError(f"a budget of {budget_mb} MB")
+        self.budget = int(budget_mb * 2**20)  # bytes
+        self.nbytes = 0                       # what the kept caches hold now
+        self._caches: OrderedDict[bytes, tuple[KvCache, int]] = OrderedDict()  # oldest use first
 
     def __len__(self) -> int:
         return len(self._caches)
 
     def get(self, rows: np.ndarray) -> KvCache | None:
-        """The kept cache of `rows` (not a copy: `Loop.start(prefix=)` copies it), or None."""
+        """The kept cache of `rows` (not a copy: `Loop.start(prefix=)` copies it), or None. Found, it becomes the
+        most recently used."""
         key = _digest(rows)
-        cache = self._caches.get(key)
-        if cache is not None:
-            self._caches.move_to_end(key)
-        return cache
+        kept = self._caches.get(key)
+        if kept is None:
+            return None
+        self._caches.move_to_end(key)
+        return kept[0]
 
     def put(self, rows: np.ndarray, cache: KvCache) -> None:
-        """Keep a copy of `cache`, which holds `rows` and nothing more (the oldest kept goes beyond `kept`)."""
+        """Keep a copy of `cache`, which holds `rows` and nothing more, as the most recently used; the least
+        recently used go until all fit the budget. A cache larger than the whole budget is not copied nor kept (a
+        copy holds at most its memory: `KvCache.copy` keeps the same room, or none)."""
         if cache.past != len(rows):
             raise ValueError(f"a cache of {cache.past} positions for a head of {len(rows)}")
-        self._caches[_digest(rows)] = cache.copy()
-        while len(self._caches) > self.kept:
-            self._caches.popitem(last=False)
+        key = _digest(rows)
+        if key in self._caches:
+            self.nbytes -= self._caches.pop(key)[1]
+        if cache_bytes(cache) > self.budget:
+            return
+        copy = cache.copy()
+        size = cache_bytes(copy)
+        while self._caches and self.nbytes + size > self.budget:
+            self.nbytes -= self._caches.popitem(last=False)[1][1]
+        self._caches[key] = (copy, size)
+        self.nbytes += size
+
+
+def cache_bytes(cache: KvCache) -> int:
+    """The memory a cache's Mats hold: every blob's channels at their channel step (positions held and room to
+    spare)."""
+    return sum(m.cstep * m.c * m.elemsize for m in cache.blobs.values())
 
 
 class Jobs:
