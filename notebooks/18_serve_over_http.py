@@ -239,18 +239,20 @@ if synth.kind == "base":
 # %%
 from starlette.testclient import TestClient
 
-from qtts_lib.runtime.app import server
+from qtts_lib.runtime.app.server.engine import Engine
+from qtts_lib.runtime.app.server.http import build_app
+from qtts_lib.runtime.app.server.voices import Voices
 
 
 def ask(name: str, voice: str, instructions: str):
     """A greedy pcm request with `instructions` to an app of checkpoint `name`, here."""
     export.ensure(reference.load(checkpoint.ensure(name), threads=THREADS), name)
     other = Synthesizer(paths.model_dir(name), threads=THREADS)
-    engine = server.Engine(other, None, max_frames=8, chunk_frames=4, queue_places=2)
+    engine = Engine(other, max_frames=8, chunk_frames=4, queue_places=2)
     body = {"input": TEXT, "language": "english", "greedy": True, "instructions":
             instructions, "voice": voice or other.speakers[0], "response_format": "pcm"}
-    answer = TestClient(server.build_app(engine, name)).post("/v1/audio/speech",
-                                                             json=body)
+    app = build_app(engine, Voices(other, None), name)  # no voices folder: its own
+    answer = TestClient(app).post("/v1/audio/speech", json=body)
     engine.stop()
     return answer, other
 
@@ -334,9 +336,12 @@ for s in (0.5, 2.0):
 # ## 9. Bound the work
 # A server shares one engine among strangers, so work is bounded and refused at once past a bound (the how-to page
 # lists them). A second server with one place and a small frame budget gets a text over the budget, then a request
-# while its place is held. Last, a failure: a real engine rarely fails on demand, so the app is served in this
-# process (starlette's `TestClient`) over an engine whose step is replaced by a `Mock` that raises; the request
-# must get a 5xx and `/health` a 503, which is what a supervisor restarts on:
+# while its place is held. Last, failures: a real engine rarely fails or hangs on demand, so the app is served in
+# this process (starlette's `TestClient`) over the server's three parts, `Engine` (the thread that runs ncnn; its
+# surface is `speak` and `status`), `Voices` (the store of every file under `--voices`) and `build_app` (the HTTP
+# layer over those two), with the engine's step replaced by a `Mock` that raises, then by one that hangs for longer
+# than the watchdog allows (`stall_seconds`). Either way the request must get a 5xx and `/health` a 503 that says
+# why, which is what a supervisor restarts on:
 
 # %%
 from unittest.mock import Mock
@@ -353,13 +358,21 @@ check.equal("a text over --frame-budget: 400 before any work", "status code",
             f"{over.status_code} {over.json()['error']['code']}", "400 over_budget")
 check.equal("every place taken: 503 at once, with Retry-After", "status retry",
             f"{full.status_code} {'retry-after' in full.headers}", "503 True")
-engine = server.Engine(synth, voices_dir, max_frames=MAX_FRAMES)
-app = TestClient(server.build_app(engine, ckpt))
-engine.scheduler.step = Mock(side_effect=RuntimeError("an engine failure, simulated"))
-failed = app.post("/v1/audio/speech", json={"input": TEXT, "voice": VOICE})
-print(over.json()["error"], full.json()["error"], failed.json()["error"], sep="\n")
-check.equal("a dead engine: the request a 5xx, /health 503", "statuses",
-            (failed.status_code // 100, app.get("/health").status_code), (5, 503))
+store = Voices(synth, voices_dir)
+failures = {"raises": RuntimeError("an engine failure, simulated"),
+            "hangs": lambda: time.sleep(5)}  # the watchdog allows 1 s here
+for what, effect in failures.items():
+    engine = Engine(synth, max_frames=MAX_FRAMES, stall_seconds=1.0)
+    app = TestClient(build_app(engine, store, ckpt))
+    engine.scheduler.step = Mock(side_effect=effect)
+    failed = app.post("/v1/audio/speech", json={"input": TEXT, "voice": VOICE})
+    health = app.get("/health")
+    print(f"{what}: {failed.status_code}", failed.json()["error"]["message"],
+          health.json()["error"])
+    check.equal(f"an engine that {what}: the request a 5xx, /health 503", "statuses",
+                (failed.status_code // 100, health.status_code), (5, 503))
+    engine.stop()
+print(over.json()["error"], full.json()["error"], sep="\n")
 
 # %% [markdown]
 # ## 10. The server under load, at full size
@@ -391,7 +404,8 @@ load[["gap_p99_over_p50", "longest_gap_p99_ms", "ttfa_p99_ms", "rtf"]].unstack()
 # - `qtts serve` speaks OpenAI's speech API: the official SDK works with only `base_url` changed, whole or streamed;
 #   its samples are `stream_long`'s, bit for bit. A fresh take per request, replayed by its `X-Seed`.
 # - Voices are uploaded and deleted while it runs; `instructions` are followed or refused, never dropped.
-# - A key guards the API; work past a bound is refused; a dead engine shows in `/health`; a request keeps its place.
+# - A key guards the API; work past a bound is refused; a dead or hung engine shows in `/health`; a request keeps
+#   its place.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/18_voices/`, `18_server_*.log`, the chapter report.
 #
@@ -404,7 +418,7 @@ load[["gap_p99_over_p50", "longest_gap_p99_ms", "ttfa_p99_ms", "rtf"]].unstack()
 for proc in servers:
     proc.terminate()
     proc.wait(30)
-engine.stop()
+store.close()
 check.equal("every server started here has stopped", "running",
             [p.poll() is None for p in servers], [False] * len(servers))
 check.table()

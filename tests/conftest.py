@@ -44,14 +44,14 @@ def serve(synth, tmp_path):
     from serving import Served
 
     from qtts_lib import paths
-    from qtts_lib.runtime.app import server
+    from qtts_lib.runtime.app.server.reply import SEND_TIMEOUT
 
     voices = tmp_path / "voices"
     voices.mkdir()
     shutil.copy(paths.voice_wav(), voices / "alice.wav")
     served = Served(synth)
 
-    def start(send_timeout: float = server.SEND_TIMEOUT, send_buffer: int | None = None, **options):
+    def start(send_timeout: float = SEND_TIMEOUT, send_buffer: int | None = None, **options):
         options = {"max_frames": 6, "chunk_frames": 2, "queue_places": 2, "max_batch": 1} | options
         return served.start(voices, send_timeout=send_timeout, send_buffer=send_buffer, **options)
 

@@ -144,21 +144,29 @@ class Served:
         self.synth, self.made = synth, []
 
     def start(self, voices, send_timeout: float | None = None, send_buffer: int | None = None, **options):
-        from qtts_lib.runtime.app import server
+        """A server over the voices folder `voices` (its store: `self.voices`, the latest made) and an engine with
+        `options`; paced steps never trip the engine's watchdog or deadlines (both off unless `options` set them)."""
+        from qtts_lib.runtime.app.server.engine import Engine
+        from qtts_lib.runtime.app.server.http import build_app
+        from qtts_lib.runtime.app.server.reply import SEND_TIMEOUT
+        from qtts_lib.runtime.app.server.voices import Voices
 
-        engine = server.Engine(self.synth, voices, **options)
+        self.voices = Voices(self.synth, voices, log=lambda m: None)
+        self.voices.preload()
+        engine = Engine(self.synth, **({"stall_seconds": None, "deadline_margin": None} | options))
         paced = Paced(engine)
-        app = server.build_app(engine, CKPT, send_timeout=server.SEND_TIMEOUT if send_timeout is None else send_timeout)
+        app = build_app(engine, self.voices, CKPT, send_timeout=SEND_TIMEOUT if send_timeout is None else send_timeout)
         http_server = InProcess(app, send_buffer=send_buffer)
-        self.made.append((engine, paced, http_server))
+        self.made.append((engine, paced, http_server, self.voices))
         return engine, http_server.url, paced
 
     def stop(self) -> None:
-        for engine, paced, http_server in self.made:
+        for engine, paced, http_server, voices in self.made:
             paced.run_free()
             engine.stop()
             engine.thread.join(60)
             http_server.stop()
+            voices.close()
 
 
 class Paced:
@@ -247,3 +255,9 @@ PARAGRAPH = ("The tutorial ports a speech model to a small runtime. Each chapter
 def speech(text: str = "Hello there.", **fields) -> dict:
     """A speech request's body in the voice alice (the `serve` fixture's), as pcm."""
     return {"input": text, "voice": "alice", "response_format": "pcm"} | fields
+
+
+def places(engine) -> int:
+    """The places an engine's requests hold: speaking and waiting (its `status`)."""
+    status = engine.status()
+    return status.speaking + status.waiting

@@ -8,10 +8,13 @@ import time
 import types
 
 import pytest
-from serving import PARAGRAPH, post, request, speech, until
+from serving import PARAGRAPH, places, post, request, speech, until
 
 from qtts_lib import paths
-from qtts_lib.runtime.app import server
+from qtts_lib.runtime.app.server.engine import Engine, Job
+from qtts_lib.runtime.app.server.http import build_app
+from qtts_lib.runtime.app.server.voices import Voices
+from qtts_lib.runtime.pipeline.longform import plan
 
 
 def test_an_utterance_that_ends_at_its_first_frame_is_answered_200_with_no_audio(serve, monkeypatch):
@@ -32,7 +35,7 @@ def test_an_utterance_that_ends_at_its_first_frame_is_answered_200_with_no_audio
     assert status == 200 and events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] == 0
     monkeypatch.undo()
     status, _, body = request(url, "/v1/audio/speech", speech())
-    assert status == 200 and len(body) > 0 and engine.served == 5
+    assert status == 200 and len(body) > 0 and engine.status().served == 5
 
 
 def metric(url: str, name: str) -> float:
@@ -51,7 +54,7 @@ def test_health_and_metrics_tell_waiting_from_speaking(serve):
     paced.allow(3)
     paced.wait_for(3)
     b = post(url, speech())
-    until(lambda: engine.pending == 2, what="B given a place")
+    until(lambda: places(engine) == 2, what="B given a place")
     steps = paced.done
     paced.allow()  # the engine takes B from its inbox before this step: B's utterance waits in the scheduler
     paced.wait_for(steps + 1)
@@ -74,19 +77,19 @@ def test_the_engine_sleeps_while_every_text_waits_for_its_reader(serve):
     engine, url, paced = serve(max_batch=2, max_frames=30, chunk_frames=2, backlog_seconds=0.5, send_timeout=120,
                                send_buffer=4096)
     text = PARAGRAPH * 3
-    segments = len(engine.plan(types.SimpleNamespace(text=text)))
+    segments = len(plan(engine.synth, text, max_frames=30))
     assert segments >= 2
     paced.run_free()
     a = post(url, speech(text), rcvbuf=4096)
     response = a.getresponse()
     assert response.status == 200 and response.read(64)
-    until(lambda: engine.speaking and engine.speaking[0].long.held and not engine.scheduler, timeout=300,
+    until(lambda: engine.speaking and engine.status().held == 1 and not engine.scheduler, timeout=300,
           what="the text held with nothing to step")
     steps = paced.done
     time.sleep(1.0)
     assert paced.done - steps <= 1, f"{paced.done - steps} steps while every text was held"
     body = response.read()  # the client reads again: the engine wakes and finishes the text
-    assert len(body) > 0 and engine.served == 1 and engine.pending == 0
+    assert len(body) > 0 and engine.status().served == 1 and places(engine) == 0
     a.close()
 
 
@@ -108,7 +111,7 @@ def test_voice_ids_are_read_while_the_builder_writes_them(tmp_path):
     """`Voices.by_id` (a request, on the event loop) walks the ids while the builder thread removes one (a delete)
     or adds one (an upload): the reader sees one version whole, never "dictionary changed size during iteration"."""
     synth = types.SimpleNamespace(kind="base", speakers=[])
-    voices = server.Voices(synth, tmp_path, log=lambda m: None)
+    voices = Voices(synth, tmp_path, log=lambda m: None)
     try:
         voices.ids = _Paused(alice="voice_a", bob="voice_b", carol="voice_c")
         voices.ids.during = lambda: voices._delete("bob")
@@ -119,8 +122,8 @@ def test_voice_ids_are_read_while_the_builder_writes_them(tmp_path):
 
 
 def test_a_reader_that_catches_up_wakes_the_engine():
-    """`Job.held` (engine thread) and `Job.take` (event loop): a job held for its backlog wakes the engine once,
-    when a take brings the backlog back under the limit, and not before."""
+    """`Job.held` (engine thread) and the job's iteration (event loop): a job held for its backlog wakes the engine
+    once, when a piece taken brings the backlog back under the limit, and not before."""
     import asyncio
 
     import numpy as np
@@ -128,17 +131,18 @@ def test_a_reader_that_catches_up_wakes_the_engine():
     woken = []
 
     async def run():
-        job = server.Job(None, [], asyncio.get_running_loop(), wake=lambda: woken.append(1))
+        engine = types.SimpleNamespace(inbox=types.SimpleNamespace(put=woken.append))
+        job = Job(engine, None, None, [], asyncio.get_running_loop())
         for _ in range(3):
             job.send("audio", np.zeros(100, np.float32))
         await asyncio.sleep(0)
         assert job.held(150) and job.backlog == 300
-        await job.take()
+        await anext(job)
         assert woken == []  # 200 left: still over
-        await job.take()
-        assert woken == [1]  # 100: under, the engine is woken
-        await job.take()
-        assert woken == [1] and not job.held(150)
+        await anext(job)
+        assert woken == [None]  # 100: under, the engine is woken
+        await anext(job)
+        assert woken == [None] and not job.held(150)
 
     asyncio.run(run())
 
@@ -172,13 +176,16 @@ def served_app(synth, tmp_path):
     voices = tmp_path / "voices"
     voices.mkdir()
     shutil.copy(paths.voice_wav(), voices / "alice.wav")
-    engine = server.Engine(synth, voices, max_frames=6, chunk_frames=2, queue_places=2, max_batch=2)
-    http_server = InProcess(server.build_app(engine, CKPT, body_timeout=1.0),
+    store = Voices(synth, voices, log=lambda m: None)
+    store.preload()
+    engine = Engine(synth, max_frames=6, chunk_frames=2, queue_places=2, max_batch=2)
+    http_server = InProcess(build_app(engine, store, CKPT, body_timeout=1.0),
                             limit_concurrency=engine.max_batch + engine.queue_places + 32)
     yield http_server.url, engine
     engine.stop()
     engine.thread.join(60)
     http_server.stop()
+    store.close()
 
 
 def test_a_stalled_body_is_dropped(served_app):

@@ -12,7 +12,7 @@ import soundfile as sf
 from serving import COMPRESSED, PADDING, decoded, request, samples_at_24k, start_server, stop_server
 
 from qtts_lib import paths
-from qtts_lib.runtime.app.schema import REQUEST_FIELDS
+from qtts_lib.runtime.app.server.schema import REQUEST_FIELDS
 
 KEY = "sk-test-qtts"
 MAX_FRAMES = 8
@@ -342,10 +342,10 @@ def test_without_a_voices_folder_consents_are_kept_in_memory():
     a recording that is no voice clip is refused before any record is made."""
     import asyncio
 
-    from qtts_lib.runtime.app import server
+    from qtts_lib.runtime.app.server.voices import Consents
     from qtts_lib.runtime.errors import AudioError
 
-    consents = server.Consents(None, log=print)
+    consents = Consents(None, log=print)
     sample = clip_file(own_clip())[1]
     made = [asyncio.run(consents.add(f"label {i}", "en", sample, "c.wav")) for i in range(3)]
     assert [r["id"] for r in consents.page(None, 2)[0]] == [r["id"] for r in made[:2]]

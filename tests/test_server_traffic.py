@@ -5,12 +5,13 @@ server reaches, never about how long something took."""
 import http.client
 import json
 import threading
+import time
 
 import pytest
-from serving import PARAGRAPH, hang_up, post, request, speech, until
+from serving import PARAGRAPH, hang_up, places, post, request, speech, until
 
 from qtts_lib import paths
-from qtts_lib.runtime.app import server
+from qtts_lib.runtime.app.server.voices import DESIGNED, Voices
 from qtts_lib.runtime.pipeline.longform import plan
 
 
@@ -62,7 +63,7 @@ def test_a_running_stream_keeps_its_place_before_a_new_request(serve):
     a = post(url, speech(PARAGRAPH * 2))
     a_response = first_audio(a, paced)
     b = post(url, speech("A second request."))
-    until(lambda: engine.pending == 2, what="B in the queue")
+    until(lambda: places(engine) == 2, what="B in the queue")
     paced.run_free()
     a_body, b_body = a_response.read(), b.getresponse().read()
     assert a_body and b_body
@@ -81,18 +82,18 @@ def test_a_client_that_leaves_while_queued_frees_its_place_at_once(serve):
     a = post(url, speech(PARAGRAPH))
     a_response = first_audio(a, paced)
     b = post(url, speech())
-    until(lambda: engine.pending == 2, what="B in the queue")
+    until(lambda: places(engine) == 2, what="B in the queue")
     status, headers, body = request(url, "/v1/audio/speech", speech())
     assert status == 503 and json.loads(body)["error"]["code"] == "overloaded" and int(headers["retry-after"]) >= 1
     steps = paced.done
     hang_up(b)
-    until(lambda: engine.pending == 1, what="B's place freed")
+    until(lambda: places(engine) == 1, what="B's place freed")
     c = post(url, speech())
-    until(lambda: engine.pending == 2, what="C taken")
+    until(lambda: places(engine) == 2, what="C taken")
     assert paced.done == steps  # the engine never stepped: the event loop freed the place
     paced.run_free()
     assert a_response.read() and c.getresponse().read()
-    assert engine.served >= 2
+    assert engine.status().served >= 2
 
 
 def test_a_client_that_leaves_before_its_first_audio_frees_its_place(serve):
@@ -103,13 +104,13 @@ def test_a_client_that_leaves_before_its_first_audio_frees_its_place(serve):
     out = response_in_thread(a)
     paced.allow(2)
     paced.wait_for(2)
-    assert engine.active == 1 and len(engine.scheduler.batch) == 1 and "response" not in out
+    assert engine.status().speaking == 1 and engine.status().batch == 1 and "response" not in out
     hang_up(a)
-    until(lambda: engine.pending == 0, what="A's place freed")
+    until(lambda: places(engine) == 0, what="A's place freed")
     paced.allow()
-    until(lambda: engine.active == 0, what="A dropped")
+    until(lambda: engine.status().speaking == 0, what="A dropped")
     paced.wait_for(3)
-    assert not engine.scheduler and len(engine.scheduler.batch) == 0
+    assert not engine.scheduler and engine.status().batch == 0
 
 
 def test_an_engine_that_stops_is_seen(serve):
@@ -119,7 +120,7 @@ def test_an_engine_that_stops_is_seen(serve):
     a = post(url, speech(PARAGRAPH))
     first_audio(a, paced)
     b = post(url, speech())
-    until(lambda: engine.pending == 2, what="B in the queue")
+    until(lambda: places(engine) == 2, what="B in the queue")
     paced.fail_with(RuntimeError("a step failed"))
     b_response = b.getresponse()
     assert b_response.status in (500, 503)
@@ -148,7 +149,7 @@ def test_a_request_over_the_budget_is_refused_before_any_work(serve):
     status, _, body = request(url, "/v1/audio/speech", speech(PARAGRAPH * 3))
     error = json.loads(body)["error"]
     assert status == 400 and error["code"] == "over_budget" and "at most 60" in error["message"]
-    assert paced.done == 0 and engine.pending == 0
+    assert paced.done == 0 and places(engine) == 0
     paced.run_free()
     assert request(url, "/v1/audio/speech", speech("Short."))[0] == 200
 
@@ -169,19 +170,19 @@ def test_a_client_that_stops_reading_is_held_then_dropped(serve):
 
     paced.real = recorded
     text = PARAGRAPH * 6
-    segments = len(engine.plan(server_speech(text)))
+    segments = len(plan(engine.synth, text, max_frames=30))
     paced.run_free()
     a = post(url, speech(text), rcvbuf=4096)
     response = a.getresponse()
     assert response.status == 200 and response.read(64)
-    until(lambda: engine.pending == 0 and engine.active == 0, timeout=300, what="the stalled client dropped")
+    until(lambda: places(engine) == 0 and engine.status().speaking == 0, timeout=300, what="the stalled client dropped")
     assert 1 <= len(seen) < segments
     assert request(url, "/v1/audio/speech", speech("Still here."))[0] == 200
     a.close()
 
 
 def server_speech(text: str):
-    from qtts_lib.runtime.app.schema import Speech
+    from qtts_lib.runtime.app.server.schema import Speech
     from qtts_lib.runtime.pipeline.sampling import Sampling
 
     return Speech(text, "pcm", "english", "alice", Sampling(), None)
@@ -195,8 +196,51 @@ def test_voices_of_every_kind_without_a_folder():
     ckpt = "tiny-voicedesign"
     export.ensure(reference.load(checkpoint.ensure(ckpt), threads=2), ckpt)
     said = []
-    voices = server.Voices(Synthesizer(paths.model_dir(ckpt), threads=2), None, said.append)
+    voices = Voices(Synthesizer(paths.model_dir(ckpt), threads=2), None, said.append)
     voices.preload()
-    assert voices.names() == [server.DESIGNED] and not said
-    assert voices.get(server.DESIGNED, "A calm voice.").instruct == "A calm voice."
+    assert voices.names() == [DESIGNED] and not said
+    assert voices.get(DESIGNED, "A calm voice.").instruct == "A calm voice."
     voices.close()
+
+
+def test_a_step_that_hangs_stops_the_engine_and_says_why(serve):
+    """The watchdog: the engine's thread hangs inside a step (an injected hang: the paced step is never allowed to
+    finish). Past the stall limit /health answers 503 with the reason, the stream that was speaking is cut off, the
+    request waiting gets a 503, and a new request is refused at once."""
+    engine, url, paced = serve(max_batch=1, queue_places=2, max_frames=40, stall_seconds=1.0)
+    a = post(url, speech(PARAGRAPH))
+    response = first_audio(a, paced)
+    assert response.status == 200 and request(url, "/health")[0] == 200
+    b = post(url, speech())
+    until(lambda: places(engine) == 2, what="B in the queue")
+    until(lambda: request(url, "/health")[0] == 503, timeout=60, what="the watchdog")  # the next step never ends
+    assert "a step has run for" in json.loads(request(url, "/health")[2])["error"]
+    with pytest.raises(http.client.IncompleteRead):
+        response.read()
+    b_response = b.getresponse()
+    assert b_response.status == 503 and "a step has run for" in json.loads(b_response.read())["error"]["message"]
+    status, _, body = request(url, "/v1/audio/speech", speech())
+    assert status == 503 and json.loads(body)["error"]["code"] == "engine_stopped"
+
+
+def test_a_request_past_its_deadline_is_cut_and_the_engine_goes_on(serve):
+    """A request's deadline (here half a second, however many frames) passes while the engine is held inside a step:
+    at the next step the request is cut with an error the client sees (a 504 JSON error before any audio, or a
+    stream cut off after it, as the first step did or did not make audio), and the engine serves the next one."""
+    engine, url, paced = serve(max_batch=1, max_frames=40, chunk_frames=20, deadline_margin=0.5,
+                               deadline_per_frame=0.0)
+    a = post(url, speech(PARAGRAPH))
+    out = response_in_thread(a)
+    until(lambda: len(engine.speaking) == 1, what="A started (its deadline set)")
+    time.sleep(1.0)  # past the deadline, the engine held inside its first step
+    paced.allow()
+    until(lambda: "response" in out or "error" in out, what="A's answer")
+    response = out["response"]
+    if response.status == 200:
+        with pytest.raises(http.client.IncompleteRead):
+            response.read()
+    else:
+        error = json.loads(response.read())["error"]
+        assert response.status == 504 and error["code"] == "deadline_exceeded" and "deadline" in error["message"]
+    paced.run_free()
+    assert request(url, "/health")[0] == 200 and request(url, "/v1/audio/speech", speech(PARAGRAPH))[0] == 200

@@ -18,8 +18,9 @@ import soundfile as sf
 from serving import Served, decoded, post, request, start_server, stop_server, until
 
 from qtts_lib import paths
-from qtts_lib.runtime.app import server
-from qtts_lib.runtime.app.schema import SEED_HEADER
+from qtts_lib.runtime.app.server import API_KEY_ENV
+from qtts_lib.runtime.app.server.schema import SEED_HEADER
+from qtts_lib.runtime.app.server.voices import Voices
 from qtts_lib.runtime.binding.net import release_threads
 
 KEY = "sk-test-speech"
@@ -36,7 +37,7 @@ def served(tts, tmp_path_factory):
 
     export.ensure(tts, "tiny-base")
     tmp = tmp_path_factory.mktemp("speech")
-    proc, url = start_server(tmp, "--max-frames", str(MAX_FRAMES), env=os.environ | {server.API_KEY_ENV: KEY})
+    proc, url = start_server(tmp, "--max-frames", str(MAX_FRAMES), env=os.environ | {API_KEY_ENV: KEY})
     yield url, tmp / "voices"
     stop_server(proc)
 
@@ -351,9 +352,15 @@ def test_the_schema_documents_seed_sse_speed_and_voices(served):
 # ------------------------------------------------------------ in this process: where voices are built, restarts
 @pytest.fixture
 def in_process(synth, tmp_path):
-    """start(voices folder or None) -> (engine, url, paced); everything stopped afterwards."""
+    """start(voices folder or None) -> (engine, url, paced), its voice store `start.served.voices`; everything
+    stopped afterwards."""
     served = Served(synth)
-    yield lambda folder: served.start(folder, max_frames=40, chunk_frames=2, queue_places=2, max_batch=1)
+
+    def start(folder):
+        return served.start(folder, max_frames=40, chunk_frames=2, queue_places=2, max_batch=1)
+
+    start.served = served
+    yield start
     served.stop()
 
 
@@ -367,15 +374,15 @@ def test_a_voice_is_built_off_the_engines_thread_and_found_after_a_restart(in_pr
     conn = post(url, {"input": TEXT, "voice": "alice", "response_format": "pcm"})
     paced.allow(2)
     paced.wait_for(2)  # the stream is running; the next step waits for the test
-    until(lambda: engine.active == 1, what="the stream running")
+    until(lambda: engine.status().speaking == 1, what="the stream running")
     made = upload(url, "frank", clip_bytes(voice_clip()), headers={})
     assert made.status_code == 201, made.text
-    assert paced.done == 2 and engine.active == 1  # not one step more: the engine's thread did none of it
+    assert paced.done == 2 and engine.status().speaking == 1  # not one step more: the engine's thread did none of it
     paced.run_free()
     assert conn.getresponse().status == 200
     conn.close()
-    before = engine.voices.built["frank"]
-    fresh = server.Voices(synth, folder)
+    before = in_process.served.voices.built["frank"]
+    fresh = Voices(synth, folder)
     fresh.preload()
     assert np.array_equal(fresh.built["frank"].speaker_row, before.speaker_row)
     assert {v["name"]: v["mode"] for v in fresh.info()}["frank"] == "xvector"

@@ -21,8 +21,9 @@ Layers, from the bottom (a module imports only from layers below its own, and fr
     pipeline/    the model: config, embeddings, prompt, voices, sampling, precision tiers, the generation loop
                  (`loop`), continuous batching (`scheduler`), the `Synthesizer` façade (`synthesizer`), long texts
                  (`longform`)
-    app/         the front ends: shared options (`options`), `qtts say` (`cli`), `qtts serve` (`server`, its
-                 request and answers `schema`, `metrics`, the page in `static/`)
+    app/         the front ends: shared options (`options`), `qtts say` (`cli`), `qtts serve` (`server/`: the
+                 engine thread (`engine`), the voice store (`voices`), the HTTP layer (`http`, its answers
+                 `reply`), the request and answers (`schema`, `forms`, `openapi`), `metrics`, the page `static/`)
     experimental/  measured ideas that are not part of the product (`codec_process`)
 
 It must import with torch, transformers and qwen_tts unavailable (tests/test_runtime_imports.py).

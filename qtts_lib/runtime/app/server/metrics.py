@@ -9,7 +9,11 @@ apart.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .engine import Status
 
 TTFA_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 RTF_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -17,9 +21,10 @@ PATHS = ("/v1/audio/speech", "/v1/models", "/health", "/metrics", "/openapi.json
 
 
 class Metrics:
-    """The server's instruments; `engine` is read when scraped (queue depth, batch, requests speaking)."""
+    """The server's instruments; the engine's `status` is read when scraped (waiting, speaking, refused, the batch,
+    its health)."""
 
-    def __init__(self, engine):
+    def __init__(self, status: Callable[[], Status], max_batch: int):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("qtts_requests", "HTTP requests answered, by path and status", ["path", "status"],
                                 registry=r)
@@ -30,17 +35,18 @@ class Metrics:
                                              "bytes sent", buckets=TTFA_BUCKETS, registry=r)
         self.real_time_factor = Histogram("qtts_real_time_factor", "Wall seconds per second of audio, per finished "
                                           "request (request to last byte)", buckets=RTF_BUCKETS, registry=r)
-        batch_buckets = tuple(range(1, engine.max_batch + 1))
         self.batch_size = Histogram("qtts_batch_size", "Utterances decoded together, per step of the scheduler that "
-                                    "makes frames", buckets=batch_buckets, registry=r)
-        Gauge("qtts_queue_depth", "Requests waiting beside the batch", registry=r).set_function(
-            lambda: max(engine.pending - engine.active, 0))
-        Gauge("qtts_requests_speaking", "Requests being spoken", registry=r).set_function(lambda: engine.active)
-        Gauge("qtts_batch_utterances", "Utterances in the batch now", registry=r).set_function(
-            lambda: len(engine.scheduler.batch))
-        Gauge("qtts_max_batch", "The batch's width (--max-batch)", registry=r).set(engine.max_batch)
+                                    "makes frames", buckets=tuple(range(1, max_batch + 1)), registry=r)
+        Gauge("qtts_queue_depth", "Requests that hold a place and wait for the batch", registry=r).set_function(
+            lambda: status().waiting)
+        Gauge("qtts_requests_speaking", "Requests the batch has admitted", registry=r).set_function(
+            lambda: status().speaking)
+        Gauge("qtts_requests_refused", "Requests answered 503 for want of a place, since the start (a gauge read "
+              "from the engine)", registry=r).set_function(lambda: status().refused)
+        Gauge("qtts_batch_utterances", "Utterances in the batch now", registry=r).set_function(lambda: status().batch)
+        Gauge("qtts_max_batch", "The batch's width (--max-batch)", registry=r).set(max_batch)
         Gauge("qtts_engine_up", "1 while the engine runs, 0 once it has stopped (/health answers 503)",
-              registry=r).set_function(lambda: float(engine.alive))
+              registry=r).set_function(lambda: float(status().healthy))
 
     def answered(self, path: str, status: int) -> None:
         self.requests.labels(path if path in PATHS else "other", str(status)).inc()

@@ -1,0 +1,358 @@
+"""`qtts serve`'s engine: the one thread that runs ncnn, and every request it speaks. Introduced in 18.
+
+Its whole surface is two calls, both on the event loop:
+
+    job = await engine.speak(speech, voice)     # planned, checked and given a place, or an error at once
+    async for piece in job: ...                  # float32 audio pieces at 24 kHz, as they are made
+    job.close()                                  # however the request ended: its place is free
+    engine.status()                              # speaking, waiting, refused, the batch, healthy or why not
+
+One thread runs every piece of ncnn work: OpenMP keeps a worker pool per thread that ran ncnn, so ncnn called from
+whichever thread the event loop lends would starve on a machine with few cores (appendix D). Up to `max_batch`
+requests are decoded together (`pipeline.scheduler.Scheduler`, chapter 17): each frame's graph calls serve all of
+them, and each request's pieces come as its own frames do. A request keeps its place from its first segment to its
+last (`pipeline.longform.LongText`); one that joins is prefilled a piece per frame, so the streams already running
+never wait for a whole prompt. A request whose client leaves more than `backlog_seconds` of audio unread has its
+text held (no next segment) until the client catches up; the engine sleeps while it has nothing it may step.
+
+Failures are seen, never hidden. An exception on the engine's thread stops the engine: every request is told, and
+new ones are refused. So does a step that runs far past what is expected of it (the watchdog: `stall_times` its
+running median and at least `stall_seconds`, since a step that joins a prefill or shares the cores with a busy
+neighbour runs longer than the median), and every request has a deadline (its planned frames at no more than
+`deadline_per_frame` seconds each, plus `deadline_margin` seconds) past which it is cut with an error. A
+stopped engine stays stopped: `status().healthy` is False with the reason, and a supervisor restarts the process.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...audio.wav import SAMPLE_RATE
+from ...errors import AudioError, InputError
+from ...pipeline.longform import LongText, check_budget, plan
+from ...pipeline.scheduler import DEFAULT_MAX_BATCH, Scheduler
+
+FRAME_BUDGET = 9000      # frames a request may take (12 minutes: a 4096-character English text fits)
+BACKLOG_SECONDS = 20.0   # audio a client may leave unread before its text is held
+STALL_TIMES = 10         # a step this many times its running median ...
+STALL_SECONDS = 20.0     # ... and at least this long stops the engine (the watchdog)
+DEADLINE_FRAME_SECONDS = 0.4  # a request's deadline allows each planned frame five times its 80 ms of audio ...
+DEADLINE_MARGIN = 120.0  # ... plus this many seconds
+POLL_SECONDS = 1.0       # how often a waiting request looks at the engine's health
+
+
+class Unavailable(Exception):
+    """The engine cannot take a request now: overloaded (`retry_after` seconds) or stopped (None)."""
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineFailed(Exception):
+    """The engine stopped while the request was speaking or waiting (the reason is the message)."""
+
+
+class DeadlinePassed(EngineFailed):
+    """A request ran past its deadline: it is cut, the engine goes on."""
+
+
+class Stalled(Exception):
+    """The watchdog's reason for stopping the engine: a step that ran far too long."""
+
+
+@dataclass(frozen=True)
+class Status:
+    """What the engine is doing, as `/health` and `/metrics` report it."""
+
+    healthy: bool
+    error: str | None    # why not, when not healthy
+    speaking: int        # requests the batch has admitted (their audio is being made)
+    waiting: int         # requests holding a place that are not speaking yet
+    held: int            # speaking requests whose text waits for their client to catch up
+    refused: int         # requests turned away for want of a place, since the start
+    served: int          # requests spoken to the end, since the start
+    batch: int           # utterances in the batch now
+    max_batch: int
+    largest_batch: int   # the most utterances one step has decoded
+    steps: int           # frame steps made, since the start
+
+
+class Job:
+    """One request in the engine. The event loop iterates it for its audio pieces (float32 arrays) and closes it
+    however the request ends; the engine's thread puts what it makes on `out`. `backlog`: samples sent and not yet
+    taken (the client's reading, felt through the event loop's flow control). An iteration raises the refusal
+    (`InputError` or `AudioError`) when the request cannot start, `EngineFailed` when the engine stops or the
+    request passes its deadline."""
+
+    def __init__(self, engine: Engine, speech, voice, planned: list, loop: asyncio.AbstractEventLoop):
+        self.engine, self.speech, self.voice, self.planned, self.loop = engine, speech, voice, planned, loop
+        self.frames = sum(s.cap for s in planned)
+        self.out: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.released = False
+        self.long: LongText | None = None  # the engine thread's
+        self.deadline: float | None = None  # monotonic seconds, set when the engine starts it
+        self._backlog, self._lock = 0, threading.Lock()
+        self._held_over: int | None = None  # held for a backlog over this many samples: `take` wakes the engine
+
+    def usage(self) -> tuple[int, int]:
+        """(text tokens in, frames planned at most)."""
+        return sum(s.tokens for s in self.planned), sum(s.frames for s in self.planned)
+
+    @property
+    def backlog(self) -> int:
+        return self._backlog
+
+    # ------------------------------------------------------------ the event loop's side
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        kind, value = await self._take()
+        if kind == "audio":
+            return value
+        if kind == "done":
+            raise StopAsyncIteration
+        if kind == "refused" or isinstance(value, EngineFailed):
+            raise value
+        raise EngineFailed(str(value))
+
+    async def _take(self):
+        """The next (kind, value); a stopped engine is noticed within POLL_SECONDS, whatever it managed to say."""
+        while True:
+            try:
+                kind, value = await asyncio.wait_for(self.out.get(), POLL_SECONDS)
+                break
+            except TimeoutError:
+                failure = self.engine.failure_now()
+                if failure is not None:
+                    return "error", failure
+        if kind == "audio":
+            with self._lock:
+                self._backlog -= len(value)
+                wake = self._held_over is not None and self._backlog <= self._held_over
+                if wake:
+                    self._held_over = None
+            if wake:
+                self.engine.inbox.put(None)
+        return kind, value
+
+    def close(self) -> None:
+        """The request is over, however it ended: its place is free (once), its work stops at the next step."""
+        self.engine.release(self)
+
+    # ------------------------------------------------------------ the engine thread's side
+    def send(self, kind: str, value=None) -> None:
+        if kind == "audio":
+            with self._lock:
+                self._backlog += len(value)
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop has closed: the server is going down
+            self.cancelled.set()
+
+    def held(self, limit: int) -> bool:
+        """Whether the backlog is over `limit` samples (its text then waits); while it is, the client's next take
+        that brings it back under wakes the engine, which sleeps meanwhile."""
+        with self._lock:
+            held = self._backlog > limit
+            self._held_over = limit if held else None
+            return held
+
+
+class Engine:
+    """The synthesizer behind the one thread that runs ncnn: its scheduler (the batch), the requests it speaks and
+    the inbox in front of it. `speak`, `status` and `stop` are the event loop's; the rest runs on the engine's
+    thread. `stall_seconds` or `deadline_margin` None: no watchdog, no deadlines (a test that holds steps on
+    purpose). `on_step(batch)` is called after each frame step with how many utterances it decoded (the metrics)."""
+
+    def __init__(self, synth, max_frames: int = 600, chunk_frames: int = 4, queue_places: int = 8,
+                 max_batch: int = DEFAULT_MAX_BATCH, budget: int | None = FRAME_BUDGET,
+                 backlog_seconds: float = BACKLOG_SECONDS, stall_seconds: float | None = STALL_SECONDS,
+                 deadline_margin: float | None = DEADLINE_MARGIN, deadline_per_frame: float = DEADLINE_FRAME_SECONDS,
+                 on_step: Callable[[int], None] | None = None):
+        from ...binding.net import release_threads
+
+        self.synth, self.max_frames, self.chunk_frames, self.budget = synth, max_frames, chunk_frames, budget
+        self.queue_places, self.stall_seconds = queue_places, stall_seconds
+        self.deadline_margin, self.deadline_per_frame = deadline_margin, deadline_per_frame
+        self.backlog = int(backlog_seconds * SAMPLE_RATE)
+        self.on_step = on_step
+        self.scheduler = Scheduler(synth, max_batch)
+        self.inbox: queue.Queue[Job | None | bool] = queue.Queue()
+        self.speaking: list[Job] = []  # the engine thread's: every request started, admitted to the batch or not
+        self.pending = 0               # requests holding a place, waiting or speaking (the event loop's)
+        self.refused = self.served = self.largest_batch = self.steps = 0
+        self.failure: BaseException | None = None
+        self._step_started: float | None = None
+        self._durations: deque[float] = deque(maxlen=256)  # the latest steps' seconds (the watchdog's median)
+        release_threads()  # loading ran ncnn in this thread; from now on only the engine's thread does
+        self.thread = threading.Thread(target=self._work, name="qtts-engine", daemon=True)
+        self.thread.start()
+
+    @property
+    def max_batch(self) -> int:
+        return self.scheduler.max_batch
+
+    # ------------------------------------------------------------ the event loop's side
+    async def speak(self, speech, voice) -> Job:
+        """A place for the request (`schema.Speech`, spoken with `voice`): its text planned against the budget (the
+        tokenizer, off the event loop: a `BudgetError` or `InputError`), then `Unavailable` at once when there is no
+        place or the engine has stopped."""
+        planned = await asyncio.to_thread(self._plan, speech.text)
+        failure = self.failure_now()
+        if failure is not None:
+            raise Unavailable(f"the engine stopped: {failure}")
+        if self.pending >= self.max_batch + self.queue_places:
+            self.refused += 1
+            raise Unavailable(f"server busy: {self.max_batch} requests speaking and {self.queue_places} queued; "
+                              "retry later", retry_after=max(1, round(self.pending / self.max_batch)))
+        job = Job(self, speech, voice, planned, asyncio.get_running_loop())
+        self.pending += 1
+        self.inbox.put(job)
+        return job
+
+    def _plan(self, text: str) -> list:
+        segments = plan(self.synth, text, max_frames=self.max_frames)
+        check_budget(segments, self.budget)
+        return segments
+
+    def release(self, job: Job) -> None:
+        if not job.released:
+            job.released = True
+            self.pending -= 1
+            job.cancelled.set()
+            self.inbox.put(None)  # wakes an idle engine, which drops the job if it has not started it yet
+
+    def status(self) -> Status:
+        failure = self.failure_now()
+        started = [j for j in list(self.speaking) if not j.released and j.long.lane.started]  # a snapshot
+        speaking = len(started)
+        return Status(healthy=failure is None, error=None if failure is None else str(failure), speaking=speaking,
+                      waiting=max(self.pending - speaking, 0), held=sum(1 for j in started if j.long.held),
+                      refused=self.refused, served=self.served, batch=len(self.scheduler.batch),
+                      max_batch=self.max_batch, largest_batch=self.largest_batch, steps=self.steps)
+
+    def failure_now(self) -> BaseException | None:
+        """Why the engine has stopped (its thread's exception, or the watchdog's `Stalled`), or None while it runs."""
+        if self.failure is None and not self.thread.is_alive():
+            self.failure = EngineFailed("the engine's thread has ended")
+        if self.failure is None:
+            self._watch()
+        return self.failure
+
+    def _watch(self) -> None:
+        """The watchdog: a step running past `stall_times` its running median and `stall_seconds` stops the engine
+        (a request waiting on it is answered, `/health` says why) even while the thread is stuck inside ncnn."""
+        started, limit = self._step_started, self.stall_seconds
+        if started is None or limit is None:
+            return
+        durations = list(self._durations)
+        median = statistics.median(durations) if durations else 0.0
+        expected = max(STALL_TIMES * median, limit)
+        running = time.monotonic() - started
+        if running > expected:
+            self.failure = Stalled(f"a step has run for {running:.1f} s (the running median is {median * 1e3:.0f} "
+                                   f"ms; the watchdog allows {expected:.1f} s)")
+            print(f"qtts serve: the engine stopped: {self.failure}", file=sys.stderr)
+
+    def stop(self) -> None:
+        self.inbox.put(False)
+
+    # ------------------------------------------------------------ the engine's thread
+    def _work(self) -> None:
+        try:
+            while self.failure is None and self._take_inbox():
+                if self.speaking:
+                    self._step()
+        except BaseException as e:  # noqa: BLE001 - the engine stops, and says why to everyone
+            if self.failure is None:
+                self.failure = e
+            print(f"qtts serve: the engine stopped: {e!r}", file=sys.stderr)
+        if self.failure is None:
+            return  # stopped on purpose
+        for job in self.speaking:
+            job.send("error", self.failure)
+        self.speaking = []
+        while True:
+            try:
+                job = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if job:
+                job.send("error", self.failure)
+
+    def _take_inbox(self) -> bool:
+        """Start the requests that came (wait for one when idle: nothing speaking, or every text held for its
+        client's backlog with nothing left to step); drop those whose clients left or whose deadline passed;
+        False: stop."""
+        incoming = []
+        try:
+            incoming.append(self.inbox.get(block=not self.speaking or not self.scheduler))
+            while True:
+                incoming.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+        if False in incoming:
+            for job in self.speaking:
+                job.long.cancel()
+                job.send("done")
+            return False
+        for job in incoming:
+            if job and not job.cancelled.is_set():
+                self._start(job)
+        now = time.monotonic()
+        for job in list(self.speaking):
+            if job.cancelled.is_set():  # the client left
+                self._end(job)
+            elif job.deadline is not None and now > job.deadline:
+                allowed = job.frames * self.deadline_per_frame + self.deadline_margin
+                self._end(job, "error", DeadlinePassed(f"the request passed its deadline: {allowed:.0f} s for "
+                                                       f"{job.frames} frames planned"))
+        return True
+
+    def _start(self, job: Job) -> None:
+        s = job.speech
+        try:
+            job.long = LongText(self.synth, self.scheduler, s.text, s.language, job.voice, s.sampling,
+                                max_frames=self.max_frames, chunk_frames=self.chunk_frames, planned=job.planned)
+        except (InputError, AudioError) as e:
+            job.send("refused", e)
+            return
+        if self.deadline_margin is not None:
+            job.deadline = time.monotonic() + self.deadline_per_frame * job.frames + self.deadline_margin
+        self.speaking.append(job)
+
+    def _step(self) -> None:
+        self._step_started = time.monotonic()
+        events = self.scheduler.step()
+        self._durations.append(time.monotonic() - self._step_started)
+        self._step_started = None
+        batch = sum(not e.drained for e in events)  # one event per utterance in the batch; none if it only drained
+        self.largest_batch = max(self.largest_batch, batch)
+        if batch:
+            self.steps += 1
+            if self.on_step is not None:
+                self.on_step(batch)
+        for job in list(self.speaking):
+            for piece in job.long.take(events):
+                job.send("audio", piece)
+            if job.long.done:  # not counted as speaking once its client can hear it is done (`/health`)
+                self.served += 1
+                self._end(job, "done")
+            else:
+                job.long.hold(job.held(self.backlog))  # a client far behind: no next segment for now
+
+    def _end(self, job: Job, message: str | None = None, value=None) -> None:
+        job.long.cancel()
+        self.speaking.remove(job)
+        if message:
+            job.send(message, value)

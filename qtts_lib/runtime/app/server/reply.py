@@ -1,0 +1,171 @@
+"""`qtts serve`'s answer to a speech request: the engine's audio pieces through the tempo filter and the encoder of
+the request's format, streamed as an ASGI response (chunked bytes, or OpenAI's server-sent events). Introduced in 18.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+import time
+
+from ...audio.encode import Encoder
+from ...audio.tempo import Tempo
+from ...audio.wav import SAMPLE_RATE
+from ...errors import AudioError, InputError
+from .engine import EngineFailed, Job
+from .schema import SEED_HEADER
+
+SEND_TIMEOUT = 30.0      # seconds a client may take no audio at all before it is dropped
+
+
+class Reply:
+    """One speech request's answer, on the event loop: wait for its first audio (or its client leaving), then
+    stream the rest (`AudioResponse`): each piece through the tempo filter (`audio.tempo.Tempo`, the request's
+    `speed`) and the encoder of its format, as it comes. However it ends, `close` frees its place once and counts
+    its outcome. Raises `InputError` when PyAV is missing for the format or the speed."""
+
+    def __init__(self, job: Job, metrics, received: float, send_timeout: float):
+        self.job, self.metrics, self.received = job, metrics, received
+        self.send_timeout, self.outcome = send_timeout, "abandoned"
+        self.encoder = Encoder(job.speech.format)
+        self.tempo = Tempo(job.speech.speed)
+        self.samples = 0
+
+    def _piece(self, value) -> bytes:
+        return self.encoder.write(self.tempo.write(value))
+
+    def _rest(self) -> bytes:
+        return self.encoder.write(self.tempo.close()) + self.encoder.close()
+
+    @property
+    def seed(self) -> int:
+        return self.job.speech.sampling.seed
+
+    def usage(self) -> dict:
+        """OpenAI's usage of the request: the input's text tokens in, the audio frames out (once done)."""
+        tokens, frames = self.job.usage()
+        return {"input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}
+
+    async def first(self, request):
+        """("audio", piece), ("done", None) for an utterance with no audio at all (the model's end of speech at its
+        first frame), ("refused"/"error", exception), or None when the client left first."""
+        taken = asyncio.ensure_future(anext(self.job))
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            await asyncio.wait({taken, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not taken.done():
+                return None
+            try:
+                return "audio", taken.result()
+            except StopAsyncIteration:
+                return "done", None
+            except (InputError, AudioError) as e:
+                return "refused", e
+            except EngineFailed as e:
+                return "error", e
+        finally:
+            for task in (taken, gone):
+                task.cancel()
+
+    async def chunks(self, kind: str, value):
+        """The encoded stream from the first message on; raises `BrokenStream` when the engine fails."""
+        first = True
+        while kind == "audio":
+            self.samples += len(value)
+            chunk = self._piece(value)
+            if chunk:
+                if first:
+                    self.metrics.time_to_first_audio.observe(time.monotonic() - self.received)
+                    first = False
+                yield chunk
+            try:
+                value = await anext(self.job)
+            except StopAsyncIteration:
+                kind = "done"
+            except EngineFailed as e:
+                self.outcome = "error"
+                raise BrokenStream(str(e)) from None
+        rest = self._rest()
+        self.outcome = "done"
+        audio_s = self.encoder.samples / SAMPLE_RATE
+        self.metrics.audio_seconds.inc(audio_s)
+        if audio_s > 0:
+            self.metrics.real_time_factor.observe((time.monotonic() - self.received) / audio_s)
+        self.job.close()  # before the last chunk goes out: the client's next request finds its place free
+        if rest:
+            yield rest
+
+    def close(self) -> None:
+        self.job.close()
+        if self.outcome != "done":
+            self.encoder.discard()
+        self.metrics.streams.labels(self.job.speech.format, self.outcome).inc()
+
+
+class BrokenStream(Exception):
+    """The engine failed after the stream's first audio: the response is cut off, not ended."""
+
+
+async def _disconnected(receive) -> None:
+    """Returns when the client has gone (its body already read, the next ASGI message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class AudioResponse:
+    """The streamed answer (an ASGI response): the headers (the format's content type, X-Sample-Rate, X-Seed: the
+    seed the request sampled with), then each encoded chunk as it comes; with `sse`, each chunk is a server-sent
+    event instead (`speech.audio.delta`, its bytes in base64), and a `speech.audio.done` event with the usage ends
+    the stream (OpenAI's `stream_format: "sse"`). Every send waits at most the reply's `send_timeout` for the client
+    to take it; a client that does not is dropped. An engine error after the first audio, a client that left or one
+    dropped: the body is cut off (the connection closes with no last chunk, and no done event), never ended as if
+    complete. `Reply.close` runs however it ends."""
+
+    def __init__(self, reply: Reply, first: tuple, media_type: str, sse: bool = False):
+        self.reply, self.first, self.sse = reply, first, sse
+        self.media_type = "text/event-stream" if sse else media_type
+
+    async def __call__(self, scope, receive, send) -> None:
+        reply = self.reply
+        headers = [(b"content-type", self.media_type.encode()), (b"x-sample-rate", str(SAMPLE_RATE).encode()),
+                   (SEED_HEADER.lower().encode(), str(reply.seed).encode())]
+        if self.sse:
+            headers.append((b"cache-control", b"no-cache"))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for chunk in reply.chunks(*self.first):
+                body = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode()}) \
+                    if self.sse else chunk
+                if not await _send_or_leave(send, {"type": "http.response.body", "body": body, "more_body": True},
+                                            gone, reply.send_timeout):
+                    return
+            last = sse_event({"type": "speech.audio.done", "usage": reply.usage()}) if self.sse else b""
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+        except BrokenStream as e:
+            print(f"qtts serve: error while streaming: {e.args[0]!r}", file=sys.stderr)
+        finally:
+            gone.cancel()
+            reply.close()
+
+
+def sse_event(data: dict) -> bytes:
+    """One server-sent event holding `data` as JSON (a `data:` line, then the blank line that ends the event)."""
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _send_or_leave(send, message: dict, gone: asyncio.Future, timeout: float) -> bool:
+    """Send `message`, unless the client has left or takes nothing for `timeout` seconds: whether the client is
+    still there to take more."""
+    if gone.done():
+        return False
+    sending = asyncio.ensure_future(send(message))
+    done, _ = await asyncio.wait({sending, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    if sending in done:
+        sending.result()
+        return not gone.done()
+    sending.cancel()
+    if gone not in done:
+        print(f"qtts serve: a client took no audio for {timeout:.0f} s: dropped", file=sys.stderr)
+    return False

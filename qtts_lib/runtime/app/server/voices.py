@@ -1,0 +1,314 @@
+"""`qtts serve`'s voice store: every file under `--voices` is its (the clips of cloned voices, their transcripts and
+OpenAI ids, the consent recordings in `consents/`). `Voices` holds the voices a request may name and builds each
+once; `Consents` keeps OpenAI's voice consent recordings. The HTTP layer (`http`) asks it for a request's `Voice`
+and hands that to the engine (`engine`), which never reads a file. Introduced in 18.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import re
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ...audio.clips import MAX_UPLOAD_SECONDS, read_voice_clip
+from ...audio.wav import save_wav
+from ...binding.net import release_threads
+from ...errors import AudioError, InputError
+
+DESIGNED = "design"  # a VoiceDesign checkpoint's one voice: the one its `instructions` describe
+
+
+class Voices:
+    """Every voice the server speaks, in one place: the checkpoint's built-in speakers, the clips in the voices folder
+    (`<name>.wav`; `<name>.txt` beside one holds its transcript: ICL), or a VoiceDesign checkpoint's `design`.
+    `names` lists them (the folder read again each time: a clip copied in is seen). Every clip passes
+    `audio.clips.read_voice_clip`'s checks (NaN, silent, too short; a long one trimmed, or refused with a
+    transcript), and its `Voice` (the x-vector, for ICL the clip's codes) is built once and kept: at start for the
+    clips already there (`preload`), when one is uploaded (`add`, which writes its files into the folder, so a
+    restart finds it), or before the first request for one copied in since (`ready`). A voice made through OpenAI's
+    `POST /v1/audio/voices` (`add` with the consent recording it was made under) also has an OpenAI id, `voice_...`,
+    kept with that consent's id in `<name>.json` beside its clip (`ids`).
+
+    After the start every build runs on one thread of its own (`builder`), never on the engine's: a running stream
+    never waits for the voice encoders (they share the CPU meanwhile), and the builder's OpenMP workers are released
+    after each build (`binding.net.release_threads`). `get`, on the event loop, only hands out what is built."""
+
+    def __init__(self, synth, folder: Path | None, log: Callable[[str], None] | None = None):
+        self.synth, self.folder = synth, folder
+        self.log = log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr))
+        self.built: dict = {}
+        self.broken: dict[str, str] = {}  # a clip in the folder that cannot be used: why
+        self.ids = self._read_ids()        # {name: OpenAI voice id}: replaced whole, never changed in place (the
+        #                                    builder writes it while requests read it: `by_id`)
+        self.builder = ThreadPoolExecutor(1, thread_name_prefix="qtts-voices")
+
+    @property
+    def clones(self) -> bool:
+        """Whether voices can be added (Base checkpoints clone clips; the others have their own voices)."""
+        return self.synth.kind == "base"
+
+    def names(self) -> list[str]:
+        from .schema import VOICE_PATTERN  # a name, never a path
+
+        if self.synth.kind == "voice_design":
+            return [DESIGNED]
+        files = sorted(self.folder.glob("*.wav")) if self.folder and self.clones else []
+        return self.synth.speakers + [f.stem for f in files if re.match(VOICE_PATTERN, f.stem)]
+
+    def builtin(self, name: str) -> bool:
+        """A voice of the checkpoint's own (a speaker, or `design`): never a file, never deleted."""
+        return name == DESIGNED if self.synth.kind == "voice_design" else name.lower() in self.synth.speakers
+
+    def exists(self, name: str) -> bool:
+        return self.builtin(name) or (self.folder is not None and (self.folder / f"{name}.wav").exists())
+
+    def _key(self, name: str) -> str:
+        return name.lower() if self.builtin(name) else name
+
+    def _read_ids(self) -> dict[str, str]:
+        """{name: OpenAI voice id} from the `<name>.json` files in the folder; one that cannot be read is logged."""
+        from .schema import VOICE_PATTERN
+
+        ids: dict[str, str] = {}
+        for meta in sorted(self.folder.glob("*.json")) if self.folder and self.clones else []:
+            if not re.match(VOICE_PATTERN, meta.stem):
+                continue  # a file being written (`_write_atomically`), not a voice's
+            try:
+                voice_id = json.loads(meta.read_text(encoding="utf-8"))["id"]
+                if not isinstance(voice_id, str):
+                    raise TypeError(f"the id {voice_id!r} is not text")
+                ids[meta.stem] = voice_id
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                self.log(f"{meta.name} in the voices folder holds no voice id ({e!r}): that voice has none")
+        return ids
+
+    def by_id(self) -> dict[str, str]:
+        """{OpenAI voice id: name}: what a speech request's `{"id": ...}` may give instead of the name."""
+        ids = self.ids  # one version of it: the builder replaces the dict, never changes it
+        return {voice_id: name for name, voice_id in ids.items()}
+
+    def info(self) -> list[dict]:
+        """`schema.VoiceInfo` of every voice."""
+        out = []
+        for name in self.names():
+            if self.builtin(name):
+                mode = "design" if name == DESIGNED else "speaker"
+            else:
+                built = self.built.get(name)
+                mode = built.mode if built is not None else \
+                    "icl" if (self.folder / f"{name}.txt").is_file() else "xvector"
+            out.append({"name": name, "builtin": self.builtin(name), "mode": mode, "error": self.broken.get(name),
+                        "id": self.ids.get(name)})
+        return out
+
+    def preload(self) -> None:
+        """Build every voice now (the encoders run once per clip, before any request waits); a clip that cannot be
+        used is logged and kept in `broken` (a request for it gets why). A described voice (VoiceDesign) is only
+        words, built with each request."""
+        if self.synth.kind == "voice_design":
+            return
+        for name in self.names():
+            try:
+                self.build(name)
+            except (AudioError, InputError) as e:
+                self.log(f"voice {name!r} cannot be used: {e}")
+
+    def build(self, name: str):
+        """The `Voice` of `name`, built now if it is not yet (its clip read and checked); an `AudioError` or
+        `InputError` for one that cannot be used, also kept in `broken`."""
+        key = self._key(name)
+        if key in self.built:
+            return self.built[key]
+        try:
+            if self.builtin(name):
+                voice = self.synth.voice(speaker=key)
+            else:
+                path = self.folder / f"{name}.wav" if self.folder else None
+                if path is None or not path.is_file():
+                    raise AudioError(f"the voice {name!r} is gone: no {name}.wav in the voices folder")
+                transcript = path.with_suffix(".txt")
+                text = (transcript.read_text(encoding="utf-8").strip() or None) if transcript.is_file() else None
+                clip = read_voice_clip(path, text, name=f"{name}.wav", keep_long_option=None)
+                for message in clip.messages:
+                    self.log(f"voice {name!r}: {message}")
+                voice = self.synth.voice(wav=clip.wav, text=text)
+        except (AudioError, InputError) as e:
+            self.broken[name] = str(e)
+            raise
+        self.broken.pop(name, None)
+        self.built[key] = voice
+        return voice
+
+    async def ready(self, name: str) -> None:
+        """`name` built, on the builder's thread when it is not yet (the event loop's; errors as `build`)."""
+        if self.synth.kind != "voice_design" and self._key(name) not in self.built:
+            await asyncio.get_running_loop().run_in_executor(self.builder, self._released, self.build, name)
+
+    async def add(self, name: str, audio: bytes, text: str | None, filename: str | None = None,
+                  consent: str | None = None) -> dict:
+        """A new voice from an uploaded clip (its file's bytes) and optional transcript: checked, built, and saved
+        as `<name>.wav` (the clip as used: 24 kHz mono, trimmed) and `<name>.txt` in the folder; with the `consent`
+        recording it was made under (OpenAI's `POST /v1/audio/voices`), also a fresh OpenAI id, saved with the
+        consent's id in `<name>.json`. Returns its `schema.VoiceCreated` fields; a `FileExistsError` for a name
+        taken, an `AudioError` or `InputError` for a clip that cannot be used. On the builder's thread: one build at
+        a time, none on the engine's."""
+        return await asyncio.get_running_loop().run_in_executor(self.builder, self._released, self._add, name, audio,
+                                                                text, filename, consent)
+
+    def _add(self, name: str, audio: bytes, text: str | None, filename: str | None, consent: str | None) -> dict:
+        if self.exists(name):
+            raise FileExistsError(name)
+        clip = read_voice_clip(audio, text, name=f"the uploaded clip {filename!r}" if filename else "the uploaded clip",
+                               keep_long_option=None, max_seconds=MAX_UPLOAD_SECONDS)
+        voice = self.synth.voice(wav=clip.wav, text=text)
+        wav, txt, meta = (self.folder / f"{name}{suffix}" for suffix in (".wav", ".txt", ".json"))
+        if text is not None:
+            _write_atomically(txt, lambda part: part.write_text(text, encoding="utf-8"))
+        else:
+            txt.unlink(missing_ok=True)  # a transcript left behind would make the clip an ICL voice at the next start
+        voice_id = None if consent is None else f"voice_{secrets.token_hex(12)}"
+        if voice_id is None:
+            meta.unlink(missing_ok=True)  # an id left behind would name this clip at the next start
+        else:
+            record = json.dumps({"id": voice_id, "consent": consent})
+            _write_atomically(meta, lambda part: part.write_text(record, encoding="utf-8"))
+        _write_atomically(wav, lambda part: save_wav(part, clip.wav))  # float32: the samples as checked, exactly
+        self.built[name] = voice
+        self.broken.pop(name, None)
+        if voice_id is not None:
+            self.ids = self.ids | {name: voice_id}
+        return {"name": name, "builtin": False, "mode": voice.mode, "error": None, "id": voice_id,
+                "seconds": round(clip.seconds, 3), "messages": list(clip.messages)}
+
+    async def delete(self, name: str) -> None:
+        """Forget a clip's voice and remove its files (after any build in progress)."""
+        await asyncio.get_running_loop().run_in_executor(self.builder, self._delete, name)
+
+    def _delete(self, name: str) -> None:
+        for suffix in (".wav", ".txt", ".json"):
+            (self.folder / f"{name}{suffix}").unlink(missing_ok=True)
+        self.built.pop(name, None)
+        self.broken.pop(name, None)
+        self.ids = {n: i for n, i in self.ids.items() if n != name}
+
+    @staticmethod
+    def _released(work, *args):
+        try:
+            return work(*args)
+        finally:
+            release_threads()  # this thread's OpenMP workers: gone until the next build
+
+    def get(self, name: str, instructions: str | None = None):
+        """The `Voice` for `name` with `instructions`: only what is built (`ready` ran first); an `AudioError` for a
+        voice deleted since."""
+        if self.synth.kind == "voice_design":
+            return self.synth.voice(instruct=instructions)
+        voice = self.built.get(self._key(name))
+        if voice is None:
+            raise AudioError(self.broken.get(name) or f"the voice {name!r} is gone (deleted meanwhile)")
+        return dataclasses.replace(voice, instruct=instructions) if instructions else voice
+
+    def close(self) -> None:
+        self.builder.shutdown(wait=False, cancel_futures=True)
+
+
+def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(part)` to a file beside `path` that no listing takes for a voice (a dot first), then renamed to `path`:
+    a reader sees the whole file or none."""
+    part = path.with_name(f".{path.stem}.part{path.suffix}")
+    try:
+        write(part)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+class Consents:
+    """OpenAI's voice consent recordings (`/v1/audio/voice_consents`), which a voice made through `POST
+    /v1/audio/voices` must name: each a record (`schema.VoiceConsent`'s fields: an id `cons_...`, when it came, its
+    label and language; the upload's file name) and the recording as uploaded, once it passed a voice clip's checks
+    (`audio.clips.read_voice_clip`: readable, not NaN, not silent, long enough, at most MAX_UPLOAD_SECONDS, refused
+    before it is decoded whole; never trimmed; one at a time, `checker`). With a folder (the
+    voices folder's `consents/`) both are kept there, `<id>.json` and the recording beside it, so a restart finds
+    them; without one only the records are, in memory (no endpoint reads a recording back). Listed oldest first
+    (each record's `created_ns`, its time of creation to the nanosecond). Records change on the event loop; the
+    checks and the writes of a new one run off it."""
+
+    FIELDS = {"id": str, "created_ns": int, "name": str, "language": str, "recording": str}  # and `filename`
+
+    def __init__(self, folder: Path | None, log: Callable[[str], None]):
+        self.folder, self.records = folder, {}
+        self.checker = ThreadPoolExecutor(1, thread_name_prefix="qtts-consents")  # one recording decoded at a time
+        for meta in sorted(folder.glob("cons_*.json")) if folder and folder.is_dir() else []:
+            try:
+                record = json.loads(meta.read_text(encoding="utf-8"))
+                if not all(isinstance(record[k], kind) for k, kind in self.FIELDS.items()):
+                    raise ValueError("a field is not of its type")
+                if record["id"] != meta.stem or Path(record["recording"]).name != record["recording"] or \
+                        not record["recording"].startswith(f"{meta.stem}."):
+                    raise ValueError("its id or its recording's file name is not its own")
+                self.records[record["id"]] = record
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log(f"{meta} is not a consent record ({e}): skipped")
+        self.records = dict(sorted(self.records.items(), key=lambda item: item[1]["created_ns"]))
+
+    def __contains__(self, consent_id: str) -> bool:
+        return consent_id in self.records
+
+    def get(self, consent_id: str) -> dict | None:
+        return self.records.get(consent_id)
+
+    async def add(self, name: str, language: str, recording: bytes, filename: str | None) -> dict:
+        """A new consent recording's record, the recording checked and kept; an `AudioError` for one that cannot be
+        used."""
+        record = await asyncio.get_running_loop().run_in_executor(self.checker, self._check_and_save, name,
+                                                                  language, recording, filename)
+        self.records[record["id"]] = record
+        return record
+
+    def _check_and_save(self, name: str, language: str, recording: bytes, filename: str | None) -> dict:
+        read_voice_clip(recording, keep_long=True, name=f"the consent recording {filename!r}" if filename else
+                        "the consent recording", keep_long_option=None, max_seconds=MAX_UPLOAD_SECONDS)
+        consent_id = f"cons_{secrets.token_hex(12)}"
+        suffix = Path(filename or "").suffix.lower()
+        kept = consent_id + (suffix if re.match(r"^\.[a-z0-9]{1,8}$", suffix) else ".audio")
+        record = {"id": consent_id, "created_ns": time.time_ns(), "name": name, "language": language,
+                  "filename": filename, "recording": kept}
+        if self.folder is not None:
+            self.folder.mkdir(exist_ok=True)
+            _write_atomically(self.folder / kept, lambda part: part.write_bytes(recording))
+            self._save(record)
+        return record
+
+    def rename(self, consent_id: str, name: str) -> dict:
+        record = self.records[consent_id] | {"name": name}
+        if self.folder is not None:
+            self._save(record)
+        self.records[consent_id] = record
+        return record
+
+    def page(self, after: str | None, limit: int) -> tuple[list[dict], bool]:
+        """Up to `limit` records, from the one after `after` (the first without): (them, whether more follow); a
+        `KeyError` for an `after` that names none."""
+        ids = list(self.records)
+        if after is not None and after not in self.records:
+            raise KeyError(after)
+        start = 0 if after is None else ids.index(after) + 1
+        return [self.records[i] for i in ids[start:start + limit]], start + limit < len(ids)
+
+    def delete(self, consent_id: str) -> None:
+        record = self.records.pop(consent_id)
+        if self.folder is not None:
+            (self.folder / f"{consent_id}.json").unlink(missing_ok=True)
+            (self.folder / record["recording"]).unlink(missing_ok=True)
+
+    def _save(self, record: dict) -> None:
+        text = json.dumps(record)
+        _write_atomically(self.folder / f"{record['id']}.json", lambda part: part.write_text(text, encoding="utf-8"))
