@@ -145,7 +145,8 @@ class Served:
 
     def start(self, voices, send_timeout: float | None = None, send_buffer: int | None = None, **options):
         """A server over the voices folder `voices` (its store: `self.voices`, the latest made) and an engine with
-        `options`; paced steps never trip the engine's watchdog or deadlines (both off unless `options` set them)."""
+        `options`; paced steps never trip the engine's watchdog or deadlines (both off unless `options` set them),
+        and every request with a place is started (`admit="all"`, unless `options` say otherwise)."""
         from qtts_lib.runtime.app.server.engine import Engine
         from qtts_lib.runtime.app.server.http import build_app
         from qtts_lib.runtime.app.server.reply import SEND_TIMEOUT
@@ -153,7 +154,7 @@ class Served:
 
         self.voices = Voices(self.synth, voices, log=lambda m: None)
         self.voices.preload()
-        engine = Engine(self.synth, **({"stall_seconds": None, "deadline_margin": None} | options))
+        engine = Engine(self.synth, **({"stall_seconds": None, "deadline_margin": None, "admit": "all"} | options))
         paced = Paced(engine)
         app = build_app(engine, self.voices, CKPT, send_timeout=SEND_TIMEOUT if send_timeout is None else send_timeout)
         http_server = InProcess(app, send_buffer=send_buffer)

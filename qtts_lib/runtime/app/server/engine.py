@@ -15,6 +15,12 @@ last (`pipeline.longform.LongText`); one that joins is prefilled a piece per fra
 never wait for a whole prompt. A request whose client leaves more than `backlog_seconds` of audio unread has its
 text held (no next segment) until the client catches up; the engine sleeps while it has nothing it may step.
 
+Admission by capacity: the engine starts only as many requests as it can speak in real time (`capacity.Capacity`,
+measured once before the first request, or given as `step_seconds`), so every stream it speaks keeps up with its
+listener; the others wait for a place, in order, at most `max_wait` seconds, and are then refused (a 503 with
+Retry-After). `admit="all"` starts every request that has a place, the batch's overflow waiting in the scheduler:
+more audio a second when the machine can batch, but every stream slower than real time past its capacity.
+
 Failures are seen, never hidden. An exception on the engine's thread stops the engine: every request is told, and
 new ones are refused. So does a step that runs far past what is expected of it (the watchdog: `stall_times` its
 running median and at least `stall_seconds`, since a step that joins a prefill or shares the cores with a busy
@@ -38,9 +44,11 @@ from ...audio.wav import SAMPLE_RATE
 from ...errors import AudioError, InputError
 from ...pipeline.longform import LongText, check_budget, plan
 from ...pipeline.scheduler import DEFAULT_MAX_BATCH, Scheduler
+from .capacity import Capacity
 
 FRAME_BUDGET = 9000      # frames a request may take (12 minutes: a 4096-character English text fits)
 BACKLOG_SECONDS = 20.0   # audio a client may leave unread before its text is held
+MAX_WAIT = 30.0          # seconds a request may wait for a place among the streams before a 503
 STALL_TIMES = 10         # a step this many times its running median ...
 STALL_SECONDS = 20.0     # ... and at least this long stops the engine (the watchdog)
 DEADLINE_FRAME_SECONDS = 0.4  # a request's deadline allows each planned frame five times its 80 ms of audio ...
@@ -82,6 +90,7 @@ class Status:
     batch: int           # utterances in the batch now
     max_batch: int
     largest_batch: int   # the most utterances one step has decoded
+    streams: int         # requests spoken at once: those that keep real time, or every place when admitting all
     steps: int           # frame steps made, since the start
 
 
@@ -97,6 +106,7 @@ class Job:
         self.frames = sum(s.cap for s in planned)
         self.out: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.arrived = 0.0  # monotonic seconds, when it was given a place
         self.released = False
         self.long: LongText | None = None  # the engine thread's
         self.deadline: float | None = None  # monotonic seconds, set when the engine starts it
@@ -121,7 +131,7 @@ class Job:
             return value
         if kind == "done":
             raise StopAsyncIteration
-        if kind == "refused" or isinstance(value, EngineFailed):
+        if kind in ("refused", "busy") or isinstance(value, EngineFailed):
             raise value
         raise EngineFailed(str(value))
 
@@ -178,8 +188,14 @@ class Engine:
                  max_batch: int = DEFAULT_MAX_BATCH, budget: int | None = FRAME_BUDGET,
                  backlog_seconds: float = BACKLOG_SECONDS, stall_seconds: float | None = STALL_SECONDS,
                  deadline_margin: float | None = DEADLINE_MARGIN, deadline_per_frame: float = DEADLINE_FRAME_SECONDS,
-                 on_step: Callable[[int], None] | None = None):
+                 admit: str = "realtime", step_seconds: dict[int, float] | None = None, max_wait: float = MAX_WAIT,
+                 on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None):
         from ...binding.net import release_threads
+
+        if admit not in ("realtime", "all"):
+            raise InputError(f"admit is 'realtime' or 'all', not {admit!r}")
+        self.log = log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr))
+        self.admit, self.max_wait = admit, max_wait
 
         self.synth, self.max_frames, self.chunk_frames, self.budget = synth, max_frames, chunk_frames, budget
         self.queue_places, self.stall_seconds = queue_places, stall_seconds
@@ -189,14 +205,23 @@ class Engine:
         self.scheduler = Scheduler(synth, max_batch)
         self.inbox: queue.Queue[Job | None | bool] = queue.Queue()
         self.speaking: list[Job] = []  # the engine thread's: every request started, admitted to the batch or not
+        self.queued: deque[Job] = deque()  # the engine thread's: requests not started, waiting for a stream's place
         self.pending = 0               # requests holding a place, waiting or speaking (the event loop's)
         self.refused = self.served = self.largest_batch = self.steps = 0
         self.failure: BaseException | None = None
         self._step_started: float | None = None
         self._durations: deque[float] = deque(maxlen=256)  # the latest steps' seconds (the watchdog's median)
+        self.capacity = None if admit == "all" or step_seconds is None else Capacity(step_seconds, max_batch)
         release_threads()  # loading ran ncnn in this thread; from now on only the engine's thread does
+        self._ready = threading.Event()
         self.thread = threading.Thread(target=self._work, name="qtts-engine", daemon=True)
         self.thread.start()
+        self._ready.wait()  # the capacity measured (when it is) before any request
+
+    @property
+    def streams(self) -> int:
+        """Requests started at once: those that keep real time (`capacity`), or, admitting all, every place."""
+        return self.max_batch + self.queue_places if self.capacity is None else self.capacity.streams
 
     @property
     def max_batch(self) -> int:
@@ -211,11 +236,13 @@ class Engine:
         failure = self.failure_now()
         if failure is not None:
             raise Unavailable(f"the engine stopped: {failure}")
-        if self.pending >= self.max_batch + self.queue_places:
+        speaking = min(self.streams, self.max_batch)
+        if self.pending >= speaking + self.queue_places:
             self.refused += 1
-            raise Unavailable(f"server busy: {self.max_batch} requests speaking and {self.queue_places} queued; "
-                              "retry later", retry_after=max(1, round(self.pending / self.max_batch)))
+            raise Unavailable(f"server busy: {speaking} requests speaking and {self.queue_places} queued; "
+                              "retry later", retry_after=max(1, round(self.pending / speaking)))
         job = Job(self, speech, voice, planned, asyncio.get_running_loop())
+        job.arrived = time.monotonic()
         self.pending += 1
         self.inbox.put(job)
         return job
@@ -239,7 +266,8 @@ class Engine:
         return Status(healthy=failure is None, error=None if failure is None else str(failure), speaking=speaking,
                       waiting=max(self.pending - speaking, 0), held=sum(1 for j in started if j.long.held),
                       refused=self.refused, served=self.served, batch=len(self.scheduler.batch),
-                      max_batch=self.max_batch, largest_batch=self.largest_batch, steps=self.steps)
+                      max_batch=self.max_batch, largest_batch=self.largest_batch, steps=self.steps,
+                      streams=min(self.streams, self.max_batch + self.queue_places))
 
     def failure_now(self) -> BaseException | None:
         """Why the engine has stopped (its thread's exception, or the watchdog's `Stalled`), or None while it runs."""
@@ -270,6 +298,15 @@ class Engine:
     # ------------------------------------------------------------ the engine's thread
     def _work(self) -> None:
         try:
+            if self.admit == "realtime" and self.capacity is None:
+                self.log("measuring the steps at each batch size (the streams that keep real time) ...")
+                self.capacity = Capacity.measure(self.synth, self.scheduler, self.chunk_frames)
+                self.log(self.capacity.describe())
+        except BaseException as e:  # noqa: BLE001 - as any failure of this thread
+            self.failure = e
+        finally:
+            self._ready.set()
+        try:
             while self.failure is None and self._take_inbox():
                 if self.speaking:
                     self._step()
@@ -279,9 +316,9 @@ class Engine:
             print(f"qtts serve: the engine stopped: {e!r}", file=sys.stderr)
         if self.failure is None:
             return  # stopped on purpose
-        for job in self.speaking:
+        for job in [*self.speaking, *self.queued]:
             job.send("error", self.failure)
-        self.speaking = []
+        self.speaking, self.queued = [], deque()
         while True:
             try:
                 job = self.inbox.get_nowait()
@@ -291,12 +328,16 @@ class Engine:
                 job.send("error", self.failure)
 
     def _take_inbox(self) -> bool:
-        """Start the requests that came (wait for one when idle: nothing speaking, or every text held for its
-        client's backlog with nothing left to step); drop those whose clients left or whose deadline passed;
-        False: stop."""
+        """Queue the requests that came and start them while there are streams' places (wait for one when idle:
+        nothing speaking, or every text held for its client's backlog with nothing left to step); answer those that
+        waited past `max_wait` with a 503; drop those whose clients left or whose deadline passed; False: stop."""
         incoming = []
+        idle = not self.speaking or not self.scheduler
+        timeout = None
+        if idle and self.queued:  # wake in time to answer the oldest waiting request
+            timeout = max(0.0, self.queued[0].arrived + self.max_wait - time.monotonic())
         try:
-            incoming.append(self.inbox.get(block=not self.speaking or not self.scheduler))
+            incoming.append(self.inbox.get(block=idle, timeout=timeout))
             while True:
                 incoming.append(self.inbox.get_nowait())
         except queue.Empty:
@@ -305,11 +346,19 @@ class Engine:
             for job in self.speaking:
                 job.long.cancel()
                 job.send("done")
+            for job in self.queued:
+                job.send("error", EngineFailed("the server is stopping"))
             return False
-        for job in incoming:
-            if job and not job.cancelled.is_set():
-                self._start(job)
+        self.queued.extend(job for job in incoming if job)
+        self.queued = deque(job for job in self.queued if not job.cancelled.is_set())
+        while self.queued and len(self.speaking) < self.streams:
+            self._start(self.queued.popleft())
         now = time.monotonic()
+        while self.queued and now - self.queued[0].arrived > self.max_wait:
+            self.refused += 1
+            self.queued.popleft().send("busy", Unavailable(
+                f"server busy: the request waited {self.max_wait:.0f} s for one of the {self.streams} streams this "
+                "server speaks in real time; retry later", retry_after=max(1, round(self.max_wait))))
         for job in list(self.speaking):
             if job.cancelled.is_set():  # the client left
                 self._end(job)

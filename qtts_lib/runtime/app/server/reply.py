@@ -13,7 +13,7 @@ from ...audio.encode import Encoder
 from ...audio.tempo import Tempo
 from ...audio.wav import SAMPLE_RATE
 from ...errors import AudioError, InputError
-from .engine import EngineFailed, Job
+from .engine import EngineFailed, Job, Unavailable
 from .schema import SEED_HEADER
 
 SEND_TIMEOUT = 30.0      # seconds a client may take no audio at all before it is dropped
@@ -49,7 +49,7 @@ class Reply:
 
     async def first(self, request):
         """("audio", piece), ("done", None) for an utterance with no audio at all (the model's end of speech at its
-        first frame), ("refused"/"error", exception), or None when the client left first."""
+        first frame), ("refused"/"error"/"busy", exception), or None when the client left first."""
         taken = asyncio.ensure_future(anext(self.job))
         gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
@@ -64,6 +64,8 @@ class Reply:
                 return "refused", e
             except EngineFailed as e:
                 return "error", e
+            except Unavailable as e:
+                return "busy", e
         finally:
             for task in (taken, gone):
                 task.cancel()

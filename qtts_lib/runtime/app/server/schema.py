@@ -249,6 +249,8 @@ class Health(BaseModel):
                                      "qtts_queue_depth).")
     held: int = Field(0, description="Speaking requests whose text waits for their client to read its audio.")
     refused: int = Field(0, description="Requests answered 503 for want of a place, since the start.")
+    streams: int = Field(0, description="Requests spoken at once: as many as keep real time (--admit realtime), or "
+                                        "every place (--admit all).")
     served: int = Field(description="Requests spoken to the end.")
     auth: bool = Field(description="Whether /v1/ needs a bearer token (--api-key).")
 

@@ -1,0 +1,69 @@
+"""`qtts serve` admits by capacity: it speaks at once only as many requests as keep real time, the others wait for
+a place at most --max-wait seconds and are then answered 503 with Retry-After; /health and /metrics count speaking,
+waiting and refused apart. The capacity is given here (`step_seconds`), as a test injects it; `qtts serve`
+measures it at start (`capacity.Capacity.measure`)."""
+import json
+import time
+
+import pytest
+from serving import PARAGRAPH, places, post, request, speech, until
+
+from qtts_lib.runtime.app.server.capacity import ADMIT_HEADROOM, FRAME_SECONDS, Capacity
+
+
+def test_the_capacity_is_the_largest_batch_whose_step_keeps_real_time():
+    budget = FRAME_SECONDS * ADMIT_HEADROOM
+    assert Capacity({1: budget / 2, 2: budget * 0.9, 3: budget * 1.2}, max_batch=4).streams == 2
+    assert Capacity({1: budget / 3.5}, max_batch=4).streams == 3  # 2 and 3 scaled from 1, 4 past the budget
+    assert Capacity({1: budget * 3}, max_batch=4).streams == 1  # a slow machine still speaks one stream
+    assert Capacity({1: budget / 2, 2: budget / 2}, max_batch=2).streams == 2
+
+
+def metric(url: str, name: str) -> float:
+    text = request(url, "/metrics")[2].decode()
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_a_request_past_the_capacity_waits_then_is_refused_with_retry_after(serve):
+    """Two batch places, but a step at batch 2 is too slow for real time: A speaks, B waits (not started, so A keeps
+    its pace), /health says one speaking and one waiting; past --max-wait B gets a 503 with Retry-After, counted as
+    refused; A is spoken to its end."""
+    budget = FRAME_SECONDS * ADMIT_HEADROOM
+    engine, url, paced = serve(max_batch=2, queue_places=2, max_frames=40, admit="realtime",
+                               step_seconds={1: budget / 2, 2: budget * 1.5}, max_wait=1.0)
+    assert engine.status().streams == 1
+    a = post(url, speech(PARAGRAPH))
+    paced.allow(3)
+    paced.wait_for(3)
+    b = post(url, speech())
+    until(lambda: places(engine) == 2, what="B given a place")
+    paced.allow()
+    until(lambda: len(engine.queued) == 1, what="B taken from the inbox, and not started")
+    health = json.loads(request(url, "/health")[2])
+    assert (health["speaking"], health["waiting"], health["streams"]) == (1, 1, 1), health
+    assert len(engine.speaking) == 1  # A's batch is A alone
+    time.sleep(1.0)  # past B's max wait
+    paced.allow()  # the engine answers B after this step
+    b_answer = b.getresponse()
+    error = json.loads(b_answer.read())["error"]
+    assert b_answer.status == 503 and b_answer.getheader("Retry-After") and error["code"] == "overloaded", error
+    assert json.loads(request(url, "/health")[2])["refused"] == 1 and metric(url, "qtts_requests_refused") == 1
+    paced.run_free()
+    a_answer = a.getresponse()
+    assert a_answer.status == 200 and len(a_answer.read()) > 0
+
+
+@pytest.mark.parametrize("admit, started", [("realtime", 1), ("all", 2)])
+def test_admit_all_starts_every_request_with_a_place(serve, admit, started):
+    """--admit all keeps every place's request started (the batch's overflow waits in the scheduler); realtime
+    starts only what keeps real time."""
+    budget = FRAME_SECONDS * ADMIT_HEADROOM
+    engine, url, paced = serve(max_batch=2, queue_places=2, max_frames=40, admit=admit,
+                               step_seconds={1: budget / 2, 2: budget * 1.5}, max_wait=60.0)
+    conns = [post(url, speech(PARAGRAPH)) for _ in range(2)]
+    until(lambda: places(engine) == 2, what="both given a place")
+    paced.allow()
+    until(lambda: len(engine.speaking) == started, what=f"{started} started")
+    paced.run_free()
+    for conn in conns:
+        assert conn.getresponse().status == 200
