@@ -2,6 +2,13 @@
 OpenAI ids, the consent recordings in `consents/`). `Voices` holds the voices a request may name and builds each
 once; `Consents` keeps OpenAI's voice consent recordings. The HTTP layer (`http`) asks it for a request's `Voice`
 and hands that to the engine (`engine`), which never reads a file. Introduced in 18.
+
+What the store keeps is bounded: the voices, and the consent recordings, each under a `Quota` (how many, how many
+megabytes of files), counted from the files on disk, so a restart sees the same totals; an upload that would pass
+one is refused (`QuotaExceeded`) before any file is written. The files of one voice, or of one consent, appear
+together or not at all: one file of each is its commit point, written last and removed first (a voice's clip
+`<name>.wav`, a consent's record `cons_....json`), and at start whatever a write cut short left behind (a
+transcript or id with no clip, a recording with no record, a temporary `.*.part*` file) is removed and logged.
 """
 from __future__ import annotations
 
@@ -18,11 +25,42 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ...audio.clips import MAX_UPLOAD_SECONDS, read_voice_clip
-from ...audio.wav import save_wav
+from ...audio.wav import SAMPLE_RATE
 from ...binding.net import release_threads
 from ...errors import AudioError, InputError
 
 DESIGNED = "design"  # a VoiceDesign checkpoint's one voice: the one its `instructions` describe
+MB = 10**6
+MAX_VOICES, VOICES_MB = 200, 300  # 200 clips of the longest a voice keeps (15 s of float32 at 24 kHz: 1.44 MB) fit
+MAX_CONSENTS, CONSENTS_MB = 200, 200  # a recording is kept as uploaded: a spoken statement takes well under 1 MB
+PARTS = ".*.part*"  # `_write_atomically`'s temporary files
+
+
+@dataclasses.dataclass(frozen=True)
+class Quota:
+    """A store's bound on what it keeps on disk: at most `count` items (voices, or consent recordings) and
+    `megabytes` MB (10^6 bytes) of their files."""
+    count: int
+    megabytes: float
+
+
+class QuotaExceeded(Exception):
+    """An upload refused because what it adds would pass a `Quota`; the message says which limit, and how to free
+    room."""
+
+
+def _check_quota(quota: Quota, count: int, stored: int, new: int | None, *, items: str, options: tuple[str, str],
+                 free: str) -> None:
+    """A `QuotaExceeded` unless one more item (`new` bytes; None: its size is not known yet, only the count is
+    checked) fits under `quota` beside the `count` items of `stored` bytes on disk. `items` names them, `options`
+    are the server's options for the two limits, `free` says how to delete one."""
+    if count + 1 > quota.count:
+        raise QuotaExceeded(f"this server keeps at most {quota.count} {items} ({options[0]}) and holds {count}: "
+                            f"delete one first ({free})")
+    if new is not None and stored + new > quota.megabytes * MB:
+        raise QuotaExceeded(f"this upload's {new / MB:.2f} MB would bring the {items} kept to "
+                            f"{(stored + new) / MB:.2f} MB, past this server's quota of {quota.megabytes:g} MB "
+                            f"({options[1]}): delete one first ({free})")
 
 
 class Voices:
@@ -36,13 +74,28 @@ class Voices:
     `POST /v1/audio/voices` (`add` with the consent recording it was made under) also has an OpenAI id, `voice_...`,
     kept with that consent's id in `<name>.json` beside its clip (`ids`).
 
+    The clips in the folder, with their transcripts and ids, stay under `quota` (`--max-voices`, `--voices-mb`;
+    clips copied in by hand count too): an upload that would pass it raises `QuotaExceeded` before any file is
+    written. A voice's clip is its commit point: `add` writes the transcript and id first and the clip last (a
+    failed write removes what it wrote), `delete` removes the clip first, and at start a transcript or id with no
+    clip beside it, or a temporary file, is removed and logged (`_clean`). `consent_quota` is the bound the
+    server's `Consents` are kept under (`--max-consents`, `--consents-mb`).
+
     After the start every build runs on one thread of its own (`builder`), never on the engine's: a running stream
     never waits for the voice encoders (they share the CPU meanwhile), and the builder's OpenMP workers are released
     after each build (`binding.net.release_threads`). `get`, on the event loop, only hands out what is built."""
 
-    def __init__(self, synth, folder: Path | None, log: Callable[[str], None] | None = None):
-        self.synth, self.folder = synth, folder
+    def __init__(self, synth, folder: Path | None, log: Callable[[str], None] | None = None,
+                 quota: Quota = Quota(MAX_VOICES, VOICES_MB), consent_quota: Quota = Quota(MAX_CONSENTS, CONSENTS_MB)):
+        self.synth, self.folder, self.quota, self.consent_quota = synth, folder, quota, consent_quota
         self.log = log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr))
+        if self.folder is not None and self.clones:
+            self._clean()
+            count, stored = self.stored()
+            if count >= quota.count or stored >= quota.megabytes * MB:
+                self.log(f"the voices folder holds {count} voices, {stored / MB:.1f} MB: at its quota "
+                         f"({quota.count} voices, {quota.megabytes:g} MB; --max-voices, --voices-mb), so uploads "
+                         "are refused until voices are deleted")
         self.built: dict = {}
         self.broken: dict[str, str] = {}  # a clip in the folder that cannot be used: why
         self.ids = self._read_ids()        # {name: OpenAI voice id}: replaced whole, never changed in place (the
@@ -71,6 +124,39 @@ class Voices:
 
     def _key(self, name: str) -> str:
         return name.lower() if self.builtin(name) else name
+
+    def _clean(self) -> None:
+        """Remove, and log, what a write cut short left in the folder: a transcript (`<name>.txt`) or id
+        (`<name>.json`) with no clip (`<name>.wav`) beside it, and `_write_atomically`'s temporary files."""
+        from .schema import VOICE_PATTERN
+
+        for path in sorted(self.folder.glob(PARTS)):
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                self.log(f"removed {path.name} from the voices folder: a file whose write was cut short")
+        for path in sorted([*self.folder.glob("*.txt"), *self.folder.glob("*.json")]):
+            if re.match(VOICE_PATTERN, path.stem) and path.is_file() and \
+                    not path.with_suffix(".wav").exists():
+                path.unlink(missing_ok=True)
+                self.log(f"removed {path.name} from the voices folder: no {path.stem}.wav beside it (a voice whose "
+                         "clip was never written, or was deleted)")
+
+    def stored(self) -> tuple[int, int]:
+        """(voices, bytes): the clips in the folder and the size of their files (clip, transcript, id), as on disk
+        now."""
+        from .schema import VOICE_PATTERN
+
+        count = size = 0
+        for clip in self.folder.glob("*.wav") if self.folder else []:
+            if not re.match(VOICE_PATTERN, clip.stem):
+                continue
+            count += 1
+            for path in (clip, clip.with_suffix(".txt"), clip.with_suffix(".json")):
+                try:
+                    size += path.stat().st_size
+                except OSError:  # none, or deleted meanwhile
+                    pass
+        return count, size
 
     def _read_ids(self) -> dict[str, str]:
         """{name: OpenAI voice id} from the `<name>.json` files in the folder; one that cannot be read is logged."""
@@ -157,29 +243,40 @@ class Voices:
         as `<name>.wav` (the clip as used: 24 kHz mono, trimmed) and `<name>.txt` in the folder; with the `consent`
         recording it was made under (OpenAI's `POST /v1/audio/voices`), also a fresh OpenAI id, saved with the
         consent's id in `<name>.json`. Returns its `schema.VoiceCreated` fields; a `FileExistsError` for a name
-        taken, an `AudioError` or `InputError` for a clip that cannot be used. On the builder's thread: one build at
-        a time, none on the engine's."""
+        taken, a `QuotaExceeded` for a voice past `quota` (the count checked before the clip is read, the size of
+        its files before it is built), an `AudioError` or `InputError` for a clip that cannot be used. The clip is
+        written last: until it is, the voice does not exist, and a failed write removes the files written before it.
+        On the builder's thread: one build at a time, none on the engine's."""
         return await asyncio.get_running_loop().run_in_executor(self.builder, self._released, self._add, name, audio,
                                                                 text, filename, consent)
 
     def _add(self, name: str, audio: bytes, text: str | None, filename: str | None, consent: str | None) -> dict:
         if self.exists(name):
             raise FileExistsError(name)
+        free = "DELETE /v1/voices/{name}, or DELETE /v1/audio/voices/{voice_id}"
+        limits = dict(items="voices", options=("--max-voices", "--voices-mb"), free=free)
+        _check_quota(self.quota, *self.stored(), None, **limits)
         clip = read_voice_clip(audio, text, name=f"the uploaded clip {filename!r}" if filename else "the uploaded clip",
                                keep_long_option=None, max_seconds=MAX_UPLOAD_SECONDS)
+        voice_id = None if consent is None else f"voice_{secrets.token_hex(12)}"
+        transcript = None if text is None else text.encode("utf-8")
+        record = None if voice_id is None else json.dumps({"id": voice_id, "consent": consent}).encode("utf-8")
+        samples = _wav_bytes(clip.wav)  # float32: the samples as checked, exactly
+        _check_quota(self.quota, *self.stored(), len(samples) + len(transcript or b"") + len(record or b""), **limits)
         voice = self.synth.voice(wav=clip.wav, text=text)
         wav, txt, meta = (self.folder / f"{name}{suffix}" for suffix in (".wav", ".txt", ".json"))
-        if text is not None:
-            _write_atomically(txt, lambda part: part.write_text(text, encoding="utf-8"))
-        else:
-            txt.unlink(missing_ok=True)  # a transcript left behind would make the clip an ICL voice at the next start
-        voice_id = None if consent is None else f"voice_{secrets.token_hex(12)}"
-        if voice_id is None:
-            meta.unlink(missing_ok=True)  # an id left behind would name this clip at the next start
-        else:
-            record = json.dumps({"id": voice_id, "consent": consent})
-            _write_atomically(meta, lambda part: part.write_text(record, encoding="utf-8"))
-        _write_atomically(wav, lambda part: save_wav(part, clip.wav))  # float32: the samples as checked, exactly
+        try:
+            # a transcript left behind would make the clip an ICL voice, an id would name it: none are kept
+            for path, data in ((txt, transcript), (meta, record)):
+                if data is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    _write_atomically(path, lambda part, data=data: part.write_bytes(data))
+            _write_atomically(wav, lambda part: part.write_bytes(samples))  # the commit point: the voice exists
+        except BaseException:  # the clip never came: what was written before it goes
+            for path in (txt, meta):
+                path.unlink(missing_ok=True)
+            raise
         self.built[name] = voice
         self.broken.pop(name, None)
         if voice_id is not None:
@@ -188,7 +285,7 @@ class Voices:
                 "seconds": round(clip.seconds, 3), "messages": list(clip.messages)}
 
     async def delete(self, name: str) -> None:
-        """Forget a clip's voice and remove its files (after any build in progress)."""
+        """Forget a clip's voice and remove its files, the clip first (after any build in progress)."""
         await asyncio.get_running_loop().run_in_executor(self.builder, self._delete, name)
 
     def _delete(self, name: str) -> None:
@@ -219,6 +316,18 @@ class Voices:
         self.builder.shutdown(wait=False, cancel_futures=True)
 
 
+def _wav_bytes(wav) -> bytes:
+    """`wav` as the float32 wav file `audio.wav.save_wav` writes, in memory: its size is known before it is written."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.asarray(wav, dtype=np.float32), SAMPLE_RATE, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
 def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """`write(part)` to a file beside `path` that no listing takes for a voice (a dot first), then renamed to `path`:
     a reader sees the whole file or none."""
@@ -239,13 +348,22 @@ class Consents:
     voices folder's `consents/`) both are kept there, `<id>.json` and the recording beside it, so a restart finds
     them; without one only the records are, in memory (no endpoint reads a recording back). Listed oldest first
     (each record's `created_ns`, its time of creation to the nanosecond). Records change on the event loop; the
-    checks and the writes of a new one run off it."""
+    checks and the writes of a new one run off it.
+
+    Each `add` is given the `Quota` the consents are kept under (the server's `Voices.consent_quota`): how many
+    records, and with a folder how many bytes of records and recordings on disk. The record is a consent's commit
+    point: the recording is written first, the record last (a failed write removes the recording), `delete` removes
+    the record first, and at start a recording with no record beside it, or a temporary file, is removed and
+    logged."""
 
     FIELDS = {"id": str, "created_ns": int, "name": str, "language": str, "recording": str}  # and `filename`
+    FREE = "DELETE /v1/audio/voice_consents/{consent_id}"
 
     def __init__(self, folder: Path | None, log: Callable[[str], None]):
-        self.folder, self.records = folder, {}
+        self.folder, self.records, self.log = folder, {}, log
         self.checker = ThreadPoolExecutor(1, thread_name_prefix="qtts-consents")  # one recording decoded at a time
+        if folder and folder.is_dir():
+            self._clean()
         for meta in sorted(folder.glob("cons_*.json")) if folder and folder.is_dir() else []:
             try:
                 record = json.loads(meta.read_text(encoding="utf-8"))
@@ -265,15 +383,52 @@ class Consents:
     def get(self, consent_id: str) -> dict | None:
         return self.records.get(consent_id)
 
-    async def add(self, name: str, language: str, recording: bytes, filename: str | None) -> dict:
-        """A new consent recording's record, the recording checked and kept; an `AudioError` for one that cannot be
-        used."""
+    def _clean(self) -> None:
+        """Remove, and log, what a write cut short left in the folder: a recording (`cons_<id>.<ext>`) with no
+        record (`cons_<id>.json`) beside it, and `_write_atomically`'s temporary files."""
+        for path in sorted(self.folder.glob(PARTS)):
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                self.log(f"removed {path.name} from {self.folder}: a file whose write was cut short")
+        for path in sorted(self.folder.glob("cons_*")):
+            consent_id = path.name.split(".", 1)[0]
+            if path.suffix != ".json" and path.is_file() and not (self.folder / f"{consent_id}.json").exists():
+                path.unlink(missing_ok=True)
+                self.log(f"removed {path.name} from {self.folder}: a consent recording with no record "
+                         f"({consent_id}.json) beside it")
+
+    def stored(self) -> tuple[int, int]:
+        """(consents, bytes): with a folder, the records on disk and the size of every consent's files (records and
+        recordings) now; without one, the records in memory and 0 (no recording is kept)."""
+        if self.folder is None:
+            return len(self.records), 0
+        count = size = 0
+        for path in self.folder.glob("cons_*") if self.folder.is_dir() else []:
+            try:
+                size += path.stat().st_size
+            except OSError:  # deleted meanwhile
+                continue
+            count += path.suffix == ".json"
+        return count, size
+
+    async def add(self, name: str, language: str, recording: bytes, filename: str | None,
+                  quota: Quota = Quota(MAX_CONSENTS, CONSENTS_MB)) -> dict:
+        """A new consent recording's record, the recording checked and kept; a `QuotaExceeded` for one past `quota`
+        (the count checked before the recording is read, the size of its files before they are written), an
+        `AudioError` for one that cannot be used."""
         record = await asyncio.get_running_loop().run_in_executor(self.checker, self._check_and_save, name,
-                                                                  language, recording, filename)
+                                                                  language, recording, filename, quota)
+        if self.folder is None:  # the records are all there is: counted again here, where they change
+            _check_quota(quota, len(self.records), 0, None, **self._limits())
         self.records[record["id"]] = record
         return record
 
-    def _check_and_save(self, name: str, language: str, recording: bytes, filename: str | None) -> dict:
+    def _limits(self) -> dict:
+        return dict(items="consent recordings", options=("--max-consents", "--consents-mb"), free=self.FREE)
+
+    def _check_and_save(self, name: str, language: str, recording: bytes, filename: str | None,
+                        quota: Quota) -> dict:
+        _check_quota(quota, *self.stored(), None, **self._limits())
         read_voice_clip(recording, keep_long=True, name=f"the consent recording {filename!r}" if filename else
                         "the consent recording", keep_long_option=None, max_seconds=MAX_UPLOAD_SECONDS)
         consent_id = f"cons_{secrets.token_hex(12)}"
@@ -282,9 +437,14 @@ class Consents:
         record = {"id": consent_id, "created_ns": time.time_ns(), "name": name, "language": language,
                   "filename": filename, "recording": kept}
         if self.folder is not None:
+            _check_quota(quota, *self.stored(), len(recording) + len(_record_bytes(record)), **self._limits())
             self.folder.mkdir(exist_ok=True)
             _write_atomically(self.folder / kept, lambda part: part.write_bytes(recording))
-            self._save(record)
+            try:
+                self._save(record)  # the commit point: the consent exists
+            except BaseException:
+                (self.folder / kept).unlink(missing_ok=True)
+                raise
         return record
 
     def rename(self, consent_id: str, name: str) -> dict:
@@ -304,11 +464,17 @@ class Consents:
         return [self.records[i] for i in ids[start:start + limit]], start + limit < len(ids)
 
     def delete(self, consent_id: str) -> None:
+        """Forget a consent and remove its files, the record first."""
         record = self.records.pop(consent_id)
         if self.folder is not None:
             (self.folder / f"{consent_id}.json").unlink(missing_ok=True)
             (self.folder / record["recording"]).unlink(missing_ok=True)
 
     def _save(self, record: dict) -> None:
-        text = json.dumps(record)
-        _write_atomically(self.folder / f"{record['id']}.json", lambda part: part.write_text(text, encoding="utf-8"))
+        data = _record_bytes(record)
+        _write_atomically(self.folder / f"{record['id']}.json", lambda part: part.write_bytes(data))
+
+
+def _record_bytes(record: dict) -> bytes:
+    """A consent's record as its `<id>.json` holds it."""
+    return json.dumps(record).encode("utf-8")
