@@ -84,7 +84,7 @@ from .engine import (
 )
 from .http import build_app
 from .reply import SEND_TIMEOUT
-from .voices import Voices
+from .voices import CONSENTS_MB, MAX_CONSENTS, MAX_VOICES, VOICES_MB, Quota, Voices
 
 API_KEY_ENV = "QTTS_API_KEY"
 
@@ -105,7 +105,8 @@ def serve(args) -> int:
     if args.voices is not None and synth.kind != "base":
         say(f"--voices {args.voices}: a {synth.kind.replace('_', ' ')} checkpoint speaks its own voices; the clips "
             "there are not used (only Base checkpoints clone)")
-    voices = Voices(synth, args.voices, say)
+    voices = Voices(synth, args.voices, say, quota=Quota(args.max_voices, args.voices_mb),
+                    consent_quota=Quota(args.max_consents, args.consents_mb))
     voices.preload()
     engine = Engine(synth, args.max_frames, args.chunk_frames, args.queue, max_batch_of(synth, args, say),
                     budget=args.frame_budget, backlog_seconds=args.backlog, stall_seconds=args.stall_seconds,
@@ -171,3 +172,13 @@ def add_arguments(p) -> None:
                    help=f"frames a request may take at most, its segments' caps added up (default {FRAME_BUDGET}, "
                         f"{FRAME_BUDGET // 750} minutes); a longer text is refused with a 400")
     g.add_argument("--chunk-frames", type=positive_int, default=4, help="frames per streamed piece (80 ms each)")
+    q = p.add_argument_group("what --voices keeps (counted on disk; an upload past a limit is refused with a 403)")
+    q.add_argument("--max-voices", type=positive_int, default=MAX_VOICES,
+                   help=f"voices the folder may hold, clips copied in included (default {MAX_VOICES})")
+    q.add_argument("--voices-mb", type=positive_int, default=VOICES_MB,
+                   help=f"megabytes (10^6 bytes) the voices' files may take: clips, transcripts, ids (default "
+                        f"{VOICES_MB})")
+    q.add_argument("--max-consents", type=positive_int, default=MAX_CONSENTS,
+                   help=f"consent recordings kept, in consents/ (in memory without --voices; default {MAX_CONSENTS})")
+    q.add_argument("--consents-mb", type=positive_int, default=CONSENTS_MB,
+                   help=f"megabytes the consent recordings and their records may take (default {CONSENTS_MB})")

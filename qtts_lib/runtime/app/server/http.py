@@ -255,8 +255,10 @@ class Api:
 
     async def _add_voice(self, name: str, audio: bytes, text: str | None, filename: str | None, field: str,
                          consent: str | None = None) -> dict:
-        """`Voices.add`, its refusals as `schema.RequestError`s (`field`: the form's clip field)."""
+        """`Voices.add`, its refusals as `schema.RequestError`s (`field`: the form's clip field; a quota passed:
+        403, not 429, which OpenAI's SDK retries)."""
         from .schema import RequestError
+        from .voices import QuotaExceeded
 
         voices = self.store
         try:
@@ -266,6 +268,8 @@ class Api:
         except FileExistsError:  # or uploaded twice at once: the second finds the first's files
             raise RequestError(409, f"a voice named {name!r} exists; delete it first (DELETE /v1/voices/{name}) or "
                                     "choose another name", "name", code="voice_exists") from None
+        except QuotaExceeded as e:
+            raise RequestError(403, str(e), code="quota_exceeded") from None
         except AudioError as e:
             raise RequestError(400, str(e), field, code="bad_clip") from None
         except InputError as e:
@@ -276,13 +280,17 @@ class Api:
         voice clip is and kept (`Consents`): `schema.VoiceConsent`, or a 4xx saying why not."""
         from .forms import parse_consent_form
         from .schema import RequestError
+        from .voices import QuotaExceeded
 
         try:
             self._cloning()
             form = await parse_consent_form(await self._body(request, upload=True), request.headers)
-            record = await self.consents.add(form.name, form.language, form.recording, form.filename)
+            record = await self.consents.add(form.name, form.language, form.recording, form.filename,
+                                             self.store.consent_quota)
         except RequestError as e:
             return _refusal(e)
+        except QuotaExceeded as e:
+            return _refusal(RequestError(403, str(e), code="quota_exceeded"))
         except AudioError as e:
             return _refusal(RequestError(400, str(e), "recording", code="bad_recording"))
         return _json(_consent(record))
