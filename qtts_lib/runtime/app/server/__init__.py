@@ -78,6 +78,7 @@ from .engine import (
     DEADLINE_FRAME_SECONDS,
     DEADLINE_MARGIN,
     FRAME_BUDGET,
+    MAX_WAIT,
     STALL_SECONDS,
     STALL_TIMES,
     Engine,
@@ -110,7 +111,7 @@ def serve(args) -> int:
     voices.preload()
     engine = Engine(synth, args.max_frames, args.chunk_frames, args.queue, max_batch_of(synth, args, say),
                     budget=args.frame_budget, backlog_seconds=args.backlog, stall_seconds=args.stall_seconds,
-                    deadline_margin=args.deadline_margin)
+                    deadline_margin=args.deadline_margin, admit=args.admit, max_wait=args.max_wait, log=say)
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
           f"{', '.join(voices.names()) or 'none'})", file=sys.stderr, flush=True)
     try:
@@ -144,6 +145,13 @@ def add_arguments(p) -> None:
                                                "ICL); voices uploaded with POST /v1/voices are saved here (without "
                                                "it, uploads are refused)")
     p.add_argument("--queue", type=int, default=8, help="requests that may wait beside the batch; past that, 503")
+    p.add_argument("--admit", choices=("realtime", "all"), default="realtime",
+                   help="realtime (default): speak only as many requests at once as keep real time (measured at "
+                        "start), the others wait; all: start every request that has a place (more audio a second "
+                        "where the machine batches well, every stream slower than real time past that)")
+    p.add_argument("--max-wait", type=float, default=MAX_WAIT,
+                   help=f"seconds a request may wait for a place among the streams before a 503 with Retry-After "
+                        f"(default {MAX_WAIT:.0f})")
     add_batch_option(p, "requests")
     p.add_argument("--api-key", help=f"a key clients must send as a bearer token; better set ${API_KEY_ENV}: a key "
                                      "on the command line shows in `ps` (default: none needed)")

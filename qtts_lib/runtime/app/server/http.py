@@ -122,6 +122,9 @@ class Api:
 
             return Response(status_code=499)  # nobody reads it: the client has gone
         kind, e = first
+        if kind == "busy":
+            return _refusal(schema.RequestError(503, str(e), kind="server_error", code="overloaded",
+                                                headers={"Retry-After": str(e.retry_after)}))
         if kind == "refused":
             return _refusal(schema.RequestError(400, str(e), "voice" if isinstance(e, AudioError) else None))
         if isinstance(e, DeadlinePassed):
@@ -172,7 +175,8 @@ class Api:
         return _json(Health(
             status="ok" if st.healthy else "error", error=st.error, model=self.model_id, busy=st.speaking > 0,
             speaking=st.speaking, batch=st.batch, max_batch=st.max_batch, largest_batch=st.largest_batch,
-            waiting=st.waiting, held=st.held, refused=st.refused, served=st.served, auth=self.auth,
+            waiting=st.waiting, held=st.held, refused=st.refused, served=st.served, streams=st.streams,
+            auth=self.auth,
         ).model_dump(), 200 if st.healthy else 503)
 
     async def openapi(self, request):
