@@ -262,8 +262,9 @@ def test_quota_totals_are_read_from_disk_and_survive_a_restart(tmp_path):
 
 
 def test_what_a_cut_short_write_left_is_removed_at_start(tmp_path):
-    """A transcript or id with no clip beside it, a recording with no record, and temporary `.*.part*` files are
-    removed when the store opens, each logged; whole voices and consents, and files that are none of these, stay."""
+    """An id with no clip beside it, a recording with no record, and temporary `.*.part*` files are removed when the
+    store opens, each logged; a text file with no clip is logged and left (it may be the user's); whole voices and
+    consents, and files that are none of these, stay."""
     from qtts_lib.runtime.app.server.voices import Consents, Voices
 
     clip = clip_bytes()
@@ -286,11 +287,12 @@ def test_what_a_cut_short_write_left_is_removed_at_start(tmp_path):
     voices = Voices(stub_synth(), tmp_path, log=logged.append)
     try:
         store = Consents(consents, logged.append)
-        assert listing(tmp_path) == ["alice.json", "alice.txt", "alice.wav", "consents", "consents/cons_1.json",
-                                     "consents/cons_1.wav", "notes.md"]
+        assert listing(tmp_path) == ["alice.json", "alice.txt", "alice.wav", "bob.txt", "consents",
+                                     "consents/cons_1.json", "consents/cons_1.wav", "notes.md"]
         assert voices.names() == ["alice"] and voices.by_id() == {"voice_a": "alice"} and list(store.records) == \
             ["cons_1"]
-        for removed in ("bob.txt", "carol.json", ".dan.part.wav", "cons_2.wav", ".cons_3.part.json"):
+        assert sum("bob.txt" in line and "left in place" in line for line in logged) == 1, logged
+        for removed in ("carol.json", ".dan.part.wav", "cons_2.wav", ".cons_3.part.json"):
             assert sum(removed in line for line in logged) == 1, (removed, logged)
     finally:
         voices.close()

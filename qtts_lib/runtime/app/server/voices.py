@@ -7,8 +7,9 @@ What the store keeps is bounded: the voices, and the consent recordings, each un
 megabytes of files), counted from the files on disk, so a restart sees the same totals; an upload that would pass
 one is refused (`QuotaExceeded`) before any file is written. The files of one voice, or of one consent, appear
 together or not at all: one file of each is its commit point, written last and removed first (a voice's clip
-`<name>.wav`, a consent's record `cons_....json`), and at start whatever a write cut short left behind (a
-transcript or id with no clip, a recording with no record, a temporary `.*.part*` file) is removed and logged.
+`<name>.wav`, a consent's record `cons_....json`), and at start whatever a write cut short left behind (an id
+with no clip, a recording with no record, a temporary `.*.part*` file) is removed and logged. A text file with no
+clip is left in place (it may be the user's own notes) and logged: it is no voice until a clip of its name comes.
 """
 from __future__ import annotations
 
@@ -126,8 +127,10 @@ class Voices:
         return name.lower() if self.builtin(name) else name
 
     def _clean(self) -> None:
-        """Remove, and log, what a write cut short left in the folder: a transcript (`<name>.txt`) or id
-        (`<name>.json`) with no clip (`<name>.wav`) beside it, and `_write_atomically`'s temporary files."""
+        """Remove, and log, what a write cut short left in the folder: an id record (`<name>.json` holding a
+        `voice_...` id) with no clip (`<name>.wav`) beside it, and `_write_atomically`'s temporary files. A
+        `<name>.txt` with no clip is only logged: the store cannot tell a transcript left behind from a user's
+        file."""
         from .schema import VOICE_PATTERN
 
         for path in sorted(self.folder.glob(PARTS)):
@@ -135,11 +138,15 @@ class Voices:
                 path.unlink(missing_ok=True)
                 self.log(f"removed {path.name} from the voices folder: a file whose write was cut short")
         for path in sorted([*self.folder.glob("*.txt"), *self.folder.glob("*.json")]):
-            if re.match(VOICE_PATTERN, path.stem) and path.is_file() and \
-                    not path.with_suffix(".wav").exists():
+            if not (re.match(VOICE_PATTERN, path.stem) and path.is_file()) or path.with_suffix(".wav").exists():
+                continue
+            if path.suffix == ".json" and _is_id_record(path):
                 path.unlink(missing_ok=True)
-                self.log(f"removed {path.name} from the voices folder: no {path.stem}.wav beside it (a voice whose "
-                         "clip was never written, or was deleted)")
+                self.log(f"removed {path.name} from the voices folder: a voice id with no {path.stem}.wav beside it "
+                         "(a voice whose clip was never written, or was deleted)")
+            elif path.suffix == ".txt":
+                self.log(f"{path.name} in the voices folder has no {path.stem}.wav beside it: not a voice (left in "
+                         f"place; a clip named {path.stem}.wav would take it as its transcript)")
 
     def stored(self) -> tuple[int, int]:
         """(voices, bytes): the clips in the folder and the size of their files (clip, transcript, id), as on disk
@@ -326,6 +333,15 @@ def _wav_bytes(wav) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, np.asarray(wav, dtype=np.float32), SAMPLE_RATE, format="WAV", subtype="FLOAT")
     return buf.getvalue()
+
+
+def _is_id_record(path: Path) -> bool:
+    """Whether `path` holds what `Voices` writes beside a clip: {"id": "voice_...", ...}."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and str(record.get("id", "")).startswith("voice_")
 
 
 def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
