@@ -6,6 +6,7 @@ import shutil
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 from serving import PARAGRAPH, places, post, request, speech, until
@@ -224,3 +225,13 @@ def test_sixty_stalled_bodies_do_not_keep_health_from_answering(served_app):
     finally:
         for s in socks:
             s.close()
+
+
+def test_no_module_of_the_server_is_over_600_lines():
+    """The server is its parts (engine, voice store, HTTP layer, schema, ...), each small enough to read whole."""
+    from qtts_lib.runtime.app import server
+
+    folder = paths.ROOT / "qtts_lib" / "runtime" / "app" / "server"
+    assert Path(server.__file__).parent == folder
+    sizes = {f.name: len(f.read_text(encoding="utf-8").splitlines()) for f in folder.glob("*.py")}
+    assert {"engine.py", "voices.py", "http.py"} <= set(sizes) and max(sizes.values()) <= 600, sizes
