@@ -46,6 +46,9 @@ def request(url: str, path: str, body=None, method: str | None = None, read: int
 
 
 def start_server(tmp_path, *extra, ckpt: str = CKPT, env: dict | None = None):
+    """A `qtts serve` process over alice and bob: (process, url) once it answers. `--admit all` unless `extra` says
+    otherwise: the tests hold what a request gets, not how many a loaded machine speaks at once in real time
+    (tests/test_server_admission.py holds that)."""
     voices = tmp_path / "voices"
     voices.mkdir(exist_ok=True)
     shutil.copy(paths.voice_wav(), voices / "alice.wav")
@@ -55,7 +58,8 @@ def start_server(tmp_path, *extra, ckpt: str = CKPT, env: dict | None = None):
     log = open(tmp_path / "server.log", "w")  # a file, not a pipe nobody reads (a full pipe blocks the server)
     code = "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", PRELUDE + code, "serve", "--checkpoint", str(paths.model_dir(ckpt)),
-                             "--port", str(port), "--voices", str(voices), "--threads", "2", *extra],
+                             "--port", str(port), "--voices", str(voices), "--threads", "2",
+                             *([] if "--admit" in extra else ["--admit", "all"]), *extra],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
