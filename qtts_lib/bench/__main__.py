@@ -96,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tree", type=Path, help="the source tree whose qtts serve runs (default: this one; a "
                                                  "worktree of an older commit gives a 'before')")
     serve.add_argument("--python", help="the interpreter that runs the server (default: this one)")
+    serve.add_argument("--admit", choices=("realtime", "all", "none"), default="realtime",
+                       help="the server's --admit (default realtime; none: pass no --admit, for a --tree whose "
+                            "server has none)")
+    serve.add_argument("--max-wait", type=float, help="the server's --max-wait (default: the server's own)")
+    serve.add_argument("--queue", type=int, help="the server's --queue (default: 8, or the most clients if more)")
+    serve.add_argument("--library-repeats", type=int, default=5,
+                       help="timed runs of the library's first audio in this process, before the server starts")
     serve.add_argument("-o", "--output", type=Path)
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
     zeros.add_argument("dir")
@@ -131,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         ints = lambda s: tuple(int(x) for x in s.split(",") if x.strip())  # noqa: E731
         result = serve_benchmark(paths.checkpoint_dir(a.checkpoint), a.threads, a.precision, a.codec_precision,
                                  ints(a.clients), ints(a.staggered), a.stagger, a.max_batch, a.max_frames,
-                                 a.chunk_frames, a.tree, a.python)
+                                 a.chunk_frames, a.tree, a.python, admit=None if a.admit == "none" else a.admit,
+                                 max_wait=a.max_wait, queue=a.queue, library_repeats=a.library_repeats)
         write_result(result, a.output)
         print(table(result))
         return 0
