@@ -31,6 +31,12 @@ so that a clip's hundreds of frames never stall other streams in one go), and a 
 frames come decodes one piece per frame pushed, then catches up at most two pieces of audio per push. Where the
 work is done changes when the audio comes, never what it is.
 
+The first piece may be shorter than the rest (`first_frames`): a stream's first audio then waits for that many
+frames, not for `chunk_frames`, and each piece after it is twice the one before, up to `chunk_frames` (1, 2, 4, 4,
+... for a first piece of one frame and pieces of four), so that the next pieces, too, wait for fewer frames. Pieces
+on other boundaries are the same audio to float rounding (the codec's transformer runs over each piece's frames at
+once); the incremental decode stays one decode, each frame fed once.
+
 The first piece comes in pieces, so that the first audio does not wait for a whole piece's decode. The codec's
 decoder stages cost mostly per sample, not per call (`IncrementalDecode.pieces`), so an incremental stream hands out
 the first eighth of a frame of its first piece (10 ms of audio) as soon as that is decoded and holds the rest
@@ -83,8 +89,9 @@ def receptive_field(config: dict) -> int:
 
 # ------------------------------------------------------------ the streaming decoder
 class StreamDecoder:
-    """Feed frames one at a time (`push`); get back the samples of every full chunk of `chunk_frames` frames (the
-    first chunk in pieces: `held`, `drain`); `finish` returns the rest. Concatenated, the pieces equal
+    """Feed frames one at a time (`push`); get back the samples of each piece as soon as its frames are in: the first
+    piece of `first_frames` frames (None: `chunk_frames`), each next one twice the one before up to `chunk_frames`
+    (the first piece in pieces: `held`, `drain`); `finish` returns the rest. Concatenated, the pieces equal
     `codec.decode(prefix + frames)` minus the prefix's samples (see the module docstring for exactly how equal).
 
     `prefix`: frames decoded in front but never emitted (an ICL voice clip's codes, as the reference does).
@@ -99,10 +106,13 @@ class StreamDecoder:
     device)."""
 
     def __init__(self, codec: Codec, chunk_frames: int = 4, context_frames: int | None = None,
-                 prefix: np.ndarray | None = None):
+                 prefix: np.ndarray | None = None, first_frames: int | None = None):
         if chunk_frames < 1:
             raise ValueError(f"chunk_frames must be at least 1, not {chunk_frames}")
+        if first_frames is not None and first_frames < 1:
+            raise ValueError(f"first_frames must be at least 1, not {first_frames}")
         self.codec, self.chunk = codec, chunk_frames
+        self.piece = chunk_frames if first_frames is None else min(first_frames, chunk_frames)  # next piece, frames
         self.incremental = context_frames is None and getattr(codec, "parts", None) is not None
         self.context = receptive_field(codec.config) if context_frames is None else context_frames
         self.frames: list[np.ndarray] = [] if prefix is None else list(np.asarray(prefix, np.int64))
@@ -116,11 +126,13 @@ class StreamDecoder:
         self.frames.append(np.asarray(frame, np.int64))
         if not self.warm(PREFIX_PIECE):
             return out
-        while len(self.frames) - self.emitted >= self.chunk and len(out) < CATCH_UP:
-            if self.emitted == self.start and self.incremental:  # the first piece: its head now, the rest held
-                out.append(self._first(self.emitted, self.emitted + self.chunk))
+        while len(self.frames) - self.emitted >= self.piece and len(out) < CATCH_UP:
+            a, b = self.emitted, self.emitted + self.piece
+            self.piece = min(2 * self.piece, self.chunk)
+            if a == self.start and self.incremental:  # the first piece: its head now, the rest held
+                out.append(self._first(a, b))
                 break
-            out.append(self._decode(self.emitted, self.emitted + self.chunk))
+            out.append(self._decode(a, b))
         if self.incremental:  # the next reference chunk's left context, a piece as soon as its frames are here
             start = (self.emitted // CHUNK_FRAMES + 1) * CHUNK_FRAMES
             if len(self.frames) >= start - LEFT_CONTEXT_FRAMES + PREFIX_PIECE or len(self.frames) >= start:
@@ -244,16 +256,16 @@ class WholeDecoder:
 
 class Decoders:
     """This process's codec as a synthesizer's decoders: `decoder(None, prefix)` a `WholeDecoder` (synthesize),
-    `decoder(chunk_frames, prefix)` a `StreamDecoder` (stream). `experimental.codec_process` offers the same in a
-    second process."""
+    `decoder(chunk_frames, prefix, first_frames=)` a `StreamDecoder` (stream). `experimental.codec_process` offers
+    the first two arguments in a second process."""
 
     def __init__(self, codec: Codec):
         self.codec = codec
 
-    def decoder(self, chunk_frames: int | None, prefix: np.ndarray | None = None):
+    def decoder(self, chunk_frames: int | None, prefix: np.ndarray | None = None, first_frames: int | None = None):
         if chunk_frames is None:
             return WholeDecoder(self.codec, prefix)
-        return StreamDecoder(self.codec, chunk_frames, prefix=prefix)
+        return StreamDecoder(self.codec, chunk_frames, prefix=prefix, first_frames=first_frames)
 
     def close(self) -> None:
         pass

@@ -26,6 +26,11 @@ two of its segments; the prompts' head (the voice, language and instruction, the
 prefilled once (`scheduler.Prefixes`).
 A text without a seed draws one (`Sampling.resolve`) and segment i samples with seed + i.
 
+A streamed text's first piece holds FIRST_FRAMES frames (one), so its first audio waits for one frame, not for
+`chunk_frames`; the pieces after it grow to `chunk_frames` (`codec.stream.StreamDecoder`'s `first_frames`: 1, 2, 4,
+4, ...), and every later segment streams in pieces of `chunk_frames` from its start. The audio is the same to float
+rounding whatever the pieces (the codec's transformer runs over each piece's frames at once).
+
 Work is bounded before it starts: `plan` gives every segment its frame cap, and a `budget` (frames) refuses a text
 whose caps add up to more (`BudgetError`, an `InputError`), so no request holds a place for longer than its budget.
 """
@@ -51,6 +56,7 @@ if TYPE_CHECKING:
 MAX_SEGMENT_TOKENS = 60     # ~15-20 s of speech: a paragraph's worth, well inside the range the model speaks well
 PAUSE_SECONDS = 0.3
 FADE_SECONDS = 0.01
+FIRST_FRAMES = 1            # frames in a streamed text's first piece (the pieces after it grow to chunk_frames)
 
 
 @dataclass
@@ -159,7 +165,8 @@ class LongText:
     with a pause before every segment but the first. Segment i samples with `sampling.seed + i` (a seed drawn now if
     the sampling has none). The first segment is submitted (its input checked) on creation; `budget` refuses a text
     that may take more frames (`check_budget`). `held` stops it from submitting more segments (the one running goes
-    on): a reader that fell behind."""
+    on): a reader that fell behind. Streamed (`chunk_frames`), the text's first piece holds `first_frames` frames
+    and the pieces after it grow to `chunk_frames` (module docstring; None: all of `chunk_frames`)."""
 
     def __init__(self, synth: Synthesizer, scheduler: Scheduler, text: str, language: str, voice: Voice,
                  sampling: Sampling | None = None, max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
@@ -167,11 +174,13 @@ class LongText:
                  chunk_frames: int | None = None, pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS,
                  ahead: int = 1, on_segment: Callable[[int, int, TextSegment, np.ndarray], None] | None = None,
                  on_frame: Callable[[int], None] | None = None, on_warning: Callable[[str], None] | None = None,
-                 budget: int | None = None, planned: list[TextSegment] | None = None):
+                 budget: int | None = None, planned: list[TextSegment] | None = None,
+                 first_frames: int | None = FIRST_FRAMES):
         self.segments = plan(synth, text, max_tokens, max_frames, frames_per_token, margin) if planned is None \
             else planned
         check_budget(self.segments, budget)
         self.scheduler, self.language, self.voice, self.chunk_frames = scheduler, language, voice, chunk_frames
+        self.first_frames = first_frames
         self.sampling = (synth.sampling if sampling is None else sampling).resolve()
         self.pause_samples = int(round(pause * SAMPLE_RATE))
         fade_samples = int(round(fade_seconds * SAMPLE_RATE))
@@ -201,7 +210,7 @@ class LongText:
             ticket = self.scheduler.submit(
                 Utterance(seg.text, self.language, self.voice, self.sampling.replace(seed=self.sampling.seed + i),
                           max_frames=seg.cap), self.chunk_frames, on_warning=warn, on_frame=self.on_frame,
-                lane=self.lane)
+                lane=self.lane, first_frames=self.first_frames if i == 0 and self.chunk_frames else None)
             self.tickets[ticket.id] = (i, ticket)
             self.submitted += 1
 
@@ -293,16 +302,19 @@ def stream_long(synth: Synthesizer, text: str, language: str, voice: Voice, samp
                 max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
                 frames_per_token: float = FRAMES_PER_TOKEN, margin: int = MARGIN_FRAMES, chunk_frames: int = 4,
                 pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS, max_batch: int = 1,
-                on_frame: Callable[[int], None] | None = None, budget: int | None = None) -> Iterator[np.ndarray]:
+                on_frame: Callable[[int], None] | None = None, budget: int | None = None,
+                first_frames: int | None = FIRST_FRAMES) -> Iterator[np.ndarray]:
     """`synthesize_long`, streamed: float32 pieces as they are generated, each segment decoded in pieces of
-    `chunk_frames` frames, the pauses as pieces of silence. Concatenated they equal `synthesize_long`'s wav as
-    closely as each segment's stream equals its whole decode. `max_batch` segments run at once (default one: the
-    first audio comes soonest). The first segment's prompt is built (and bad input refused) before the first
-    piece; closing the generator stops the loop at once, and so does an exception raised by `on_frame(n)`."""
+    `chunk_frames` frames (the text's first piece `first_frames`, the pieces after it growing to `chunk_frames`),
+    the pauses as pieces of silence. Concatenated they equal `synthesize_long`'s wav as closely as each segment's
+    stream equals its whole decode. `max_batch` segments run at once (default one: the first audio comes soonest).
+    The first segment's prompt is built (and bad input refused) before the first piece; closing the generator stops
+    the loop at once, and so does an exception raised by `on_frame(n)`."""
     scheduler = Scheduler(synth, max_batch)
     try:
         long = LongText(synth, scheduler, text, language, voice, sampling, max_tokens, max_frames, frames_per_token,
-                        margin, chunk_frames, pause, fade_seconds, ahead=max_batch, on_frame=on_frame, budget=budget)
+                        margin, chunk_frames, pause, fade_seconds, ahead=max_batch, on_frame=on_frame, budget=budget,
+                        first_frames=first_frames)
         while not long.done:
             yield from long.take(scheduler.step())
     finally:
