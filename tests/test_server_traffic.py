@@ -97,9 +97,9 @@ def test_a_client_that_leaves_while_queued_frees_its_place_at_once(serve):
 
 
 def test_a_client_that_leaves_before_its_first_audio_frees_its_place(serve):
-    """A request admitted and speaking, its first piece not out yet (20 frames a piece): its client hangs up. The
-    place is free at once; at the next step the engine drops its utterance from the batch."""
-    engine, url, paced = serve(max_batch=2, chunk_frames=20, max_frames=40)
+    """A request admitted and speaking, its first piece not out yet (20 frames a piece, the first too): its client
+    hangs up. The place is free at once; at the next step the engine drops its utterance from the batch."""
+    engine, url, paced = serve(max_batch=2, chunk_frames=20, first_frames=20, max_frames=40)
     a = post(url, speech(PARAGRAPH))
     out = response_in_thread(a)
     paced.allow(2)

@@ -109,7 +109,8 @@ def serve(args) -> int:
     voices = Voices(synth, args.voices, say, quota=Quota(args.max_voices, args.voices_mb),
                     consent_quota=Quota(args.max_consents, args.consents_mb))
     voices.preload()
-    engine = Engine(synth, args.max_frames, args.chunk_frames, args.queue, max_batch_of(synth, args, say),
+    engine = Engine(synth, max_frames=args.max_frames, chunk_frames=args.chunk_frames, queue_places=args.queue,
+                    max_batch=max_batch_of(synth, args, say),
                     budget=args.frame_budget, backlog_seconds=args.backlog, stall_seconds=args.stall_seconds,
                     deadline_margin=args.deadline_margin, admit=args.admit, max_wait=args.max_wait, log=say)
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from ...audio.wav import SAMPLE_RATE
 from ...errors import AudioError, InputError
-from ...pipeline.longform import LongText, check_budget, plan
+from ...pipeline.longform import FIRST_FRAMES, LongText, check_budget, plan
 from ...pipeline.scheduler import DEFAULT_MAX_BATCH, Scheduler
 from .capacity import Capacity
 
@@ -180,7 +180,8 @@ class Job:
 
 class Engine:
     """The synthesizer behind the one thread that runs ncnn: its scheduler (the batch), the requests it speaks and
-    the inbox in front of it. `speak`, `status` and `stop` are the event loop's; the rest runs on the engine's
+    the inbox in front of it (a stream's first piece `first_frames` frames, the next ones growing to
+    `chunk_frames`). `speak`, `status` and `stop` are the event loop's; the rest runs on the engine's
     thread. `stall_seconds` or `deadline_margin` None: no watchdog, no deadlines (a test that holds steps on
     purpose). `on_step(batch)` is called after each frame step with how many utterances it decoded (the metrics)."""
 
@@ -189,6 +190,7 @@ class Engine:
                  backlog_seconds: float = BACKLOG_SECONDS, stall_seconds: float | None = STALL_SECONDS,
                  deadline_margin: float | None = DEADLINE_MARGIN, deadline_per_frame: float = DEADLINE_FRAME_SECONDS,
                  admit: str = "realtime", step_seconds: dict[int, float] | None = None, max_wait: float = MAX_WAIT,
+                 first_frames: int = FIRST_FRAMES,
                  on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None):
         from ...binding.net import release_threads
 
@@ -198,6 +200,7 @@ class Engine:
         self.admit, self.max_wait = admit, max_wait
 
         self.synth, self.max_frames, self.chunk_frames, self.budget = synth, max_frames, chunk_frames, budget
+        self.first_frames = first_frames
         self.queue_places, self.stall_seconds = queue_places, stall_seconds
         self.deadline_margin, self.deadline_per_frame = deadline_margin, deadline_per_frame
         self.backlog = int(backlog_seconds * SAMPLE_RATE)
@@ -372,7 +375,8 @@ class Engine:
         s = job.speech
         try:
             job.long = LongText(self.synth, self.scheduler, s.text, s.language, job.voice, s.sampling,
-                                max_frames=self.max_frames, chunk_frames=self.chunk_frames, planned=job.planned)
+                                max_frames=self.max_frames, chunk_frames=self.chunk_frames, planned=job.planned,
+                                first_frames=self.first_frames)
         except (InputError, AudioError) as e:
             job.send("refused", e)
             return
