@@ -67,3 +67,13 @@ def test_admit_all_starts_every_request_with_a_place(serve, admit, started):
     paced.run_free()
     for conn in conns:
         assert conn.getresponse().status == 200
+
+
+def test_a_stalled_step_does_not_set_the_capacity():
+    """The measured mean keeps the codec's periodic decode (a step a few times the median) and drops a step the
+    machine stalled (another process on the cores)."""
+    from qtts_lib.runtime.app.server.capacity import robust_mean
+
+    steps = [0.01, 0.01, 0.01, 0.03] * 6
+    assert robust_mean(steps) == pytest.approx(0.015)
+    assert robust_mean(steps + [2.0]) == pytest.approx(0.015)

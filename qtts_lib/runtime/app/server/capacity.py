@@ -21,6 +21,7 @@ from ...pipeline.scheduler import Utterance
 FRAME_SECONDS = 0.08     # the audio one frame makes (12.5 frames a second)
 ADMIT_HEADROOM = 0.85    # a step may take this share of a frame's 80 ms at the admitted batch
 MEASURE_FRAMES = 24      # frames each measured utterance makes
+OUTLIER_TIMES = 5        # a measured step this many times the median is the machine's stall, not the model's cost
 MEASURE_TEXT = "One two three four five six seven eight nine ten, and then the count goes on again."
 
 
@@ -50,8 +51,8 @@ class Capacity:
     def measure(cls, synth, scheduler, chunk_frames: int) -> Capacity:
         """Each batch size in turn, 1 to the scheduler's width: that many neutral utterances (greedy, a voice of
         zeros) of MEASURE_FRAMES frames, streamed in pieces of `chunk_frames`; the mean step at each batch size
-        once every prefill is in, after one short utterance untimed. On the calling thread (the engine's: ncnn's
-        workers are that thread's)."""
+        once every prefill is in (`robust_mean`), after one short utterance untimed. On the calling thread (the
+        engine's: ncnn's workers are that thread's)."""
         voice = neutral_voice(synth)
         sampling = synth.sampling.replace(greedy=True)
         times: dict[int, list[float]] = defaultdict(list)
@@ -69,7 +70,14 @@ class Capacity:
                 batch = sum(not e.drained for e in events)
                 if batch and not joining:
                     times[batch].append(took)
-        return cls({b: float(np.mean(t)) for b, t in times.items()}, scheduler.max_batch)
+        return cls({b: robust_mean(t) for b, t in times.items()}, scheduler.max_batch)
+
+
+def robust_mean(seconds: list[float]) -> float:
+    """The mean step, without the steps over OUTLIER_TIMES the median: the codec's decode every few steps stays in
+    (it is part of the cost), a step that the machine stalled (another process on the cores) does not."""
+    median = float(np.median(seconds))
+    return float(np.mean([s for s in seconds if s <= OUTLIER_TIMES * median]))
 
 
 def neutral_voice(synth):
