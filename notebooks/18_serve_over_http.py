@@ -400,6 +400,31 @@ load[["gap_p99_over_p50", "longest_gap_p99_ms", "ttfa_p99_ms", "rtf"]].unstack()
 # the wait moves to where a server can bound it: a waiting request's first audio. Other machines: the
 # [results](results.ipynb) page.
 #
+# A stream that keeps its pace can still be slower than its listener: four streams in one batch each get a frame
+# a step, but that step takes longer than a frame's 80 ms. So `qtts serve` admits by capacity: at start it times
+# a step at each batch size and speaks at once only as many requests as keep real time; the others wait, in order,
+# `--max-wait` seconds, then get a 503 with Retry-After. The same bench against it, on the same VM, plays each
+# stream from its first byte (`ran_dry`: streams whose next piece came after the audio before it had played out):
+
+# %%
+run = paths.DATA / "bench" / "serve" / "dev-2core-xeon-amx-full-base-int8-realtime.json"
+doc = json.loads(run.read_text())
+library_ms = doc["library_first_audio"]["p50_ms"]
+print(doc["server_capacity"], f"\nthe library's first audio: {library_ms} ms")
+admission = pd.DataFrame(bench_serve.load_table([run])).set_index("scenario")
+check.at_least("admission: audio a second, any load, over one client's", "ratio",
+               admission["delivered_ratio"].min(), 0.9)
+check.at_most("admission: first audio over the library's, one client", "ms",
+              doc["first_audio_over_library_ms"], 30)
+admission[["admitted", "refused", "ttfa_p50_ms", "ttfa_p99_ms", "ran_dry",
+           "underrun_max_ms", "delivered_ratio"]]
+
+# %% [markdown]
+# Here one stream alone needs about 80 ms a frame: the server speaks one at a time, and the audio a second stays
+# one client's. First audio comes as soon as the library's (one frame). But a client that plays from its first
+# byte runs dry a few tenths of a second in: the pieces grow (1, 2, 4 frames), and four frames take longer to make
+# than the three before them take to play. A player that buffers a third of a second does not notice.
+#
 # ## Summary
 # - `qtts serve` speaks OpenAI's speech API: the official SDK works with only `base_url` changed, whole or streamed;
 #   its samples are `stream_long`'s, bit for bit. A fresh take per request, replayed by its `X-Seed`.
