@@ -91,7 +91,6 @@ class Status:
     max_batch: int
     largest_batch: int   # the most utterances one step has decoded
     streams: int         # requests spoken at once: those that keep real time, or every place when admitting all
-    steps: int           # frame steps made, since the start
 
 
 class Job:
@@ -210,7 +209,7 @@ class Engine:
         self.speaking: list[Job] = []  # the engine thread's: every request started, admitted to the batch or not
         self.queued: deque[Job] = deque()  # the engine thread's: requests not started, waiting for a stream's place
         self.pending = 0               # requests holding a place, waiting or speaking (the event loop's)
-        self.refused = self.served = self.largest_batch = self.steps = 0
+        self.refused = self.served = self.largest_batch = 0
         self.failure: BaseException | None = None
         self._step_started: float | None = None
         self._durations: deque[float] = deque(maxlen=256)  # the latest steps' seconds (the watchdog's median)
@@ -269,8 +268,8 @@ class Engine:
         return Status(healthy=failure is None, error=None if failure is None else str(failure), speaking=speaking,
                       waiting=max(self.pending - speaking, 0), held=sum(1 for j in started if j.long.held),
                       refused=self.refused, served=self.served, batch=len(self.scheduler.batch),
-                      max_batch=self.max_batch, largest_batch=self.largest_batch, steps=self.steps,
-                      streams=min(self.streams, self.max_batch + self.queue_places))
+                      max_batch=self.max_batch, largest_batch=self.largest_batch,
+                      streams=self.streams)
 
     def failure_now(self) -> BaseException | None:
         """Why the engine has stopped (its thread's exception, or the watchdog's `Stalled`), or None while it runs."""
@@ -391,10 +390,8 @@ class Engine:
         self._step_started = None
         batch = sum(not e.drained for e in events)  # one event per utterance in the batch; none if it only drained
         self.largest_batch = max(self.largest_batch, batch)
-        if batch:
-            self.steps += 1
-            if self.on_step is not None:
-                self.on_step(batch)
+        if batch and self.on_step is not None:
+            self.on_step(batch)
         for job in list(self.speaking):
             for piece in job.long.take(events):
                 job.send("audio", piece)

@@ -57,6 +57,16 @@ def _refusal(e) -> object:
     return _json(e.body(), e.status, e.headers)
 
 
+def _unavailable(e: Unavailable):
+    """The engine's `Unavailable` as a 503: overloaded (with Retry-After), or the engine stopped."""
+    from .schema import RequestError
+
+    if e.retry_after is None:
+        return RequestError(503, str(e), kind="server_error", code="engine_stopped")
+    return RequestError(503, str(e), kind="server_error", code="overloaded",
+                        headers={"Retry-After": str(e.retry_after)})
+
+
 def _consent(record: dict) -> dict:
     """A `Consents` record as OpenAI's answer (`schema.VoiceConsent`)."""
     from .schema import VoiceConsent
@@ -122,9 +132,8 @@ class Api:
 
             return Response(status_code=499)  # nobody reads it: the client has gone
         kind, e = first
-        if kind == "busy":
-            return _refusal(schema.RequestError(503, str(e), kind="server_error", code="overloaded",
-                                                headers={"Retry-After": str(e.retry_after)}))
+        if kind == "busy":  # waited past --max-wait for a place among the streams
+            return _refusal(_unavailable(e))
         if kind == "refused":
             return _refusal(schema.RequestError(400, str(e), "voice" if isinstance(e, AudioError) else None))
         if isinstance(e, DeadlinePassed):
@@ -153,9 +162,7 @@ class Api:
         except InputError as e:
             raise RequestError(400, str(e)) from None
         except Unavailable as e:
-            raise RequestError(503, str(e), kind="server_error", code="overloaded" if e.retry_after else
-                               "engine_stopped", headers={"Retry-After": str(e.retry_after)} if e.retry_after
-                               else None) from None
+            raise _unavailable(e) from None
         return job
 
     async def models(self, request):

@@ -30,7 +30,6 @@ class Reply:
         self.send_timeout, self.outcome = send_timeout, "abandoned"
         self.encoder = Encoder(job.speech.format)
         self.tempo = Tempo(job.speech.speed)
-        self.samples = 0
 
     def _piece(self, value) -> bytes:
         return self.encoder.write(self.tempo.write(value))
@@ -74,7 +73,6 @@ class Reply:
         """The encoded stream from the first message on; raises `BrokenStream` when the engine fails."""
         first = True
         while kind == "audio":
-            self.samples += len(value)
             chunk = self._piece(value)
             if chunk:
                 if first:
