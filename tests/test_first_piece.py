@@ -6,7 +6,7 @@ import pytest
 from qtts_lib import paths
 from qtts_lib.check import snr_db
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav
-from qtts_lib.runtime.codec.stream import StreamDecoder
+from qtts_lib.runtime.codec.stream import StreamDecoder, piece_frames
 from qtts_lib.runtime.pipeline import longform
 
 CKPT = "tiny-base"
@@ -76,3 +76,47 @@ def test_a_one_frame_first_piece_is_the_same_audio(synth, voice):
     assert len(a) == len(b) > MAX_FRAMES * SAMPLES_PER_FRAME
     assert len(pauses(ones)) == 1 and pauses(ones) == pauses(chunks)
     assert snr_db(a, b) > 100
+
+
+def listener_waits(sizes: list[int], rtf: float) -> float:
+    """The playback model with a simulated clock: frame n (1-based) is made at n·rtf frame-lengths, a piece is out
+    when its last frame is, and the listener starts at the first piece. The longest wait, in frame-lengths."""
+    out, ready = np.cumsum(sizes), np.cumsum(sizes) * rtf
+    due = ready[0] + np.concatenate([[0], out[:-1]])  # piece k plays once the audio before it has
+    return float(max(0.0, (ready - due).max()))
+
+
+def sizes_for(rtf: float, frames: int = 300, first: int = 1, chunk: int = 4) -> list[int]:
+    sizes = []
+    while sum(sizes) < frames:
+        sizes.append(piece_frames(sum(sizes), first, chunk, rtf))
+    return sizes
+
+
+@pytest.mark.parametrize("rtf", [0.3, 0.5, 0.7, 0.85, 0.95, 0.99])
+def test_pieces_grow_only_as_fast_as_a_listener_from_the_first_piece_allows(rtf):
+    """`piece_frames` at the real-time factor the stream is made at: a listener who plays from the first piece
+    never waits, the pieces reach `chunk_frames`, and the default (0.5) doubles them (1, 2, 4, ...)."""
+    sizes = sizes_for(rtf)
+    assert listener_waits(sizes, rtf) == 0.0
+    assert sizes[0] == 1 and sizes[-1] == 4
+    assert listener_waits(sizes_for(0.5), rtf) > 0.0 or rtf <= 0.5  # doubling outruns a slower stream
+
+
+def test_the_default_growth_doubles_and_a_stream_at_real_time_keeps_its_first_size():
+    assert sizes_for(0.5, 15) == [1, 2, 4, 4, 4]
+    assert sizes_for(1.0, 6) == [1] * 6 and sizes_for(1.2, 6, first=2) == [2] * 3
+
+
+def test_the_decoder_cuts_its_pieces_by_rtf(synth):
+    """`StreamDecoder(rtf=0.8)`: the pieces are `piece_frames`' sizes, one frame while a quarter (1/0.8 - 1) of the
+    frames out is under one frame, then growing."""
+    codes = np.random.default_rng(6).integers(0, 2048, size=(12, 16))
+    dec, sizes = StreamDecoder(synth.codec, chunk_frames=CHUNK, first_frames=1, rtf=0.8), []
+    for frame in codes:
+        pieces = dec.push(frame)
+        while dec.held:
+            pieces += dec.drain()
+        sizes.append(sum(len(p) for p in pieces) // SAMPLES_PER_FRAME)
+    assert [s for s in sizes if s] == sizes_for(0.8, 12)[:len([s for s in sizes if s])]
+    assert sizes_for(0.8, 12) == [1, 1, 1, 1, 2, 2, 3, 3]

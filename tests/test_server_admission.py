@@ -77,3 +77,47 @@ def test_a_stalled_step_does_not_set_the_capacity():
     steps = [0.01, 0.01, 0.01, 0.03] * 6
     assert robust_mean(steps) == pytest.approx(0.015)
     assert robust_mean(steps + [2.0]) == pytest.approx(0.015)
+
+
+def test_an_admitted_streams_pieces_grow_only_as_fast_as_its_listener_plays(synth):
+    """The engine cuts each admitted stream's pieces for the step it measured (`Capacity.piece_rtf`): a step of
+    60 ms at batch 1 grows them for a real-time factor of 1.2 x 60 / 80 = 0.9, so the first nine are one frame each
+    where the default growth would double them (1, 2, 4); a listener who plays from the first piece never waits."""
+    import asyncio
+
+    import numpy as np
+    from test_first_piece import listener_waits, sizes_for
+
+    from qtts_lib import paths
+    from qtts_lib.runtime.app.server.engine import Engine
+    from qtts_lib.runtime.app.server.schema import Speech
+    from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav
+    from qtts_lib.runtime.pipeline.longform import FADE_SECONDS
+
+    capacity = Capacity({1: 0.06, 2: 0.2}, max_batch=2)
+    assert capacity.streams == 1 and capacity.piece_rtf() == pytest.approx(0.9)
+    engine = Engine(synth, max_frames=40, chunk_frames=4, queue_places=1, max_batch=2, admit="realtime",
+                    step_seconds=capacity.seconds, log=lambda m: None)
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    speech = Speech(text="One sentence, long enough for a few dozen frames of audio.", format="pcm",
+                    language="english", voice=None, sampling=synth.sampling.replace(seed=1), instructions=None)
+
+    async def pieces():
+        job = await engine.speak(speech, voice)
+        try:
+            return [len(p) async for p in job]
+        finally:
+            job.close()
+
+    try:
+        lengths = asyncio.run(pieces())
+    finally:
+        engine.stop()
+        engine.thread.join(60)
+    held = int(round(FADE_SECONDS * SAMPLE_RATE))  # the fade holds a segment's last 10 ms back until its end
+    out = np.cumsum(lengths[:-1]) + held
+    ends = [int(n) // SAMPLES_PER_FRAME for n in out if n % SAMPLES_PER_FRAME == 0]
+    assert ends[-1] >= 12, f"only {ends[-1]} frames: too few to see the pieces grow"
+    expected = list(np.cumsum(sizes_for(0.9, ends[-1])))
+    assert ends == expected[:len(ends)], (ends, expected)
+    assert ends[:3] == [1, 2, 3] and listener_waits(sizes_for(0.9, 200), 0.9) == 0.0

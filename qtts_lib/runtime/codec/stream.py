@@ -32,10 +32,15 @@ frames come decodes one piece per frame pushed, then catches up at most two piec
 work is done changes when the audio comes, never what it is.
 
 The first piece may be shorter than the rest (`first_frames`): a stream's first audio then waits for that many
-frames, not for `chunk_frames`, and each piece after it is twice the one before, up to `chunk_frames` (1, 2, 4, 4,
-... for a first piece of one frame and pieces of four), so that the next pieces, too, wait for fewer frames. Pieces
-on other boundaries are the same audio to float rounding (the codec's transformer runs over each piece's frames at
-once); the incremental decode stays one decode, each frame fed once.
+frames, not for `chunk_frames`, and the pieces after it grow to `chunk_frames` only as fast as a listener who
+starts playing at the first piece allows (`piece_frames`). A stream made at real-time factor r (a frame's seconds of
+work over its 80 ms of audio) has the frames of pieces 1..k ready at r times their audio, while the listener needs
+piece k when the audio before it has played: with S frames out, the next piece may hold f + S·(1/r - 1) frames
+(f: the first piece's) and no more, or the listener waits. `rtf` is that r, as the stream's maker expects it;
+the default, 0.5, gives pieces twice the one before (1, 2, 4, 4, ... for a first piece of one frame and pieces of
+four), the server passes what it measured (`app.server.capacity`), and at r >= 1 every piece is the first's size.
+Pieces on other boundaries are the same audio to float rounding (the codec's transformer runs over each piece's
+frames at once); the incremental decode stays one decode, each frame fed once.
 
 The first piece comes in pieces, so that the first audio does not wait for a whole piece's decode. The codec's
 decoder stages cost mostly per sample, not per call (`IncrementalDecode.pieces`), so an incremental stream hands out
@@ -62,6 +67,16 @@ from .decoder import CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, Codec
 
 PREFIX_PIECE = 4  # frames decoded but not emitted, per incremental push (module docstring)
 CATCH_UP = 2      # pieces of audio one push may emit at most (a stream that was warming catches up)
+PIECE_RTF = 0.5   # the real-time factor pieces grow for unless told (module docstring): each twice the one before
+
+
+def piece_frames(out: int, first: int, chunk: int, rtf: float = PIECE_RTF) -> int:
+    """Frames in a stream's next piece when `out` frames are out already (module docstring): `first` for the first
+    piece, then `first` + `out`·(1/rtf - 1), at most `chunk`, so that a listener playing from the first piece never
+    waits for a stream made at `rtf`."""
+    if out == 0 or rtf >= 1:
+        return min(first, chunk)
+    return min(chunk, first + int(out * (1 / rtf - 1) + 1e-9))
 
 
 # ------------------------------------------------------------ how much left context
@@ -90,8 +105,9 @@ def receptive_field(config: dict) -> int:
 # ------------------------------------------------------------ the streaming decoder
 class StreamDecoder:
     """Feed frames one at a time (`push`); get back the samples of each piece as soon as its frames are in: the first
-    piece of `first_frames` frames (None: `chunk_frames`), each next one twice the one before up to `chunk_frames`
-    (the first piece in pieces: `held`, `drain`); `finish` returns the rest. Concatenated, the pieces equal
+    piece of `first_frames` frames (None: `chunk_frames`), the next ones growing to `chunk_frames` as fast as a
+    stream made at `rtf` allows (`piece_frames`; the first piece in pieces: `held`, `drain`); `finish` returns the
+    rest. Concatenated, the pieces equal
     `codec.decode(prefix + frames)` minus the prefix's samples (see the module docstring for exactly how equal).
 
     `prefix`: frames decoded in front but never emitted (an ICL voice clip's codes, as the reference does).
@@ -106,13 +122,16 @@ class StreamDecoder:
     device)."""
 
     def __init__(self, codec: Codec, chunk_frames: int = 4, context_frames: int | None = None,
-                 prefix: np.ndarray | None = None, first_frames: int | None = None):
+                 prefix: np.ndarray | None = None, first_frames: int | None = None, rtf: float = PIECE_RTF):
         if chunk_frames < 1:
             raise ValueError(f"chunk_frames must be at least 1, not {chunk_frames}")
         if first_frames is not None and first_frames < 1:
             raise ValueError(f"first_frames must be at least 1, not {first_frames}")
-        self.codec, self.chunk = codec, chunk_frames
-        self.piece = chunk_frames if first_frames is None else min(first_frames, chunk_frames)  # next piece, frames
+        if not 0 < rtf < float("inf"):
+            raise ValueError(f"rtf must be a number above 0, not {rtf}")
+        self.codec, self.chunk, self.rtf = codec, chunk_frames, rtf
+        self.first = chunk_frames if first_frames is None else min(first_frames, chunk_frames)
+        self.piece = self.first  # the next piece's frames
         self.incremental = context_frames is None and getattr(codec, "parts", None) is not None
         self.context = receptive_field(codec.config) if context_frames is None else context_frames
         self.frames: list[np.ndarray] = [] if prefix is None else list(np.asarray(prefix, np.int64))
@@ -128,7 +147,7 @@ class StreamDecoder:
             return out
         while len(self.frames) - self.emitted >= self.piece and len(out) < CATCH_UP:
             a, b = self.emitted, self.emitted + self.piece
-            self.piece = min(2 * self.piece, self.chunk)
+            self.piece = piece_frames(b - self.start, self.first, self.chunk, self.rtf)
             if a == self.start and self.incremental:  # the first piece: its head now, the rest held
                 out.append(self._first(a, b))
                 break
@@ -256,16 +275,17 @@ class WholeDecoder:
 
 class Decoders:
     """This process's codec as a synthesizer's decoders: `decoder(None, prefix)` a `WholeDecoder` (synthesize),
-    `decoder(chunk_frames, prefix, first_frames=)` a `StreamDecoder` (stream). `experimental.codec_process` offers
+    `decoder(chunk_frames, prefix, first_frames=, rtf=)` a `StreamDecoder` (stream). `experimental.codec_process` offers
     the first two arguments in a second process."""
 
     def __init__(self, codec: Codec):
         self.codec = codec
 
-    def decoder(self, chunk_frames: int | None, prefix: np.ndarray | None = None, first_frames: int | None = None):
+    def decoder(self, chunk_frames: int | None, prefix: np.ndarray | None = None, first_frames: int | None = None,
+                rtf: float = PIECE_RTF):
         if chunk_frames is None:
             return WholeDecoder(self.codec, prefix)
-        return StreamDecoder(self.codec, chunk_frames, prefix=prefix, first_frames=first_frames)
+        return StreamDecoder(self.codec, chunk_frames, prefix=prefix, first_frames=first_frames, rtf=rtf)
 
     def close(self) -> None:
         pass

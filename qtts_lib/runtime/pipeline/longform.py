@@ -166,7 +166,8 @@ class LongText:
     the sampling has none). The first segment is submitted (its input checked) on creation; `budget` refuses a text
     that may take more frames (`check_budget`). `held` stops it from submitting more segments (the one running goes
     on): a reader that fell behind. Streamed (`chunk_frames`), the text's first piece holds `first_frames` frames
-    and the pieces after it grow to `chunk_frames` (module docstring; None: all of `chunk_frames`)."""
+    and the pieces after it grow to `chunk_frames` as fast as a stream made at real-time factor `rtf` allows
+    (module docstring; `first_frames` None: all of `chunk_frames`)."""
 
     def __init__(self, synth: Synthesizer, scheduler: Scheduler, text: str, language: str, voice: Voice,
                  sampling: Sampling | None = None, max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
@@ -175,12 +176,12 @@ class LongText:
                  ahead: int = 1, on_segment: Callable[[int, int, TextSegment, np.ndarray], None] | None = None,
                  on_frame: Callable[[int], None] | None = None, on_warning: Callable[[str], None] | None = None,
                  budget: int | None = None, planned: list[TextSegment] | None = None,
-                 first_frames: int | None = FIRST_FRAMES):
+                 first_frames: int | None = FIRST_FRAMES, rtf: float | None = None):
         self.segments = plan(synth, text, max_tokens, max_frames, frames_per_token, margin) if planned is None \
             else planned
         check_budget(self.segments, budget)
         self.scheduler, self.language, self.voice, self.chunk_frames = scheduler, language, voice, chunk_frames
-        self.first_frames = first_frames
+        self.first_frames, self.rtf = first_frames, rtf
         self.sampling = (synth.sampling if sampling is None else sampling).resolve()
         self.pause_samples = int(round(pause * SAMPLE_RATE))
         fade_samples = int(round(fade_seconds * SAMPLE_RATE))
@@ -210,7 +211,8 @@ class LongText:
             ticket = self.scheduler.submit(
                 Utterance(seg.text, self.language, self.voice, self.sampling.replace(seed=self.sampling.seed + i),
                           max_frames=seg.cap), self.chunk_frames, on_warning=warn, on_frame=self.on_frame,
-                lane=self.lane, first_frames=self.first_frames if i == 0 and self.chunk_frames else None)
+                lane=self.lane, first_frames=self.first_frames if i == 0 and self.chunk_frames else None,
+                rtf=self.rtf)
             self.tickets[ticket.id] = (i, ticket)
             self.submitted += 1
 

@@ -294,17 +294,20 @@ class Scheduler:
 
     def submit(self, utterance: Utterance, chunk_frames: int | None = None,
                on_warning: Callable[[str], None] | None = None, on_frame: Callable[[int], None] | None = None,
-               lane: Lane | None = None, first_frames: int | None = None) -> Ticket:
+               lane: Lane | None = None, first_frames: int | None = None, rtf: float | None = None) -> Ticket:
         """Queue an utterance (checked now: bad input raises here). `chunk_frames`: stream its audio in pieces of
         that many frames; None: one whole decode when it ends. `first_frames`: a stream's first piece holds that
-        many frames and the next ones grow to `chunk_frames` (`codec.stream.StreamDecoder`); None: `chunk_frames`.
-        `lane`: the request it belongs to."""
+        many frames and the next ones grow to `chunk_frames` as fast as a stream made at real-time factor `rtf`
+        allows (`codec.stream.StreamDecoder`; None: its default); None: `chunk_frames`. `lane`: the request it
+        belongs to."""
         for name, frames in (("chunk_frames", chunk_frames), ("first_frames", first_frames)):
             if frames is not None and (not isinstance(frames, int) or isinstance(frames, bool) or frames < 1):
                 raise InputError(f"{name} must be a whole number, at least 1, not {frames!r}")
         job = self.jobs.of(utterance, on_warning)
         # passed only when given: `experimental.codec_process`'s decoders take the first two arguments alone
         first = {} if first_frames is None or chunk_frames is None else {"first_frames": first_frames}
+        if first and rtf is not None:
+            first["rtf"] = rtf
         return self.enqueue(job, self.decoders.decoder(chunk_frames, utterance.voice.codes, **first), on_frame, lane)
 
     def enqueue(self, job: Job, decoder, on_frame=None, lane: Lane | None = None) -> Ticket:

@@ -8,6 +8,10 @@ operator's who measured it), and admits the largest batch whose step leaves ADMI
 of the server (the event loop's encoding, the voice builds). A batch size it has not measured is assumed to cost
 the largest measured one's time scaled by the batch (a batch costs less than that in practice, so the estimate
 errs toward fewer streams). At least one stream is always admitted, however slow the machine.
+
+The same numbers cut each stream's pieces (`piece_rtf`): its first piece is one frame, and the next ones grow only
+as fast as a listener who plays from the first piece allows at the admitted batch's step (`codec.stream.piece_frames`),
+so an admitted stream runs dry only where one step is slower than real time.
 """
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ from collections import defaultdict
 
 import numpy as np
 
+from ...codec.stream import PIECE_RTF
 from ...pipeline.scheduler import Utterance
 
 FRAME_SECONDS = 0.08     # the audio one frame makes (12.5 frames a second)
 ADMIT_HEADROOM = 0.85    # a step may take this share of a frame's 80 ms at the admitted batch
 MEASURE_FRAMES = 24      # frames each measured utterance makes
+PIECE_MARGIN = 1.2       # pieces grow for steps this much slower than measured (a prefill joining, the spread)
 OUTLIER_TIMES = 5        # a measured step this many times the median is the machine's stall, not the model's cost
 MEASURE_TEXT = "One two three four five six seven eight nine ten, and then the count goes on again."
 
@@ -43,9 +49,15 @@ class Capacity:
         fits = [b for b in range(1, self.max_batch + 1) if self.estimate(b) <= FRAME_SECONDS * ADMIT_HEADROOM]
         return max(fits, default=1)
 
+    def piece_rtf(self) -> float:
+        """The real-time factor a stream's pieces grow for (`codec.stream.piece_frames`): a step at the admitted
+        batch over a frame's 80 ms, PIECE_MARGIN slower; never faster than the pieces' default growth."""
+        return max(PIECE_RTF, PIECE_MARGIN * self.estimate(self.streams) / FRAME_SECONDS)
+
     def describe(self) -> str:
         steps = ", ".join(f"{b}: {s * 1e3:.0f} ms" for b, s in sorted(self.seconds.items()))
-        return f"{self.streams} stream(s) at once in real time (a step at each batch size: {steps})"
+        return (f"{self.streams} stream(s) at once in real time (a step at each batch size: {steps}); pieces grow "
+                f"for a real-time factor of {self.piece_rtf():.2f}")
 
     @classmethod
     def measure(cls, synth, scheduler, chunk_frames: int) -> Capacity:

@@ -18,8 +18,10 @@ text held (no next segment) until the client catches up; the engine sleeps while
 Admission by capacity: the engine starts only as many requests as it can speak in real time (`capacity.Capacity`,
 measured once before the first request, or given as `step_seconds`), so every stream it speaks keeps up with its
 listener; the others wait for a place, in order, at most `max_wait` seconds, and are then refused (a 503 with
-Retry-After). `admit="all"` starts every request that has a place, the batch's overflow waiting in the scheduler:
-more audio a second when the machine can batch, but every stream slower than real time past its capacity.
+Retry-After). Each stream's pieces grow from one frame only as fast as its listener can play them
+(`Capacity.piece_rtf`). `admit="all"` starts every request that has a place, the batch's overflow waiting in the
+scheduler: more audio a second when the machine can batch, but every stream slower than real time past its
+capacity.
 
 Failures are seen, never hidden. An exception on the engine's thread stops the engine: every request is told, and
 new ones are refused. So does a step that runs far past what is expected of it (the watchdog: `stall_times` its
@@ -375,7 +377,8 @@ class Engine:
         try:
             job.long = LongText(self.synth, self.scheduler, s.text, s.language, job.voice, s.sampling,
                                 max_frames=self.max_frames, chunk_frames=self.chunk_frames, planned=job.planned,
-                                first_frames=self.first_frames)
+                                first_frames=self.first_frames,
+                                rtf=None if self.capacity is None else self.capacity.piece_rtf())
         except (InputError, AudioError) as e:
             job.send("refused", e)
             return
