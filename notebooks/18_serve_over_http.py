@@ -360,11 +360,10 @@ check.equal("every place taken: 503 at once, with Retry-After", "status retry",
             f"{full.status_code} {'retry-after' in full.headers}", "503 True")
 store = Voices(synth, voices_dir)
 failures = {"raises": RuntimeError("an engine failure, simulated"),
-            "hangs": lambda: time.sleep(5)}  # the watchdog allows 1 s here
-for what, effect in failures.items():
-    engine = Engine(synth, max_frames=MAX_FRAMES, stall_seconds=1.0)
+            "hangs": lambda step: time.sleep(5)}  # the watchdog allows 1 s here
+for what, effect in failures.items():  # each in place of the engine's steps (`around_step`)
+    engine = Engine(synth, max_frames=MAX_FRAMES, stall_seconds=1.0, around_step=Mock(side_effect=effect))
     app = TestClient(build_app(engine, store, ckpt))
-    engine.scheduler.step = Mock(side_effect=effect)
     failed = app.post("/v1/audio/speech", json={"input": TEXT, "voice": VOICE})
     health = app.get("/health")
     print(f"{what}: {failed.status_code}", failed.json()["error"]["message"],

@@ -158,8 +158,9 @@ class Served:
 
         self.voices = Voices(self.synth, voices, log=lambda m: None)
         self.voices.preload()
-        engine = Engine(self.synth, **({"stall_seconds": None, "deadline_margin": None, "admit": "all"} | options))
-        paced = Paced(engine)
+        paced = Paced()
+        engine = Engine(self.synth, around_step=paced,
+                        **({"stall_seconds": None, "deadline_margin": None, "admit": "all"} | options))
         app = build_app(engine, self.voices, CKPT, send_timeout=SEND_TIMEOUT if send_timeout is None else send_timeout)
         http_server = InProcess(app, send_buffer=send_buffer)
         self.made.append((engine, paced, http_server, self.voices))
@@ -175,23 +176,26 @@ class Served:
 
 
 class Paced:
-    """Stands in for an engine's `scheduler.step`: each step waits until the test allows it (`allow`), and the test
-    can wait until a number of steps are done (`wait_for`) or make the next one raise (`fail_with`)."""
+    """An engine's `around_step`: each step waits until the test allows it (`allow`), and the test can wait until a
+    number of steps are done (`wait_for`), make the next one raise (`fail_with`), or see each step's events
+    (`on_events`)."""
 
-    def __init__(self, engine):
+    def __init__(self):
         import threading
 
-        self.real, self.cond = engine.scheduler.step, threading.Condition()
+        self.cond = threading.Condition()
         self.allowed, self.done, self.error, self.free = 0, 0, None, False
-        engine.scheduler.step = self
+        self.on_events = None
 
-    def __call__(self):
+    def __call__(self, step):
         with self.cond:
             self.cond.wait_for(lambda: self.free or self.allowed > 0 or self.error is not None)
             if self.error is not None:
                 raise self.error
             self.allowed -= 1
-        events = self.real()
+        events = step()
+        if self.on_events is not None:
+            self.on_events(events)
         with self.cond:
             self.done += 1
             self.cond.notify_all()

@@ -38,10 +38,10 @@ def test_a_request_past_the_capacity_waits_then_is_refused_with_retry_after(serv
     b = post(url, speech())
     until(lambda: places(engine) == 2, what="B given a place")
     paced.allow()
-    until(lambda: len(engine.queued) == 1, what="B taken from the inbox, and not started")
+    until(lambda: engine.status().queued == 1, what="B taken from the inbox, and not started")
     health = json.loads(request(url, "/health")[2])
     assert (health["speaking"], health["waiting"], health["streams"]) == (1, 1, 1), health
-    assert len(engine.speaking) == 1  # A's batch is A alone
+    assert engine.status().started == 1  # A's batch is A alone
     time.sleep(1.0)  # past B's max wait
     paced.allow()  # the engine answers B after this step
     b_answer = b.getresponse()
@@ -63,7 +63,7 @@ def test_admit_all_starts_every_request_with_a_place(serve, admit, started):
     conns = [post(url, speech(PARAGRAPH)) for _ in range(2)]
     until(lambda: places(engine) == 2, what="both given a place")
     paced.allow()
-    until(lambda: len(engine.speaking) == started, what=f"{started} started")
+    until(lambda: engine.status().started == started, what=f"{started} started")
     paced.run_free()
     for conn in conns:
         assert conn.getresponse().status == 200

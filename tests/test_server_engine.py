@@ -59,7 +59,7 @@ def test_health_and_metrics_tell_waiting_from_speaking(serve):
     steps = paced.done
     paced.allow()  # the engine takes B from its inbox before this step: B's utterance waits in the scheduler
     paced.wait_for(steps + 1)
-    until(lambda: len(engine.speaking) == 2, what="B started")
+    until(lambda: engine.status().started == 2, what="B started")
     health = json.loads(request(url, "/health")[2])
     assert (health["speaking"], health["waiting"], health["batch"]) == (1, 1, 1), health
     assert metric(url, "qtts_queue_depth") == 1 and metric(url, "qtts_requests_speaking") == 1
@@ -84,7 +84,7 @@ def test_the_engine_sleeps_while_every_text_waits_for_its_reader(serve):
     a = post(url, speech(text), rcvbuf=4096)
     response = a.getresponse()
     assert response.status == 200 and response.read(64)
-    until(lambda: engine.speaking and engine.status().held == 1 and not engine.scheduler, timeout=300,
+    until(lambda: engine.status().held == 1 and engine.status().batch == 0, timeout=300,
           what="the text held with nothing to step")
     steps = paced.done
     time.sleep(1.0)

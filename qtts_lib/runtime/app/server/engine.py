@@ -86,6 +86,8 @@ class Status:
     error: str | None    # why not, when not healthy
     speaking: int        # requests the batch has admitted (their audio is being made)
     waiting: int         # requests holding a place that are not speaking yet
+    started: int         # requests started (their text given to the batch), speaking or not yet
+    queued: int          # requests taken in that wait for one of the streams' places (admission by capacity)
     held: int            # speaking requests whose text waits for their client to catch up
     refused: int         # requests turned away for want of a place, since the start
     served: int          # requests spoken to the end, since the start
@@ -184,7 +186,9 @@ class Engine:
     the inbox in front of it (a stream's first piece `first_frames` frames, the next ones growing to
     `chunk_frames`). `speak`, `status` and `stop` are the event loop's; the rest runs on the engine's
     thread. `stall_seconds` or `deadline_margin` None: no watchdog, no deadlines (a test that holds steps on
-    purpose). `on_step(batch)` is called after each frame step with how many utterances it decoded (the metrics)."""
+    purpose). `on_step(batch)` is called after each frame step with how many utterances it decoded (the metrics).
+    `around_step(step)`, where given, runs each step in its place and returns its events: a test's hand on the
+    engine (hold a step until the test allows it, count the steps, raise or hang instead of stepping)."""
 
     def __init__(self, synth, max_frames: int = 600, chunk_frames: int = 4, queue_places: int = 8,
                  max_batch: int = DEFAULT_MAX_BATCH, budget: int | None = FRAME_BUDGET,
@@ -192,7 +196,8 @@ class Engine:
                  deadline_margin: float | None = DEADLINE_MARGIN, deadline_per_frame: float = DEADLINE_FRAME_SECONDS,
                  admit: str = "realtime", step_seconds: dict[int, float] | None = None, max_wait: float = MAX_WAIT,
                  first_frames: int = FIRST_FRAMES,
-                 on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None):
+                 on_step: Callable[[int], None] | None = None, log: Callable[[str], None] | None = None,
+                 around_step: Callable[[Callable[[], list]], list] | None = None):
         from ...binding.net import release_threads
 
         if admit not in ("realtime", "all"):
@@ -205,7 +210,7 @@ class Engine:
         self.queue_places, self.stall_seconds = queue_places, stall_seconds
         self.deadline_margin, self.deadline_per_frame = deadline_margin, deadline_per_frame
         self.backlog = int(backlog_seconds * SAMPLE_RATE)
-        self.on_step = on_step
+        self.on_step, self.around_step = on_step, around_step
         self.scheduler = Scheduler(synth, max_batch)
         self.inbox: queue.Queue[Job | None | bool] = queue.Queue()
         self.speaking: list[Job] = []  # the engine thread's: every request started, admitted to the batch or not
@@ -265,10 +270,12 @@ class Engine:
 
     def status(self) -> Status:
         failure = self.failure_now()
-        started = [j for j in list(self.speaking) if not j.released and j.long.lane.started]  # a snapshot
+        jobs = [j for j in list(self.speaking) if not j.released]  # a snapshot
+        started = [j for j in jobs if j.long.lane.started]
         speaking = len(started)
         return Status(healthy=failure is None, error=None if failure is None else str(failure), speaking=speaking,
-                      waiting=max(self.pending - speaking, 0), held=sum(1 for j in started if j.long.held),
+                      waiting=max(self.pending - speaking, 0), started=len(jobs), queued=len(list(self.queued)),
+                      held=sum(1 for j in started if j.long.held),
                       refused=self.refused, served=self.served, batch=len(self.scheduler.batch),
                       max_batch=self.max_batch, largest_batch=self.largest_batch,
                       streams=self.streams)
@@ -388,7 +395,8 @@ class Engine:
 
     def _step(self) -> None:
         self._step_started = time.monotonic()
-        events = self.scheduler.step()
+        step = self.scheduler.step
+        events = step() if self.around_step is None else self.around_step(step)
         self._durations.append(time.monotonic() - self._step_started)
         self._step_started = None
         batch = sum(not e.drained for e in events)  # one event per utterance in the batch; none if it only drained
