@@ -199,34 +199,42 @@ def segments(text: str, max_len: int = MAX_SEGMENT_CHARS, length: Callable[[str]
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1, not {max_len}")
     mask = _protected_mask(text)
-    measure = lambda a, b: length(normalize(text[a:b]))  # noqa: E731
-
-    def fit(a: int, b: int, level: int) -> list[tuple[int, int]]:
-        if measure(a, b) <= max_len or b - a == 1:
-            return [(a, b)]
-        while level < 3:
-            level += 1
-            cuts = (_clause_cuts(text, mask, a, b) if level == 1 else _space_cuts(text, a, b) if level == 2
-                    else list(range(a + 1, b)))
-            parts = _spans(text, cuts, a, b)
-            if len(parts) > 1:
-                return pack([p for x, y in parts for p in fit(x, y, level)])
-        return [(a, b)]
-
-    def pack(parts: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        for a, b in parts:
-            if out and measure(out[-1][0], b) <= max_len:
-                out[-1] = (out[-1][0], b)
-            else:
-                out.append((a, b))
-        return out
-
     ends = _sentence_ends(text, mask)
     out = []
     for a, b in _spans(text, [m.start() for m in _PARAGRAPH.finditer(text)], 0, len(text)):
-        out += pack([p for x, y in _spans(text, ends, a, b) for p in fit(x, y, 0)])
+        out += pack(text, [p for x, y in _spans(text, ends, a, b) for p in fit(text, mask, x, y, max_len, length)],
+                    max_len, length)
     return [normalize(text[a:b]) for a, b in out]
+
+
+def fit(text: str, mask: list[bool], a: int, b: int, max_len: int, length: Callable[[str], int] = len,
+        level: int = 0) -> list[tuple[int, int]]:
+    """One sentence `text[a:b]` as pieces of at most `max_len` (rules 2-3, packed): itself when it fits; else cut at
+    clauses, then spaces, then characters, each level only where the one before left a piece too long."""
+    if length(normalize(text[a:b])) <= max_len or b - a == 1:
+        return [(a, b)]
+    while level < 3:
+        level += 1
+        cuts = (_clause_cuts(text, mask, a, b) if level == 1 else _space_cuts(text, a, b) if level == 2
+                else list(range(a + 1, b)))
+        parts = _spans(text, cuts, a, b)
+        if len(parts) > 1:
+            return pack(text, [p for x, y in parts for p in fit(text, mask, x, y, max_len, length, level)],
+                        max_len, length)
+    return [(a, b)]
+
+
+def pack(text: str, parts: list[tuple[int, int]], max_len: int, length: Callable[[str], int] = len
+         ) -> list[tuple[int, int]]:
+    """Rule 4: consecutive spans joined greedily, in order, while the joined span measures at most `max_len`. A
+    segment is closed by the first span that does not fit it, and never changes after."""
+    out: list[tuple[int, int]] = []
+    for a, b in parts:
+        if out and length(normalize(text[out[-1][0]:b])) <= max_len:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
 
 
 def read_cases(path: str | Path) -> list[dict]:

@@ -1,0 +1,187 @@
+"""Segments of a text that arrives in pieces: each one given out as soon as the text so far decides it.
+
+`SegmentStream` takes text deltas (`feed`) and gives back segments; after `finish` it has given exactly
+`segment.segments` of the whole text, whatever the deltas. Every rule of `segment` decides from the text around a
+position, so a segment is given out once the text that decides it, and the segment after it starts with, is in:
+
+| rule                                              | waits for                                                  |
+|---------------------------------------------------|------------------------------------------------------------|
+| a run of end marks (`.`, `?!`, `...`, `。`)       | the character after the run (the run may go on)            |
+| closing quotes and brackets after the marks       | the first character that is not one                        |
+| French ` »` after the marks                       | the first character after the spaces                       |
+| "no letter right after a closing quote" (「はい。」と) | that character                                         |
+| the next word's case, abbreviations, ordinals     | the whole next word (up to the whitespace after it)        |
+| URL, email and host masks (`.` in example.com)    | the whitespace after the word, when it holds `/ @ www.`    |
+| a paragraph (blank line)                          | the character after a line break and its spaces            |
+| a sentence's clauses, spaces, characters (2-3)    | the sentence's end (then the sentence alone decides)       |
+| packing up to the bound (4)                       | the next piece (a segment is closed when it does not fit)  |
+| the last segment of a paragraph                   | the paragraph break, or `finish`                           |
+| the CJK spacing of `normalize`                    | nothing more: a segment is normalized once it is decided   |
+
+A segment's pause (after it, when more follows) is the long-text layer's: `pipeline.textstream` waits for the next
+segment or the end before it gives the pause out.
+
+Only the text from the first segment not yet given out is kept (from a sentence start with whitespace before it, where
+no rule looks back across), so a long text costs one pass over each delta's neighbourhood, not over the text so far.
+Introduced in 16.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from .segment import (
+    _CJK_RE,
+    _CLOSERS,
+    _ENDS,
+    _OPENERS,
+    _PARAGRAPH,
+    MAX_SEGMENT_CHARS,
+    _protected_mask,
+    _sentence_ends,
+    _spans,
+    fit,
+    normalize,
+    pack,
+)
+
+_FRENCH_SPACES = " \u00a0\u202f"
+_MASK_MARKS = re.compile(r"[/@]|www\.", re.IGNORECASE)   # what a URL, an email or a host/path needs before a mark
+_OPEN_LINE = re.compile(r"\n[ \t]*\Z")                    # a line break that a blank line may still follow
+
+
+def _end_decided(text: str, m: re.Match) -> bool:
+    """Whether `segment._sentence_ends`' verdict on the run of end marks `m` is final: every character it reads is
+    in `text` (see the module docstring's table)."""
+    n, s, e = len(text), m.start(), m.end()
+    if e >= n:
+        return False
+    closed = e
+    while closed < n and text[closed] in _CLOSERS:
+        closed += 1
+    k = closed
+    while k < n and text[k] in _FRENCH_SPACES:
+        k += 1
+    if k >= n:
+        return False
+    if k > closed and text[k] == "»":
+        closed = k + 1
+        if closed >= n:
+            return False
+    after, run = text[closed], m.group()
+    wide = any(c in "。！？．" for c in run)
+    strong = any(c in "!?！？" for c in run)
+    if not wide and not strong and run != ".":
+        return True                                         # an ellipsis: never an end
+    if closed > e and not after.isspace() and after not in _OPENERS:
+        return True                                         # 「はい。」と: never an end
+    if not wide and not after.isspace() and not (strong and _CJK_RE.match(after)):
+        return True                                         # 3.14: never an end
+    if not after.isspace() and not _mask_decided(text, s, closed):
+        return False                                        # an end, unless a URL in its word covers it
+    if wide:
+        return True
+    i = closed  # the next word decides: all of it
+    while i < n and (text[i].isspace() or text[i] in _OPENERS):
+        i += 1
+    while i < n and not text[i].isspace():
+        i += 1
+    return i < n
+
+
+def _mask_decided(text: str, s: int, closed: int) -> bool:
+    """Whether `segment._protected_mask` is final at s, in a word that goes on past `closed`: it is when the word
+    has no `/`, `@` or `www.` before s (a protected match needs one of them before a mark it covers), or when the
+    word has ended."""
+    start = s
+    while start > 0 and not text[start - 1].isspace():
+        start -= 1
+    return not _MASK_MARKS.search(text, start, s) or any(c.isspace() for c in text[closed:])
+
+
+def decided_until(text: str) -> int:
+    """The first position of `text` where a sentence end may still be decided otherwise by text that follows: the
+    start of the first run of end marks whose verdict is not final, or of a line break that may open a paragraph
+    (len(text) when there is none)."""
+    horizon = len(text)
+    line = _OPEN_LINE.search(text)
+    if line and not any(m.start() <= line.start() < m.end() for m in _PARAGRAPH.finditer(text)):
+        horizon = line.start()
+    for m in _ENDS.finditer(text, 0, horizon):
+        if not _end_decided(text, m):
+            return m.start()
+    return horizon
+
+
+class SegmentStream:
+    """`segment.segments(text, max_len, length)` of a text fed in pieces (module docstring):
+
+        stream = SegmentStream(60, count_tokens)
+        for delta in deltas:
+            for seg in stream.feed(delta): speak(seg)
+        for seg in stream.finish(): speak(seg)
+
+    `given` counts the segments given out; `pending` is the text not in one yet."""
+
+    def __init__(self, max_len: int = MAX_SEGMENT_CHARS, length: Callable[[str], int] = len):
+        if max_len < 1:
+            raise ValueError(f"max_len must be at least 1, not {max_len}")
+        self.max_len, self.length = max_len, length
+        self.text = ""       # from a safe cut on (module docstring)
+        self.out = 0         # segments of `self.text` given out
+        self.given = 0
+        self.finished = False
+
+    @property
+    def pending(self) -> str:
+        """The text fed that no segment given out holds yet (raw)."""
+        return self.text
+
+    def feed(self, delta: str) -> list[str]:
+        """Add `delta` to the text; the segments it decides (maybe none)."""
+        if self.finished:
+            raise ValueError("the text is finished")
+        if not isinstance(delta, str):
+            raise TypeError(f"a text delta is a str, not {type(delta).__name__}")
+        self.text += delta
+        return self._give(False)
+
+    def finish(self) -> list[str]:
+        """The text is complete: the segments left."""
+        if self.finished:
+            return []
+        self.finished = True
+        return self._give(True)
+
+    def _give(self, done: bool) -> list[str]:
+        spans, cut = self._decided(done)
+        new = spans[self.out:]
+        self.out = len(spans)
+        if cut:
+            self.text, self.out = self.text[cut:], 0
+        self.given += len(new)
+        return new
+
+    def _decided(self, done: bool) -> tuple[list[str], int]:
+        """The decided segments of `self.text` (normalized), and a safe cut: where the text can start from now on
+        (0: nowhere new)."""
+        text = self.text
+        horizon = len(text) if done else decided_until(text)
+        mask = _protected_mask(text)
+        ends = [c for c in _sentence_ends(text, mask) if c <= horizon]
+        bound = len(text) if done else max(ends, default=0)   # text up to here is in sentences known to be complete
+        paragraphs = _spans(text, [m.start() for m in _PARAGRAPH.finditer(text) if m.start() < horizon], 0,
+                            len(text))
+        out: list[tuple[int, int]] = []
+        for n, (a, b) in enumerate(paragraphs):
+            last = n == len(paragraphs) - 1 and not done
+            sentences = _spans(text, ends, a, min(b, bound)) if not last or bound > a else []
+            packed = pack(text, [p for x, y in sentences for p in fit(text, mask, x, y, self.max_len, self.length)],
+                          self.max_len, self.length)
+            if last:  # its last segment may still grow: it stays, and the text from its start is all that is kept
+                start = packed.pop()[0] if packed else a
+                out += packed
+                safe = start in {a} | {x for x, _ in sentences} and (start == 0 or text[start - 1].isspace())
+                return [normalize(text[x:y]) for x, y in out], start if safe else 0
+            out += packed
+        return [normalize(text[x:y]) for x, y in out], 0
