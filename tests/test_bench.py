@@ -192,3 +192,15 @@ def test_the_loop_harness_times_codec_tiers_on_tiny(exported):
                        codecs=("fp32", "bf16"), progress=False)
     assert sorted(row["codec_precision"] for row in r["rows"]) == ["bf16", "fp32"]
     assert all(row["ms_per_frame"]["codec"] > 0 and row["floor_ratio"] > 0 for row in r["rows"])
+
+
+def test_the_cores_bench_times_each_spin_alone_in_pairs_and_beside_a_neighbour(exported):
+    """`bench cores` on tiny, one setting, no server: every run a fresh `qtts say` that spoke; a pair's two walls and
+    the ratios from the same repeat's rows."""
+    from qtts_lib.bench import cores
+
+    result = cores.benchmark(paths.model_dir("tiny-base"), spins=(3000,), frames=8, repeats=1, server=False)
+    (row,) = result["rows"]
+    assert row["gomp_spincount"] == 3000 and len(row["runs"]["pair"]) == 2 and row["audio_s"] > 0
+    assert row["pair_over_alone"] == round(row["pair_s"] / row["alone_s"], 2)
+    assert "GOMP_SPINCOUNT" in cores.table(result)

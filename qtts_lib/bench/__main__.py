@@ -104,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--library-repeats", type=int, default=5,
                        help="timed runs of the library's first audio in this process, before the server starts")
     serve.add_argument("-o", "--output", type=Path)
+    cores = measurement("cores", "qtts say alone, two at once and beside a busy neighbour; qtts serve beside it",
+                        frames=120)
+    cores.add_argument("--spins", default="3000,300000", help="comma-separated GOMP_SPINCOUNT values")
+    cores.add_argument("--threads", type=int, default=2)
+    cores.add_argument("--precision", default="int8")
+    cores.add_argument("--codec-precision", default="int8")
+    cores.add_argument("--repeats", type=int, default=3)
+    cores.add_argument("--no-server", action="store_true", help="leave out the server beside the neighbour")
     zeros = sub.add_parser("zeros", help="zero-filled .bin files of the sizes in DIR/bin_sizes.json")
     zeros.add_argument("dir")
     profile = sub.add_parser("profile", help="where a Vulkan frame's time goes")
@@ -140,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                                  ints(a.clients), ints(a.staggered), a.stagger, a.max_batch, a.max_frames,
                                  a.chunk_frames, a.tree, a.python, admit=None if a.admit == "none" else a.admit,
                                  max_wait=a.max_wait, queue=a.queue, library_repeats=a.library_repeats)
+        write_result(result, a.output)
+        print(table(result))
+        return 0
+    if a.what == "cores":
+        from .cores import benchmark as cores_benchmark
+        from .cores import table
+
+        result = cores_benchmark(paths.checkpoint_dir(a.checkpoint), tuple(int(x) for x in a.spins.split(",")),
+                                 a.threads, a.precision, a.codec_precision, a.frames, a.repeats, not a.no_server)
         write_result(result, a.output)
         print(table(result))
         return 0
