@@ -199,8 +199,9 @@ def test_the_cores_bench_times_each_spin_alone_in_pairs_and_beside_a_neighbour(e
     the ratios from the same repeat's rows."""
     from qtts_lib.bench import cores
 
-    result = cores.benchmark(paths.model_dir("tiny-base"), spins=(3000,), frames=8, repeats=1, server=False)
+    result = cores.benchmark(paths.model_dir("tiny-base"), settings=((3000, 1),), frames=8, repeats=1, server=False)
     (row,) = result["rows"]
-    assert row["gomp_spincount"] == 3000 and len(row["runs"]["pair"]) == 2 and row["audio_s"] > 0
+    assert (row["gomp_spincount"], row["threads"]) == (3000, 1) and len(row["runs"]["pair"]) == 2
+    assert row["audio_s"] > 0 and row["alone_over_first_alone"] == 1.0
     assert row["pair_over_alone"] == round(row["pair_s"] / row["alone_s"], 2)
     assert "GOMP_SPINCOUNT" in cores.table(result)

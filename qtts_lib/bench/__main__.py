@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("-o", "--output", type=Path)
     cores = measurement("cores", "qtts say alone, two at once and beside a busy neighbour; qtts serve beside it",
                         frames=120)
-    cores.add_argument("--spins", default="3000,300000", help="comma-separated GOMP_SPINCOUNT values")
-    cores.add_argument("--threads", type=int, default=2)
+    cores.add_argument("--settings", default="3000:2,300000:2,3000:1",
+                       help="comma-separated GOMP_SPINCOUNT:threads (the first is the one others are held against)")
     cores.add_argument("--precision", default="int8")
     cores.add_argument("--codec-precision", default="int8")
     cores.add_argument("--repeats", type=int, default=3)
@@ -155,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         from .cores import benchmark as cores_benchmark
         from .cores import table
 
-        result = cores_benchmark(paths.checkpoint_dir(a.checkpoint), tuple(int(x) for x in a.spins.split(",")),
-                                 a.threads, a.precision, a.codec_precision, a.frames, a.repeats, not a.no_server)
+        settings = tuple(tuple(int(v) for v in x.split(":")) for x in a.settings.split(","))
+        result = cores_benchmark(paths.checkpoint_dir(a.checkpoint), settings, a.precision, a.codec_precision,
+                                 a.frames, a.repeats, not a.no_server)
         write_result(result, a.output)
         print(table(result))
         return 0

@@ -1,5 +1,5 @@
 """Sharing the cores: `qtts say` alone, two at once, and beside a CPU-bound neighbour, and `qtts serve` beside that
-neighbour, for each way ncnn's OpenMP workers wait. Introduced in 11.
+neighbour, for each way ncnn's OpenMP workers wait and each thread count. Introduced in 11.
 
     python -m qtts_lib.bench cores --checkpoint full-base --precision int8 --codec-precision int8 \\
         -o data/bench/cores/NAME.json
@@ -8,8 +8,9 @@ The pip wheel of ncnn bundles GNU libgomp, whose workers spin for GOMP_SPINCOUNT
 region before they sleep (ncnn's own `openmp_blocktime` does nothing with it). The runtime sets 3000 before ncnn
 loads (`runtime.binding`, unless the variable is set); libgomp's own default, with no wait policy set, is 300000.
 A spinning worker holds its core while its process waits for the next layer: alone that buys a quicker start of the
-next parallel region, beside another process it takes the core that process needs. Each setting (`--spins`) is
-passed to every process as GOMP_SPINCOUNT, and every run is a fresh process, as a user's would be:
+next parallel region, beside another process it takes the core that process needs. Each setting (`--settings`,
+`SPIN:THREADS`) is passed to every process as GOMP_SPINCOUNT and `--threads`, and every run is a fresh process, as
+a user's would be:
 
 - `alone`: one `qtts say` of `--frames` frames (`--max-frames`, a text long enough to reach it), its wall time;
 - `pair`: two of them started together, each one's wall time (and the ratio to alone: a fair share of two cores
@@ -35,7 +36,7 @@ from .machine import describe
 from .serve import SENTENCES, scenario, start_server
 from .workload import voice_wav
 
-SPINS = (3000, 300000)  # the runtime's default; libgomp's own with no wait policy set
+SETTINGS = ((3000, 2), (300000, 2), (3000, 1))  # (GOMP_SPINCOUNT, threads): the runtime's spin, libgomp's own
 FRAMES = 120
 REPEATS = 3
 TEXT = " ".join(SENTENCES[:3])  # about 70 tokens: one segment reaches 120 frames
@@ -125,54 +126,67 @@ def server_rows(model_dir: Path, spin: int, threads: int, precision: str, codec_
     return {"alone": row(alone), "beside_neighbour": row(beside)}
 
 
-def benchmark(model_dir: Path, spins: tuple[int, ...] = SPINS, threads: int = 2, precision: str = "int8",
+def benchmark(model_dir: Path, settings: tuple[tuple[int, int], ...] = SETTINGS, precision: str = "int8",
               codec_precision: str = "int8", frames: int = FRAMES, repeats: int = REPEATS,
               server: bool = True) -> dict:
-    """Every setting in turn within each repeat (module docstring); the medians per setting."""
+    """Every (GOMP_SPINCOUNT, threads) setting in turn within each repeat (module docstring); the medians per
+    setting, and each setting's ratios to the first setting's `alone` too (`*_over_first_alone`): the runtime's
+    default alone is what a user compares with."""
     load_start = [round(x, 2) for x in os.getloadavg()]
     model_dir = Path(model_dir).resolve()
-    runs: dict[int, dict[str, list]] = {s: {"alone": [], "pair": [], "beside": [], "audio": []} for s in spins}
+    runs = {s: {"alone": [], "pair": [], "beside": [], "audio": []} for s in settings}
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"{i}.wav" for i in range(2)]
-        say(model_dir, outs[0], spins[0], threads, precision, codec_precision, 8).wait()  # int8 files written once
+        spin, threads = settings[0]
+        say(model_dir, outs[0], spin, threads, precision, codec_precision, 8).wait()  # int8 files written once
         for r in range(repeats):
-            for spin in spins:
-                sides = (model_dir, threads, precision, codec_precision, frames)
-                runs[spin]["alone"] += walls([say(sides[0], outs[0], spin, *sides[1:])])
-                runs[spin]["audio"].append(audio_seconds(outs[0]))
-                runs[spin]["pair"] += walls([say(sides[0], o, spin, *sides[1:]) for o in outs])
+            for setting in settings:
+                spin, threads = setting
+                run = runs[setting]
+
+                def one(out: Path, spin=spin, threads=threads) -> subprocess.Popen:
+                    return say(model_dir, out, spin, threads, precision, codec_precision, frames)
+
+                run["alone"] += walls([one(outs[0])])
+                run["audio"].append(audio_seconds(outs[0]))
+                run["pair"] += walls([one(o) for o in outs])
                 busy = neighbour()
                 try:
-                    runs[spin]["beside"] += walls([say(sides[0], outs[0], spin, *sides[1:])])
+                    run["beside"] += walls([one(outs[0])])
                 finally:
                     stop(busy)
-                print(f"repeat {r + 1}/{repeats}, GOMP_SPINCOUNT={spin}: alone {runs[spin]['alone'][-1]} s, "
-                      f"pair {runs[spin]['pair'][-2:]} s, beside a neighbour {runs[spin]['beside'][-1]} s",
+                print(f"repeat {r + 1}/{repeats}, GOMP_SPINCOUNT={spin}, {threads} threads: alone {run['alone'][-1]} "
+                      f"s, pair {run['pair'][-2:]} s, beside a neighbour {run['beside'][-1]} s",
                       file=sys.stderr, flush=True)
-    rows = []
-    for spin in spins:
-        alone, pair, beside = (statistics.median(runs[spin][k]) for k in ("alone", "pair", "beside"))
-        row = {"gomp_spincount": spin, "alone_s": alone, "pair_s": pair, "pair_over_alone": round(pair / alone, 2),
-               "beside_s": beside, "beside_over_alone": round(beside / alone, 2),
-               "audio_s": statistics.median(runs[spin]["audio"]), "runs": runs[spin]}
+    rows, first = [], statistics.median(runs[settings[0]]["alone"])
+    for setting in settings:
+        spin, threads = setting
+        alone, pair, beside = (statistics.median(runs[setting][k]) for k in ("alone", "pair", "beside"))
+        row = {"gomp_spincount": spin, "threads": threads, "alone_s": alone, "pair_s": pair,
+               "pair_over_alone": round(pair / alone, 2), "beside_s": beside,
+               "beside_over_alone": round(beside / alone, 2), "alone_over_first_alone": round(alone / first, 2),
+               "pair_over_first_alone": round(pair / first, 2), "audio_s": statistics.median(runs[setting]["audio"]),
+               "runs": runs[setting]}
         if server:
             row["server"] = server_rows(model_dir, spin, threads, precision, codec_precision)
         rows.append(row)
-    machine = describe([threads])
+    machine = describe(sorted({t for _, t in settings}))
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    return {"machine": machine, "load_average_start": load_start, "checkpoint": model_dir.name, "threads": threads,
+    return {"machine": machine, "load_average_start": load_start, "checkpoint": model_dir.name,
             "precision": precision, "codec_precision": codec_precision, "frames": frames, "repeats": repeats,
             "text": TEXT, "rows": rows}
 
 
 def table(result: dict) -> str:
     lines = [f"{result['checkpoint']} {result['precision']} (codec {result['codec_precision']}), "
-             f"{result['threads']} threads, {result['frames']} frames; load before {result['load_average_start']}",
-             f"{'GOMP_SPINCOUNT':>14} {'alone s':>8} {'pair s':>8} {'pair/alone':>10} {'beside s':>9} "
-             f"{'beside/alone':>12}  server: first audio ms, audio s/s, underrun ms (alone -> beside)"]
+             f"{result['frames']} frames; load before {result['load_average_start']}",
+             f"{'GOMP_SPINCOUNT':>14} {'threads':>7} {'alone s':>8} {'pair s':>8} {'pair/alone':>10} "
+             f"{'pair/first':>10} {'beside s':>9} {'beside/alone':>12}  server: first audio ms, audio s/s, underrun "
+             "ms (alone -> beside)"]
     for r in result["rows"]:
-        line = (f"{r['gomp_spincount']:>14} {r['alone_s']:>8.2f} {r['pair_s']:>8.2f} {r['pair_over_alone']:>10.2f} "
-                f"{r['beside_s']:>9.2f} {r['beside_over_alone']:>12.2f}")
+        line = (f"{r['gomp_spincount']:>14} {r['threads']:>7} {r['alone_s']:>8.2f} {r['pair_s']:>8.2f} "
+                f"{r['pair_over_alone']:>10.2f} {r['pair_over_first_alone']:>10.2f} {r['beside_s']:>9.2f} "
+                f"{r['beside_over_alone']:>12.2f}")
         if "server" in r:
             a, b = r["server"]["alone"], r["server"]["beside_neighbour"]
             line += (f"  {a['first_audio_ms']} -> {b['first_audio_ms']}, {a['delivered_audio_per_s']} -> "
