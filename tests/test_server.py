@@ -49,7 +49,8 @@ def test_models_and_health(server):
 @pytest.mark.parametrize("voice", ["alice", "bob"])
 def test_speech_wav_and_pcm(server, voice):
     _, url = server
-    status, headers, wav = request(url, "/v1/audio/speech", {"input": "Hello there.", "voice": voice})
+    status, headers, wav = request(url, "/v1/audio/speech", {"input": "Hello there.", "voice": voice,
+                                                             "response_format": "wav"})
     assert status == 200 and headers["content-type"] == "audio/wav"
     pcm = check_wav(wav)
     seed = int(headers["x-seed"])  # a fresh take: the answer names its seed

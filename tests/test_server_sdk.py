@@ -1,6 +1,7 @@
 """`qtts serve` as OpenAI's own Python SDK meets it: speech in every format, streamed, every error an exception of the
 SDK's kind; custom voices (consent recordings, a voice from a sample); the API key; the OpenAPI document and the
-Prometheus metrics. One server (tiny-base, an API key)."""
+Prometheus metrics; OpenAI's defaults (mp3, its voice names) and a browser on another origin. One server (tiny-base,
+an API key, nova an alias of bob, one other origin allowed)."""
 import io
 import json
 
@@ -9,7 +10,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from serving import COMPRESSED, PADDING, decoded, request, samples_at_24k, start_server, stop_server
+from serving import COMPRESSED, MAGIC, PADDING, decoded, request, samples_at_24k, start_server, stop_server
 
 from qtts_lib import paths
 from qtts_lib.runtime.app.server.schema import REQUEST_FIELDS
@@ -22,6 +23,7 @@ CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac", 
                  "wav": "audio/wav", "pcm": "audio/pcm"}
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SEED = {"seed": 3}  # every request a fresh take otherwise: the formats are compared on one take
+ORIGIN = "https://app.example"  # the one other origin the server is told a browser may call it from
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,8 @@ def served(tts, home):
     from qtts_lib import export
 
     export.ensure(tts, "tiny-base")
-    proc, url = start_server(home, "--max-frames", str(MAX_FRAMES), "--api-key", KEY)
+    proc, url = start_server(home, "--max-frames", str(MAX_FRAMES), "--api-key", KEY, "--voice-alias", "nova=bob",
+                             "--cors-origin", ORIGIN)
     yield url
     stop_server(proc)
 
@@ -129,7 +132,8 @@ def test_without_the_key_the_sdk_gets_an_authentication_error(served, key):
     assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         bare.models.list()
-    for path in ("/metrics", "/v1/models", "/v1/voices", "/v1/audio/voice_consents", "/openapi.json"):
+    for path in ("/metrics", "/v1/models", "/v1/voices", "/v1/audio/voices", "/v1/audio/voice_consents",
+                 "/openapi.json"):
         assert request(served, path)[0] == 401
     for path in ("/health", "/"):  # what stays open: liveness and the page (which asks for the key)
         assert request(served, path)[0] == 200
@@ -148,6 +152,52 @@ def test_the_key_comes_from_the_option_or_the_environment(monkeypatch):
     assert server.api_key_of(args()) is None
 
 
+def test_without_a_response_format_the_answer_is_mp3_as_openais(client, pcm):
+    """OpenAI's default format is mp3: an SDK call that names none, saved as .mp3, holds mp3 bytes."""
+    answer = client.audio.speech.create(model="tts-1", voice="alice", input=TEXT, extra_body=SEED)
+    body = answer.content
+    assert answer.response.headers["content-type"] == "audio/mpeg" and body.startswith(MAGIC["mp3"]), body[:8]
+    samples, rate, codec = decoded(body)
+    assert rate == 24000 and codec.startswith("mp3") and len(pcm) <= len(samples) <= len(pcm) + PADDING["mp3"]
+
+
+def test_openais_voice_names_speak_the_servers_voices(client, pcm):
+    """alloy (no alias): the default voice, the first in name order (alice); nova: bob, as --voice-alias says; both
+    bit for bit the voice they name, same seed."""
+    speak = lambda voice: client.audio.speech.create(  # noqa: E731
+        model="tts-1", voice=voice, input=TEXT, response_format="pcm", extra_body=SEED).content
+    assert speak("alloy") == pcm.tobytes() and speak("nova") == speak("bob") != pcm.tobytes()
+
+
+def test_the_voices_are_listed_as_an_openai_list_with_the_names_that_speak_them(served):
+    status, _, body = request(served, "/v1/audio/voices", headers=AUTH)
+    listing = json.loads(body)
+    assert status == 200 and listing["object"] == "list"
+    voices = {v["name"]: v for v in listing["data"]}
+    assert {"alice", "bob"} <= set(voices) and all(v["object"] == "audio.voice" for v in voices.values())
+    assert voices["alice"]["default"] and "alloy" in voices["alice"]["aliases"] and "nova" not in voices["alice"][
+        "aliases"]
+    assert voices["bob"]["aliases"] == ["nova"] and voices["bob"]["mode"] == "icl" and voices["bob"]["id"] == "bob"
+
+
+def test_a_browser_on_an_allowed_origin_may_call_it_and_others_not(served):
+    """--cors-origin: the preflight of a speech request (no key: a browser sends none on it) is answered for that
+    origin, with X-Seed readable by the page; another origin gets no leave to read anything."""
+    preflight = {"Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    status, headers, _ = request(served, "/v1/audio/speech", method="OPTIONS", headers=preflight | {"Origin": ORIGIN})
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert status == 200 and headers["access-control-allow-origin"] == ORIGIN
+    assert "authorization" in headers["access-control-allow-headers"].lower()
+    body = {"input": "Hi.", "voice": "alice", "response_format": "pcm", "seed": 1}
+    status, headers, _ = request(served, "/v1/audio/speech", body, headers=AUTH | {"Origin": ORIGIN})
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert status == 200 and "x-seed" in headers["access-control-expose-headers"].lower()
+    other = {"Origin": "https://elsewhere.example"}
+    status, headers, _ = request(served, "/v1/audio/speech", method="OPTIONS", headers=preflight | other)
+    assert status == 400 and "access-control-allow-origin" not in {k.lower() for k in headers}
+
+
 def test_the_sdk_lists_the_model(client):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-base"] and models[0].qtts["formats"] == list(FORMATS)
@@ -160,9 +210,12 @@ def test_the_openapi_document_describes_what_the_server_takes(served):
     speech = doc["paths"]["/v1/audio/speech"]["post"]
     request_schema = doc["components"]["schemas"]["SpeechRequest"]
     assert speech["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/SpeechRequest")
-    assert tuple(request_schema["properties"]) == REQUEST_FIELDS and set(request_schema["required"]) == {"input",
-                                                                                                         "voice"}
+    # `voice` or `ref_audio`: the request's own clip speaks instead of a named voice
+    assert tuple(request_schema["properties"]) == REQUEST_FIELDS and request_schema["required"] == ["input"]
+    assert "ref_audio" in request_schema["properties"]["voice"]["description"]
+    assert {"ref_audio", "ref_text"} <= set(request_schema["properties"])
     assert request_schema["properties"]["response_format"]["enum"] == list(FORMATS)
+    assert request_schema["properties"]["response_format"]["default"] == "mp3"  # OpenAI's default
     assert request_schema["additionalProperties"] is False
     assert set(speech["responses"]["200"]["content"]) == set(CONTENT_TYPES.values()) | {"text/event-stream"}
     assert "alice" in request_schema["properties"]["voice"]["examples"]
@@ -170,9 +223,12 @@ def test_the_openapi_document_describes_what_the_server_takes(served):
     for code in ("400", "401", "404", "413", "503"):
         assert speech["responses"][code]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
     custom = {path: set(doc["paths"][path]) for path in doc["paths"] if path.startswith("/v1/audio/voice")}
-    assert custom == {"/v1/audio/voices": {"post"}, "/v1/audio/voices/{voice_id}": {"delete"},
+    assert custom == {"/v1/audio/voices": {"get", "post"}, "/v1/audio/voices/{voice_id}": {"delete"},
                       "/v1/audio/voice_consents": {"get", "post"},
                       "/v1/audio/voice_consents/{consent_id}": {"get", "post", "delete"}}
+    listed = doc["paths"]["/v1/audio/voices"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert listed["$ref"].endswith("/ListedVoices")
+    assert doc["components"]["schemas"]["ListedVoices"]["properties"]["object"]["const"] == "list"
     made = doc["paths"]["/v1/audio/voices"]["post"]
     assert made["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/AudioVoice")
     assert set(made["requestBody"]["content"]["multipart/form-data"]["schema"]["required"]) == {

@@ -4,20 +4,20 @@
     curl -sN localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
          -d '{"input": "Hello.", "voice": "alice"}' | ffplay -nodisp -autoexit -
 
-Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET|POST /v1/voices`, `DELETE /v1/voices/{name}`, OpenAI's
-custom voices (`POST /v1/audio/voices`, `DELETE /v1/audio/voices/{voice_id}`, `GET|POST /v1/audio/voice_consents`,
-`GET|POST|DELETE /v1/audio/voice_consents/{consent_id}`), `GET /health`, `GET /metrics` (Prometheus, `metrics`),
-`GET /openapi.json` (the API as data, `openapi`) and `GET /`, a page to try the voices and add one
-(`static/`). The request is `schema.SpeechRequest`: `input`, `voice`, optional `model`, `response_format` (mp3 |
-opus | aac | flac | wav | pcm), `stream_format` (audio | sse), `speed` (0.25 to 4.0: the tempo, at the same pitch,
-`audio.tempo`), `language`, `instructions` (OpenAI's style prompt: a style for a built-in speaker on a 1.7B
-CustomVoice checkpoint, the voice itself on a VoiceDesign one, whose one voice is `design`; refused with a 400 where
-the checkpoint cannot follow it), and the sampling parameters of `pipeline.sampling.Sampling` (`temperature`,
-`top_k`, `top_p`, `repetition_penalty`, `seed`, `greedy`); missing ones take the checkpoint's generation_config, so
-the server samples as the reference does. Without a `seed` every request draws a fresh one, and every answer says
-the seed it used in its `X-Seed` header: a request with that seed gives the same audio again, bit for bit when it
-runs alone (batched beside other requests, to float rounding, which now and then flips a sampled code: chapter 17;
-greedy decoding needs no seed and says 0).
+Endpoints: `POST /v1/audio/speech`, `GET /v1/models`, `GET|POST /v1/voices`, `DELETE /v1/voices/{name}`, OpenAI's custom
+voices (`GET|POST /v1/audio/voices`, `DELETE /v1/audio/voices/{voice_id}`, `GET|POST /v1/audio/voice_consents`,
+`GET|POST|DELETE /v1/audio/voice_consents/{consent_id}`), `GET /health`, `GET /metrics` (Prometheus, `metrics`), `GET
+/openapi.json` (the API as data, `openapi`) and `GET /`, a page to try the voices and add one (`static/`). The request
+is `schema.SpeechRequest`: `input`, `voice`, optional `model`, `response_format` (mp3, the default as OpenAI's | opus |
+aac | flac | wav | pcm), `stream_format` (audio | sse), `speed` (0.25 to 4.0: the tempo, at the same pitch,
+`audio.tempo`), `language`, `instructions` (OpenAI's style prompt: a style for a built-in speaker on a 1.7B CustomVoice
+checkpoint, the voice itself on a VoiceDesign one, whose one voice is `design`; refused with a 400 where the checkpoint
+cannot follow it), and the sampling parameters of `pipeline.sampling.Sampling` (`temperature`, `top_k`, `top_p`,
+`repetition_penalty`, `seed`, `greedy`); missing ones take the checkpoint's generation_config, so the server samples as
+the reference does. Without a `seed` every request draws a fresh one, and every answer says the seed it used in its
+`X-Seed` header: a request with that seed gives the same audio again, bit for bit when it runs alone (batched beside
+other requests, to float rounding, which now and then flips a sampled code: chapter 17; greedy decoding needs no seed
+and says 0).
 
 A `voice` is a built-in speaker (CustomVoice checkpoints) or the name of `<name>.wav` in the voices folder (Base
 checkpoints: x-vector cloning; with `<name>.txt` beside it holding the clip's transcript, ICL), given as the name or
@@ -30,7 +30,12 @@ uploaded first through `client.audio.voice_consents`, which `Consents` keeps in 
 memory); such a voice also gets an OpenAI id, `voice_...`, kept in `<name>.json` beside its clip, and
 `{"id": "voice_..."}` names it in a speech request as its name does. Voices from a prompt (`type: "prompt"`) are
 refused. On CustomVoice and VoiceDesign checkpoints every endpoint that adds or removes voices or consents answers a
-400 (`cannot_clone`).
+400 (`cannot_clone`). OpenAI's voice names (alloy, ash, ...) speak a voice the server has: `--voice-alias
+alloy=NAME`, else the default voice (`--default-voice`, else the first voice in the folder in name order, else the
+checkpoint's first built-in speaker), unless a voice of that name exists; `GET /v1/audio/voices` lists every voice
+with the names that speak it. A request may instead bring its own clip, `ref_audio` (a file in base64, or a `data:`
+URI) with its transcript `ref_text` for ICL (Base checkpoints; the others have no speaker encoder and refuse it):
+checked as an upload is, and its voice built once, cached by the clip's hash (`refs.RefVoices`).
 
 Audio is 24 kHz mono, encoded piece by piece as frames are generated and sent as it is encoded (chunked transfer,
 `audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind a header of unknown length, mp3, Ogg Opus, ADTS AAC and
@@ -46,22 +51,22 @@ batch, long texts, backlog, deadlines and the watchdog; its whole surface is `sp
 request's and answers' models in `schema` (uploads: `forms`; the OpenAPI document: `openapi`) and the instruments
 in `metrics`. This module starts them (`serve`) and holds the command's options (`add_arguments`).
 
-Every request's work is bounded: the body (64 KiB, refused from its Content-Length or as soon as more is read; one
-that stalls for `--body-timeout` seconds is dropped with a 408 that closes the connection), the
-text (`--frame-budget` frames at most, else a 400 before any work), the places (`--max-batch` speaking and `--queue`
-waiting; past that a 503 with Retry-After at once; `--max-connections` for uvicorn), and the audio a client has not
-read yet: past `--backlog` seconds its text is held (no next segment), and a client that takes no audio for
-`--send-timeout` seconds is dropped. A text the model ends at once (its end of speech at the first frame) is answered
-200 with no samples (a wav header alone, an empty pcm body, a compressed stream of nothing): there was nothing to
-say, and nothing failed. Failures are seen: every bad request gets a 4xx with an OpenAI-style JSON error
-before any audio; an engine that stopped makes `/health` answer 503 and every request a 5xx JSON error; a stream
-that fails after its first audio is cut off (its chunked body never ends), never ended as if complete; a client that
-leaves, queued or speaking, frees its place at once. A step that hangs stops the engine (`--stall-seconds`,
-`/health` 503 with why: a supervisor restarts the process on it), and a request past its deadline
-(`--deadline-margin`) is cut with a 504, or its stream cut off. With an API key ($QTTS_API_KEY, or `--api-key`,
-which other users see in `ps`) every /v1/ request (the voices too), /metrics and /openapi.json need
-`Authorization: Bearer KEY` (what OpenAI's clients send; the scheme in any case), else 401; the page and /health
-stay open.
+Every request's work is bounded: the body (64 KiB, refused from its Content-Length or as soon as more is read; a speech
+request that names `ref_audio` in its first 64 KiB, an upload's 16 MiB; one that stalls for `--body-timeout` seconds is
+dropped with a 408 that closes the connection), the text (`--frame-budget` frames at most, else a 400 before any work),
+the places (`--max-batch` speaking and `--queue` waiting; past that a 503 with Retry-After at once; `--max-connections`
+for uvicorn), and the audio a client has not read yet: past `--backlog` seconds its text is held (no next segment), and
+a client that takes no audio for `--send-timeout` seconds is dropped. A text the model ends at once (its end of speech
+at the first frame) is answered 200 with no samples (a wav header alone, an empty pcm body, a compressed stream of
+nothing): there was nothing to say, and nothing failed. Failures are seen: every bad request gets a 4xx with an
+OpenAI-style JSON error before any audio; an engine that stopped makes `/health` answer 503 and every request a 5xx JSON
+error; a stream that fails after its first audio is cut off (its chunked body never ends), never ended as if complete; a
+client that leaves, queued or speaking, frees its place at once. A step that hangs stops the engine (`--stall-seconds`,
+`/health` 503 with why: a supervisor restarts the process on it), and a request past its deadline (`--deadline-margin`)
+is cut with a 504, or its stream cut off. With an API key ($QTTS_API_KEY, or `--api-key`, which other users see in `ps`)
+every /v1/ request (the voices too), /metrics and /openapi.json need `Authorization: Bearer KEY` (what OpenAI's clients
+send; the scheme in any case), else 401; the page and /health stay open. A browser on another origin may call the server
+only from an origin given with `--cors-origin`.
 
 Built on Starlette + uvicorn, pydantic, prometheus_client, PyAV and python-multipart (`pip install qtts[serve]`),
 imported only when serving.
@@ -107,14 +112,17 @@ def serve(args) -> int:
         say(f"--voices {args.voices}: a {synth.kind.replace('_', ' ')} checkpoint speaks its own voices; the clips "
             "there are not used (only Base checkpoints clone)")
     voices = Voices(synth, args.voices, say, quota=Quota(args.max_voices, args.voices_mb),
-                    consent_quota=Quota(args.max_consents, args.consents_mb))
+                    consent_quota=Quota(args.max_consents, args.consents_mb), alias=dict(args.voice_alias or ()),
+                    default=args.default_voice)
     voices.preload()
+    voices.check_aliases()
     engine = Engine(synth, max_frames=args.max_frames, chunk_frames=args.chunk_frames, queue_places=args.queue,
                     max_batch=max_batch_of(synth, args, say),
                     budget=args.frame_budget, backlog_seconds=args.backlog, stall_seconds=args.stall_seconds,
                     deadline_margin=args.deadline_margin, admit=args.admit, max_wait=args.max_wait, log=say)
     print(f"qtts serve: {directory.name} on http://{args.host}:{args.port} (voices: "
-          f"{', '.join(voices.names()) or 'none'})", file=sys.stderr, flush=True)
+          f"{', '.join(voices.names()) or 'none'}; OpenAI's voice names speak {voices.default() or 'none'})",
+          file=sys.stderr, flush=True)
     try:
         key = api_key_of(args)
         if key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -126,7 +134,8 @@ def serve(args) -> int:
                  f"${API_KEY_ENV} instead" if args.api_key else f"the key comes from ${API_KEY_ENV}"))
         connections = args.max_connections or engine.max_batch + engine.queue_places + 32
         uvicorn.run(build_app(engine, voices, directory.name, api_key=key, send_timeout=args.send_timeout,
-                              body_timeout=args.body_timeout), host=args.host,
+                              body_timeout=args.body_timeout, cors_origins=tuple(args.cors_origin or ())),
+                    host=args.host,
                     port=args.port, log_level=args.log_level, limit_concurrency=connections)
     finally:
         engine.stop()
@@ -137,6 +146,19 @@ def serve(args) -> int:
 def api_key_of(args) -> str | None:
     """--api-key, else $QTTS_API_KEY, else None (no key needed); an empty value is no key."""
     return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def voice_alias(value: str) -> tuple[str, str]:
+    """`--voice-alias NAME=VOICE` as (NAME, VOICE), both voice names."""
+    import argparse
+    import re
+
+    from .schema import VOICE_PATTERN
+
+    name, eq, voice = value.partition("=")
+    if not eq or not re.match(VOICE_PATTERN, name) or not re.match(VOICE_PATTERN, voice):
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAME=VOICE (two voice names, e.g. alloy=alice)")
+    return name, voice
 
 
 def add_arguments(p) -> None:
@@ -157,6 +179,15 @@ def add_arguments(p) -> None:
     p.add_argument("--api-key", help=f"a key clients must send as a bearer token; better set ${API_KEY_ENV}: a key "
                                      "on the command line shows in `ps` (default: none needed)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    p.add_argument("--voice-alias", type=voice_alias, action="append", metavar="NAME=VOICE",
+                   help="a request's voice NAME speaks VOICE (repeatable), e.g. alloy=alice; OpenAI's voice names "
+                        "(alloy, ash, ...) with no alias speak the default voice")
+    p.add_argument("--default-voice", metavar="VOICE",
+                   help="the voice OpenAI's voice names speak (default: the first voice in --voices in name order, "
+                        "else the checkpoint's first built-in speaker)")
+    p.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="an origin a browser may call this server from, e.g. https://app.example (repeatable; "
+                        "default: none, only the server's own page)")
     p.add_argument("--max-connections", type=positive_int, help="connections uvicorn serves at once, past that 503 "
                                                                 "(default: max batch + queue + 32)")
     p.add_argument("--send-timeout", type=float, default=SEND_TIMEOUT,

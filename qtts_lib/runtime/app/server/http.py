@@ -12,6 +12,7 @@ from ...audio.encode import FORMATS
 from ...errors import AudioError, InputError
 from ...pipeline.longform import BudgetError
 from .engine import DeadlinePassed, Engine, Job, Unavailable
+from .refs import BadClip, RefVoices
 from .reply import SEND_TIMEOUT, AudioResponse, Reply
 from .voices import Consents, Voices
 
@@ -21,13 +22,17 @@ STATIC = Path(__file__).parent / "static"
 
 
 def build_app(engine: Engine, voices: Voices, model_id: str, api_key: str | None = None,
-              send_timeout: float = SEND_TIMEOUT, body_timeout: float | None = None):
+              send_timeout: float = SEND_TIMEOUT, body_timeout: float | None = None, cors_origins: tuple = ()):
     """The Starlette app over one `Engine` and its `Voices` (its endpoints: `Api`); with `api_key`, the PROTECTED
     paths need it as a bearer token; `body_timeout`: seconds a request body may stall (default
-    `schema.BODY_TIMEOUT`)."""
+    `schema.BODY_TIMEOUT`); `cors_origins`: the origins a browser may call it from besides its own (`--cors-origin`,
+    Starlette's CORSMiddleware, in front of the key: a browser's preflight carries none)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.middleware.cors import CORSMiddleware
     from starlette.routing import Route
+
+    from .schema import SEED_HEADER
 
     api = Api(engine, voices, model_id, api_key is not None, send_timeout, body_timeout)
     routes = [Route("/v1/audio/speech", api.speech, methods=["POST"]),
@@ -35,6 +40,7 @@ def build_app(engine: Engine, voices: Voices, model_id: str, api_key: str | None
               Route("/v1/voices", api.voices, methods=["GET"]), Route("/v1/voices", api.add_voice, methods=["POST"]),
               Route("/v1/voices/{name}", api.delete_voice, methods=["DELETE"]),
               Route("/v1/audio/voices", api.create_audio_voice, methods=["POST"]),
+              Route("/v1/audio/voices", api.audio_voices, methods=["GET"]),
               Route("/v1/audio/voices/{voice_id}", api.delete_audio_voice, methods=["DELETE"]),
               Route("/v1/audio/voice_consents", api.create_consent, methods=["POST"]),
               Route("/v1/audio/voice_consents", api.list_consents, methods=["GET"]),
@@ -43,7 +49,12 @@ def build_app(engine: Engine, voices: Voices, model_id: str, api_key: str | None
               Route("/metrics", api.scrape, methods=["GET"]), Route("/openapi.json", api.openapi, methods=["GET"]),
               Route("/", api.index, methods=["GET"])]
     app = Starlette(routes=routes, exception_handlers={HTTPException: api.http_error, Exception: api.server_error})
-    return Gate(app, api.metrics, api_key)
+    gated = Gate(app, api.metrics, api_key)
+    if not cors_origins:
+        return gated
+    return CORSMiddleware(gated, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "DELETE"],
+                          allow_headers=["Authorization", "Content-Type"],
+                          expose_headers=[SEED_HEADER, "X-Sample-Rate"])
 
 
 def _json(body: dict, status: int = 200, headers: dict | None = None):
@@ -95,12 +106,15 @@ class Api:
         self.page = (STATIC / "index.html").read_text(encoding="utf-8")
         self._openapi: tuple[list, dict] | None = None
         self.consents = Consents(voices.folder / "consents" if voices.folder and voices.clones else None, voices.log)
+        self.refs = RefVoices(voices)
 
-    async def _body(self, request, upload: bool = False) -> bytes:
-        """`schema.read_body` within this server's body timeout: a speech request's limit, or an upload's."""
+    async def _body(self, request, upload: bool = False, speech: bool = False) -> bytes:
+        """`schema.read_body` within this server's body timeout: a request's limit, or an upload's (a speech request
+        that carries `ref_audio` may be as large as an upload)."""
         from .schema import MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_body
 
-        return await read_body(request, MAX_UPLOAD_BYTES if upload else MAX_BODY_BYTES, self.body_timeout)
+        return await read_body(request, MAX_UPLOAD_BYTES if upload else MAX_BODY_BYTES, self.body_timeout,
+                               clip=MAX_UPLOAD_BYTES if speech else None)
 
     async def speech(self, request):
         """Read, check and admit the request (a 4xx or 503 at once), wait for its first audio, then stream."""
@@ -115,8 +129,11 @@ class Api:
             reply = Reply(job, self.metrics, received, self.send_timeout)
         except InputError as e:  # PyAV missing: the server was installed without the serve extra
             job.close()
-            return _refusal(schema.RequestError(501, str(e), "speed" if "speed" in str(e) else "response_format",
-                                                kind="server_error"))
+            speed = "speed" in str(e)
+            why = "" if speed else " (response_format is mp3 unless the request says otherwise, as OpenAI's; wav " \
+                                   "and pcm need no PyAV)"
+            return _refusal(schema.RequestError(501, str(e) + why, "speed" if speed else "response_format",
+                                                kind="server_error", code="format_unavailable"))
         try:
             first = await reply.first(request)
         except BaseException:
@@ -149,10 +166,16 @@ class Api:
         from .schema import RequestError, parse_speech
 
         voices = self.store
-        speech = parse_speech(await self._body(request), self.served, voices.names(), voices.by_id())
+        speech = parse_speech(await self._body(request, speech=True), self.served, voices.names(), voices.by_id(),
+                              voices.aliases())
         try:
-            await voices.ready(speech.voice)
-            voice = voices.get(speech.voice, speech.instructions)
+            if speech.ref_audio is not None:
+                voice = await self.refs.voice(speech.ref_audio, speech.ref_text)
+            else:
+                await voices.ready(speech.voice)
+                voice = voices.get(speech.voice, speech.instructions)
+        except BadClip as e:
+            raise RequestError(400, str(e), e.param, code=e.code) from None
         except (AudioError, InputError) as e:
             raise RequestError(400, str(e), "voice", code="bad_voice") from None
         try:
@@ -198,6 +221,13 @@ class Api:
         from .schema import VoiceInfo, VoiceList
 
         return _json(VoiceList(voices=[VoiceInfo(**v) for v in self.store.info()]).model_dump())
+
+    async def audio_voices(self, request):
+        """`GET /v1/audio/voices`: every voice as an OpenAI list, each with the names that speak it
+        (`schema.ListedVoices`)."""
+        from .schema import ListedVoice, ListedVoices
+
+        return _json(ListedVoices(data=[ListedVoice(**v) for v in self.store.listed()]).model_dump())
 
     async def add_voice(self, request):
         """A voice from an uploaded clip (`schema.parse_voice_form`), built off the engine's thread

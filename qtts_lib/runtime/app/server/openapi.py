@@ -15,6 +15,7 @@ from .schema import (
     AudioVoiceDeleted,
     ErrorResponse,
     Health,
+    ListedVoices,
     ModelList,
     SpeechAudioDelta,
     SpeechAudioDone,
@@ -34,7 +35,8 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
     from pydantic.json_schema import models_json_schema
 
     models = [SpeechRequest, ErrorResponse, ModelList, Health, VoiceList, VoiceCreated, VoiceDeleted, SpeechAudioDelta,
-              SpeechAudioDone, AudioVoice, AudioVoiceDeleted, VoiceConsent, VoiceConsentList, VoiceConsentDeleted]
+              SpeechAudioDone, AudioVoice, AudioVoiceDeleted, VoiceConsent, VoiceConsentList, VoiceConsentDeleted,
+              ListedVoices]
     _, defs = models_json_schema([(m, "validation" if m is SpeechRequest else "serialization") for m in models],
                                  ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
@@ -90,11 +92,16 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                                                      "(no samples at all where the model ends the text at its "
                                                      "first frame)",
                                       "headers": headers, "content": audio},
-                              "400": error("Invalid request"), "401": error("Missing or wrong API key"),
+                              "400": error("Invalid request, or a `ref_audio` that cannot be used (not base64, "
+                                           "not audio, too long, silent, ...; refused on checkpoints that do not "
+                                           "clone)"), "401": error("Missing or wrong API key"),
                               "404": error("Unknown model"), "408": error("The body stalled (--body-timeout)"),
-                              "413": error("Body too large"),
+                              "413": error("Body too large (64 KiB; an upload's limit when it names `ref_audio` "
+                                           "in its first 64 KiB)"),
                               "500": error("The engine failed before any audio (a stream that fails later is cut "
                                            "off: its chunked body never ends)"),
+                              "501": error("The format (mp3, the default, or another compressed one) or a speed "
+                                           "needs PyAV, which this server lacks"),
                               "503": error("Batch and queue full (Retry-After says when to try again), or the "
                                            "engine stopped")}, **secured}},
             "/v1/models": {"get": {"operationId": "listModels", "summary": "The served checkpoint and what it can do",
@@ -123,7 +130,11 @@ def openapi(model_id: str, voices: list[str], languages: list[str], auth: bool) 
                     "application/json": {"schema": ref("VoiceDeleted")}}},
                     "400": error("A built-in voice (it cannot be deleted)"), "401": error("Missing or wrong API key"),
                     "404": error("No such voice")}, **secured}},
-            "/v1/audio/voices": {"post": {
+            "/v1/audio/voices": {"get": {
+                "operationId": "listAudioVoices", "summary": "Every voice a speech request may name, with the names "
+                                                             "that speak it (--voice-alias, OpenAI's voice names)",
+                "responses": {"200": answer("ListedVoices", "Every voice"), "401": error("Missing or wrong API key")},
+                **secured}, "post": {
                 "operationId": "createAudioVoice", "summary": "OpenAI's voice from an audio sample and a consent "
                                                               "recording (Base checkpoints), made as POST /v1/voices "
                                                               "makes one; its id works as a speech request's "

@@ -25,6 +25,8 @@ from ...errors import InputError
 from ...pipeline.sampling import Sampling
 
 MAX_BODY_BYTES = 64 * 1024
+REF_AUDIO_FIELD = b'"ref_audio"'  # a speech body that names it among its first MAX_BODY_BYTES may be as large as an
+#                                  upload (MAX_UPLOAD_BYTES): it carries a voice clip
 BODY_TIMEOUT = 10.0      # seconds a request body may send nothing before it is dropped (408)
 BODY_DEADLINE_TIMES = 12  # ... and the whole body must come within this many of them (a trickle is dropped too)
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a voice upload: a minute of 48 kHz stereo 16-bit wav fits (15 s are used)
@@ -38,6 +40,10 @@ MAX_LIST = 100           # OpenAI's list endpoints: `limit` from 1 to 100, 20 by
 SEED_HEADER = "X-Seed"   # every speech answer says the seed it sampled with
 STREAM_FORMATS = ("audio", "sse")
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # what OpenAI clients send: all mean the loaded model
+# OpenAI's built-in voices, as its SDK lists them (openai.types.audio.speech_create_params.Voice): each speaks a voice
+# this server has (`--voice-alias NAME=VOICE`, else the default voice), unless a voice of that name exists
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+                 "marin", "cedar")
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "greedy")
 ResponseFormat = Literal[tuple(FORMATS)]  # one list of formats: the encoder's
 
@@ -66,16 +72,18 @@ class SpeechRequest(BaseModel):
     input: Annotated[str, AfterValidator(_not_blank)] = Field(
         min_length=1, max_length=MAX_INPUT_CHARS, description="The text to speak; a long one is spoken segment by "
                                                               "segment with short pauses.")
-    voice: Annotated[str, Field(pattern=VOICE_PATTERN)] | VoiceRef = Field(
-        description="A built-in speaker (CustomVoice checkpoints), the NAME of NAME.wav in --voices (Base "
-                    "checkpoints), or `design` (VoiceDesign); also as OpenAI's object `{\"id\": ID}`, ID a voice's id "
-                    "from POST /v1/audio/voices or its NAME. GET /v1/models lists them.")
+    voice: Annotated[str, Field(pattern=VOICE_PATTERN)] | VoiceRef | None = Field(
+        None, description="A built-in speaker (CustomVoice checkpoints), the NAME of NAME.wav in --voices (Base "
+                          "checkpoints), or `design` (VoiceDesign); also as OpenAI's object `{\"id\": ID}`, ID a "
+                          "voice's id from POST /v1/audio/voices or its NAME; OpenAI's voice names (alloy, ...) speak "
+                          "the voice --voice-alias gives them, else the default voice. GET /v1/audio/voices lists "
+                          "them. Required unless `ref_audio` is given (which then speaks instead).")
 
     model: str | None = Field(None, description="The served checkpoint's name, or one of "
                                                 f"{', '.join(OPENAI_MODELS)} (all mean it).")
-    response_format: ResponseFormat = Field("wav", description="mp3, opus (Ogg Opus), aac (ADTS), flac, wav (16-bit, "
-                                            "length unknown) or pcm (16-bit little-endian); all 24 kHz mono, "
-                                            "streamed as generated.")
+    response_format: ResponseFormat = Field("mp3", description="mp3 (the default, as OpenAI's), opus (Ogg Opus), aac "
+                                            "(ADTS), flac, wav (16-bit, length unknown) or pcm (16-bit "
+                                            "little-endian); all 24 kHz mono, streamed as generated.")
     speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED, description="Tempo, at the same pitch (FFmpeg's atempo): "
                          "0.5 takes twice as long, 2.0 half; applied piece by piece as the audio streams.")
     language: str = Field("auto", max_length=64, description="A language of the checkpoint, or auto.")
@@ -94,11 +102,18 @@ class SpeechRequest(BaseModel):
                              "bit. Unset: a fresh seed for every request; the answer's X-Seed header says which, so "
                              "any take can be replayed.")
     greedy: bool | None = Field(None, description="Argmax decoding instead of sampling.")
+    ref_audio: str | None = Field(None, min_length=1, description="A voice clip sent with the request (Base "
+                                  "checkpoints): a wav, flac, ogg or mp3 file in base64, or a `data:` URI holding "
+                                  "one; checked as an uploaded clip is (POST /v1/voices), its voice built once and "
+                                  "kept in a small cache by the clip's hash. The body may then be as large as an "
+                                  "upload.")
+    ref_text: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS, description="What `ref_audio` says: the "
+                                 "voice then clones in ICL mode (else from the x-vector alone).")
 
     @property
-    def voice_name(self) -> str:
+    def voice_name(self) -> str | None:
         """The voice asked for, given as a name or as `{"id": ...}` (a name, or an id `parse_speech` resolves)."""
-        return self.voice if isinstance(self.voice, str) else self.voice.id
+        return self.voice if isinstance(self.voice, str) or self.voice is None else self.voice.id
 
 
 REQUEST_FIELDS = tuple(SpeechRequest.model_fields)
@@ -192,6 +207,22 @@ class AudioVoiceDeleted(BaseModel):
     deleted: bool = True
 
 
+class ListedVoice(VoiceInfo):
+    """One voice of `GET /v1/audio/voices`: `VoiceInfo`, and the names that speak it too."""
+    id: str = Field(description="Its OpenAI voice id (`voice_...`) where it has one, else its name: either names it "
+                                "in a speech request's `voice`.")
+    object: Literal["audio.voice"] = "audio.voice"
+    aliases: list[str] = Field(description="Other names a speech request may give for it: --voice-alias's, and "
+                                           "OpenAI's voice names (alloy, ...) for the default voice.")
+    default: bool = Field(description="Whether OpenAI's voice names speak it when no --voice-alias says otherwise.")
+
+
+class ListedVoices(BaseModel):
+    """The answer to `GET /v1/audio/voices`: every voice a speech request may name, as an OpenAI list."""
+    object: Literal["list"] = "list"
+    data: list[ListedVoice]
+
+
 class VoiceConsent(BaseModel):
     """OpenAI's consent recording: what `POST /v1/audio/voices` names as its `consent`."""
     id: str
@@ -283,27 +314,34 @@ class Served:
 @dataclass
 class Speech:
     """A speech request, read and checked: what the engine speaks (its sampling resolved: the seed it will use is
-    known before any work) and how the answer is encoded and sent."""
+    known before any work) and how the answer is encoded and sent. `voice` is None where the request brings its
+    own clip, `ref_audio` (base64 or a `data:` URI, decoded by `refs.RefVoices`), with its transcript `ref_text`."""
     text: str
     format: str
     language: str
-    voice: str
+    voice: str | None
     sampling: Sampling
     instructions: str | None
     speed: float = 1.0
     stream_format: str = "audio"
+    ref_audio: str | None = None
+    ref_text: str | None = None
 
 
-async def read_body(request, limit: int = MAX_BODY_BYTES, timeout: float = BODY_TIMEOUT) -> bytes:
+async def read_body(request, limit: int = MAX_BODY_BYTES, timeout: float = BODY_TIMEOUT,
+                    clip: int | None = None) -> bytes:
     """The request's body, refused (413) past `limit` bytes before it is read: at once from its Content-Length,
-    else as soon as the bytes read pass it. A body that sends nothing for `timeout` seconds, or has not all come
+    else as soon as the bytes read pass it. With `clip` (a speech request, which may carry `ref_audio`), a body that
+    holds REF_AUDIO_FIELD within its first `limit` bytes may go on to `clip` bytes (an upload's limit); any other
+    is refused as it passes `limit`. A body that sends nothing for `timeout` seconds, or has not all come
     after BODY_DEADLINE_TIMES of them, is dropped: a 408 that closes the connection (a stalled client holds no
     connection, and none of uvicorn's places, for longer)."""
     import asyncio
 
+    most = max(limit, clip or 0)
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
-        raise RequestError(413, f"request body over {limit} bytes" if length.isdigit() else
+    if length is not None and (not length.isdigit() or int(length) > most):
+        raise RequestError(413, _over(limit, clip) if length.isdigit() else
                            "the Content-Length header is not a number")
     body = bytearray()
     chunks = request.stream().__aiter__()
@@ -321,15 +359,22 @@ async def read_body(request, limit: int = MAX_BODY_BYTES, timeout: float = BODY_
             raise RequestError(408, f"the request body {why}: dropped", code="body_timeout",
                                headers={"Connection": "close"}) from None
         body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"request body over {limit} bytes")
+        if len(body) > limit and not (clip and REF_AUDIO_FIELD in body[:limit] and len(body) <= clip):
+            raise RequestError(413, _over(limit, clip))
     return bytes(body)
 
 
-def parse_speech(body: bytes, served: Served, voices: list[str], ids: dict[str, str] | None = None) -> Speech:
+def _over(limit: int, clip: int | None) -> str:
+    return f"request body over {limit} bytes" + (f" ({clip} with `ref_audio`, named among the first {limit})"
+                                                 if clip else "")
+
+
+def parse_speech(body: bytes, served: Served, voices: list[str], ids: dict[str, str] | None = None,
+                 aliases: dict[str, str] | None = None) -> Speech:
     """The speech request in `body`, validated (`SpeechRequest`, then against the `served` checkpoint and its
-    `voices`; `{"id": ...}` that names no voice is looked up in `ids`, {OpenAI voice id: name}); a `RequestError`
-    (4xx) for anything wrong."""
+    `voices`; `{"id": ...}` that names no voice is looked up in `ids`, {OpenAI voice id: name}, and a name of no
+    voice in `aliases`, {name: voice}, `Voices.aliases`); a `RequestError` (4xx) for anything wrong. With
+    `ref_audio` the request's `voice` is not looked up: the clip speaks (the SDK needs a `voice` all the same)."""
     try:
         obj = json.loads(body)
     except RecursionError:
@@ -351,22 +396,43 @@ def parse_speech(body: bytes, served: Served, voices: list[str], ids: dict[str, 
         raise RequestError(400, f"this checkpoint ({served.kind}, {served.size}) cannot follow `instructions`: "
                                 "Base checkpoints clone a voice and 0.6B CustomVoice ones ignore style prompts; the "
                                 "1.7B CustomVoice and VoiceDesign checkpoints follow them", "instructions")
+    if req.ref_audio is not None and served.kind != "base":
+        raise RequestError(400, f"this checkpoint ({served.kind.replace('_', ' ')}) cannot clone `ref_audio`: it has "
+                                "no speaker encoder (the part of a Base checkpoint that makes a voice from a clip); "
+                                + ("it speaks the voice `instructions` describe" if served.kind == "voice_design"
+                                   else "it speaks its built-in speakers (GET /v1/audio/voices)"), "ref_audio",
+                           code="cannot_clone")
     if req.language.lower() not in served.languages:
         raise RequestError(400, f"unknown language {shown(req.language)}; valid: {', '.join(served.languages)}",
                            "language")
-    voice = req.voice_name
-    if isinstance(req.voice, VoiceRef) and voice not in voices:
-        voice = (ids or {}).get(voice, voice)
-    if voice not in voices and voice.lower() not in served.speakers:
-        raise RequestError(400, f"unknown voice {shown(voice)}; valid: "
-                                f"{', '.join(voices) or '(none: pass --voices DIR)'}", "voice")
+    voice = None if req.ref_audio is not None else _voice(req, served, voices, ids or {}, aliases or {})
     given = {k: getattr(req, k) for k in SAMPLING_FIELDS if getattr(req, k) is not None}
     try:
         sampling = served.sampling.replace(**given).resolve()  # no seed: this request's fresh one
     except InputError as e:
         raise RequestError(400, str(e), next(iter(given), None)) from None
     return Speech(req.input, req.response_format, req.language.lower(), voice, sampling, instructions,
-                  float(req.speed), req.stream_format)
+                  float(req.speed), req.stream_format, req.ref_audio, (req.ref_text or "").strip() or None)
+
+
+def _voice(req: SpeechRequest, served: Served, voices: list[str], ids: dict[str, str],
+           aliases: dict[str, str]) -> str:
+    """The voice a request without `ref_audio` names: by name, by OpenAI id, or through an alias; a 400 for none."""
+    asked = voice = req.voice_name
+    if req.ref_text is not None:
+        raise RequestError(400, "`ref_text` is the transcript of `ref_audio`, which the request does not give",
+                           "ref_text")
+    if voice is None:
+        raise RequestError(400, "`voice` is required (or a clip in `ref_audio`)", "voice")
+    if isinstance(req.voice, VoiceRef) and voice not in voices:
+        voice = ids.get(voice, voice)
+    if voice not in voices and voice.lower() not in served.speakers:
+        voice = aliases.get(voice, voice)
+    if voice not in voices and voice.lower() not in served.speakers:
+        speaks = f" (what {asked!r} speaks: --voice-alias, --default-voice)" if voice != asked else ""
+        raise RequestError(400, f"unknown voice {shown(voice)}{speaks}; valid: "
+                                f"{', '.join(voices) or '(none: pass --voices DIR)'}", "voice")
+    return voice
 
 
 

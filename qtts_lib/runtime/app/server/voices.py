@@ -84,11 +84,18 @@ class Voices:
 
     After the start every build runs on one thread of its own (`builder`), never on the engine's: a running stream
     never waits for the voice encoders (they share the CPU meanwhile), and the builder's OpenMP workers are released
-    after each build (`binding.net.release_threads`). `get`, on the event loop, only hands out what is built."""
+    after each build (`binding.net.release_threads`). `get`, on the event loop, only hands out what is built.
+
+    OpenAI's voice names (`schema.OPENAI_VOICES`: alloy, ...) speak a voice the store has: the one `alias` gives
+    (`--voice-alias NAME=VOICE`, any NAME), else the default voice (`default`, `--default-voice`; else the first
+    stored voice in name order that can be used, else the checkpoint's first built-in speaker), unless a voice of
+    that name exists (`aliases`)."""
 
     def __init__(self, synth, folder: Path | None, log: Callable[[str], None] | None = None,
-                 quota: Quota = Quota(MAX_VOICES, VOICES_MB), consent_quota: Quota = Quota(MAX_CONSENTS, CONSENTS_MB)):
+                 quota: Quota = Quota(MAX_VOICES, VOICES_MB), consent_quota: Quota = Quota(MAX_CONSENTS, CONSENTS_MB),
+                 alias: dict[str, str] | None = None, default: str | None = None):
         self.synth, self.folder, self.quota, self.consent_quota = synth, folder, quota, consent_quota
+        self.alias, self.default_name = dict(alias or {}), default
         self.log = log or (lambda m: print(f"qtts serve: {m}", file=sys.stderr))
         if self.folder is not None and self.clones:
             self._clean()
@@ -115,6 +122,38 @@ class Voices:
             return [DESIGNED]
         files = sorted(self.folder.glob("*.wav")) if self.folder and self.clones else []
         return self.synth.speakers + [f.stem for f in files if re.match(VOICE_PATTERN, f.stem)]
+
+    def default(self) -> str | None:
+        """The voice OpenAI's voice names speak when no alias names one (None: the store has no voice)."""
+        if self.default_name is not None:
+            return self.default_name
+        names = self.names()
+        stored = [n for n in names if not self.builtin(n) and n not in self.broken]
+        return stored[0] if stored else next((n for n in names if self.builtin(n)), None)
+
+    def aliases(self) -> dict[str, str]:
+        """{name: voice} for every name a request may give that is no voice's own: `alias`'s, and OpenAI's voice
+        names the default voice."""
+        from .schema import OPENAI_VOICES
+
+        names, default = set(self.names()), self.default()
+        given = ({n: default for n in OPENAI_VOICES} if default is not None else {}) | self.alias
+        return {n: voice for n, voice in given.items() if n not in names and not self.builtin(n)}
+
+    def check_aliases(self) -> None:
+        """An `InputError` unless `alias` and `default` name voices the store has (at the start; a voice deleted
+        later is refused when a request names it)."""
+        for option, name in [("--default-voice", self.default_name)] + [
+                (f"--voice-alias {n}={v}", v) for n, v in self.alias.items()]:
+            if name is not None and not self.exists(name):
+                raise InputError(f"{option}: no voice named {name!r}; this server's voices are "
+                                 f"{', '.join(self.names()) or 'none'}")
+
+    def listed(self) -> list[dict]:
+        """`schema.ListedVoice` of every voice: `info`, each with the names that speak it."""
+        aliases, default = self.aliases(), self.default()
+        return [v | {"id": v["id"] or v["name"], "default": v["name"] == default,
+                     "aliases": sorted(n for n, voice in aliases.items() if voice == v["name"])} for v in self.info()]
 
     def builtin(self, name: str) -> bool:
         """A voice of the checkpoint's own (a speaker, or `design`): never a file, never deleted."""
@@ -301,6 +340,10 @@ class Voices:
         self.built.pop(name, None)
         self.broken.pop(name, None)
         self.ids = {n: i for n, i in self.ids.items() if n != name}
+
+    async def off_loop(self, work, *args):
+        """`work(*args)` on the builder's thread (a voice from a request's own clip: `refs.RefVoices`)."""
+        return await asyncio.get_running_loop().run_in_executor(self.builder, self._released, work, *args)
 
     @staticmethod
     def _released(work, *args):
