@@ -37,12 +37,13 @@ with the names that speak it. A request may instead bring its own clip, `ref_aud
 URI) with its transcript `ref_text` for ICL (Base checkpoints; the others have no speaker encoder and refuse it):
 checked as an upload is, and its voice built once, cached by the clip's hash (`refs.RefVoices`).
 
-Audio is 24 kHz mono, encoded piece by piece as frames are generated and sent as it is encoded (chunked transfer,
-`audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind a header of unknown length, mp3, Ogg Opus, ADTS AAC and
-FLAC through FFmpeg. With `stream_format: "sse"` the same bytes come as OpenAI's server-sent events: a
-`speech.audio.delta` event per chunk (its bytes in base64, in any response_format), then `speech.audio.done` with
-the usage (the input's text tokens, the audio frames generated). A long `input` is spoken segment by segment with
-short pauses (`pipeline.longform.LongText`, chapter 16), each segment capped by its own length and by `--max-frames`.
+Audio is 24 kHz mono, encoded piece by piece as frames are generated (on FFmpeg's own threads, off the event loop:
+`reply.ENCODING`) and sent as it is encoded (chunked transfer, `audio.encode.Encoder`): `pcm` raw 16-bit, `wav` behind a
+header of unknown length, mp3, Ogg Opus, ADTS AAC and FLAC through FFmpeg. With `stream_format: "sse"` the same bytes
+come as OpenAI's server-sent events: a `speech.audio.delta` event per chunk (its bytes in base64, in any
+response_format), then `speech.audio.done` with the usage (the input's text tokens, the audio frames generated). A long
+`input` is spoken segment by segment with short pauses (`pipeline.longform.LongText`, chapter 16), each segment capped
+by its own length and by `--max-frames`.
 
 The server is three parts, each its own module: the engine (`engine.Engine`: the one thread that runs ncnn, the
 batch, long texts, backlog, deadlines and the watchdog; its whole surface is `speak` and `status`), the voice store

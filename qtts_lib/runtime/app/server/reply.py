@@ -1,5 +1,9 @@
 """`qtts serve`'s answer to a speech request: the engine's audio pieces through the tempo filter and the encoder of
 the request's format, streamed as an ASGI response (chunked bytes, or OpenAI's server-sent events). Introduced in 18.
+
+FFmpeg's work (an mp3 frame, an atempo window) runs on a small pool of threads of its own (`ENCODING`), never on the
+event loop: a slow encode holds up only its own stream, never /health or another request. Each reply hands the pool
+one piece at a time and waits for its bytes before the next, so its pieces stay in order.
 """
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import base64
 import json
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ...audio.encode import Encoder
 from ...audio.tempo import Tempo
@@ -17,19 +22,28 @@ from .engine import EngineFailed, Job, Unavailable
 from .schema import SEED_HEADER
 
 SEND_TIMEOUT = 30.0      # seconds a client may take no audio at all before it is dropped
+ENCODE_THREADS = 2       # FFmpeg's threads, shared by every reply: encoding 24 kHz mono is far faster than real time
+ENCODING = ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="qtts-encode")  # threads start on first use
 
 
 class Reply:
     """One speech request's answer, on the event loop: wait for its first audio (or its client leaving), then
     stream the rest (`AudioResponse`): each piece through the tempo filter (`audio.tempo.Tempo`, the request's
     `speed`) and the encoder of its format, as it comes. However it ends, `close` frees its place once and counts
-    its outcome. Raises `InputError` when PyAV is missing for the format or the speed."""
+    its outcome. Raises `InputError` when PyAV is missing for the format or the speed. The filter and the encoder
+    run on `ENCODING`'s threads, one piece of this reply at a time (`_off_loop`)."""
 
     def __init__(self, job: Job, metrics, received: float, send_timeout: float):
         self.job, self.metrics, self.received = job, metrics, received
         self.send_timeout, self.outcome = send_timeout, "abandoned"
         self.encoder = Encoder(job.speech.format)
         self.tempo = Tempo(job.speech.speed)
+        self._work: Future | None = None  # the piece being encoded, if any
+
+    async def _off_loop(self, work, *args) -> bytes:
+        """`work(*args)` on an `ENCODING` thread, awaited: the next piece is handed over only once this one is done."""
+        self._work = ENCODING.submit(work, *args)
+        return await asyncio.wrap_future(self._work)
 
     def _piece(self, value) -> bytes:
         return self.encoder.write(self.tempo.write(value))
@@ -73,7 +87,7 @@ class Reply:
         """The encoded stream from the first message on; raises `BrokenStream` when the engine fails."""
         first = True
         while kind == "audio":
-            chunk = self._piece(value)
+            chunk = await self._off_loop(self._piece, value)
             if chunk:
                 if first:
                     self.metrics.time_to_first_audio.observe(time.monotonic() - self.received)
@@ -86,7 +100,7 @@ class Reply:
             except EngineFailed as e:
                 self.outcome = "error"
                 raise BrokenStream(str(e)) from None
-        rest = self._rest()
+        rest = await self._off_loop(self._rest)
         self.outcome = "done"
         audio_s = self.encoder.samples / SAMPLE_RATE
         self.metrics.audio_seconds.inc(audio_s)
@@ -98,8 +112,11 @@ class Reply:
 
     def close(self) -> None:
         self.job.close()
-        if self.outcome != "done":
-            self.encoder.discard()
+        if self.outcome != "done":  # after the piece being encoded, if any (on its thread): never beside it
+            if self._work is None:
+                self.encoder.discard()
+            else:
+                self._work.add_done_callback(lambda _: self.encoder.discard())
         self.metrics.streams.labels(self.job.speech.format, self.outcome).inc()
 
 
