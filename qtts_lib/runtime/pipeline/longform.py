@@ -33,6 +33,11 @@ rounding whatever the pieces (the codec's transformer runs over each piece's fra
 
 Work is bounded before it starts: `plan` gives every segment its frame cap, and a `budget` (frames) refuses a text
 whose caps add up to more (`BudgetError`, an `InputError`), so no request holds a place for longer than its budget.
+
+Where each segment's audio starts and ends is known as it is given out: `LongText.spans` (a `Span` per segment, in
+seconds of the text's audio, as each segment completes; `on_span` hears each), `LongResult.spans()` for a whole text.
+A text may also arrive in pieces (`LongText.extend`, `pipeline.textstream`): then the pause after a segment waits
+until the next segment or the text's end is known, and the text is done only once it is closed (`close_text`).
 """
 from __future__ import annotations
 
@@ -74,6 +79,18 @@ class TextSegment:
     codes: np.ndarray | None = None   # (frames, 16)
 
 
+@dataclass
+class Span:
+    """Where one segment's audio lies in its text's audio: `start` and `end` in seconds (its fades included, the
+    pauses around it not), and the segment's text."""
+    text: str
+    start: float
+    end: float
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "start": round(self.start, 6), "end": round(self.end, 6)}
+
+
 class BudgetError(InputError):
     """A text whose segments may take more frames than its budget allows."""
 
@@ -97,6 +114,10 @@ class LongResult:
     segments: list[TextSegment]
     pause_samples: int
     seed: int | None = None
+
+    def spans(self) -> list[Span]:
+        """Each segment's `Span` in `wav`."""
+        return [Span(s.text, s.start / SAMPLE_RATE, (s.start + s.samples) / SAMPLE_RATE) for s in self.segments]
 
 
 def plan(synth: Synthesizer, text: str, max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
@@ -184,7 +205,7 @@ class LongText:
         self.first_frames, self.rtf = first_frames, rtf
         self.sampling = (synth.sampling if sampling is None else sampling).resolve()
         self.pause_samples = int(round(pause * SAMPLE_RATE))
-        fade_samples = int(round(fade_seconds * SAMPLE_RATE))
+        fade_samples = self.fade_samples = int(round(fade_seconds * SAMPLE_RATE))
         self.ahead, self.on_segment, self.on_frame, self.on_warning = max(1, ahead), on_segment, on_frame, on_warning
         n = len(self.segments)
         self.faders = [Fader(fade_samples) for _ in range(n)]
@@ -194,13 +215,43 @@ class LongText:
         self.tickets: dict[int, tuple[int, object]] = {}              # ticket id -> (segment, ticket)
         self.submitted = self.current = 0
         self.held = False
+        self.text_open = False      # more segments may come (`extend`) until `close_text`
+        self.pause_due = False      # a segment ended: a pause goes out before the next one, if one comes
+        self.at = 0                 # samples given out so far
+        self.spans: list[Span] = []
+        self.on_span: Callable[[Span], None] | None = None
+        self.budget = budget
         self.lane = scheduler.lane()
         self.started = time.perf_counter()
         self._fill()
 
     @property
     def done(self) -> bool:
+        """Every segment given out, and no more to come."""
+        return self.current >= len(self.segments) and not self.text_open
+
+    @property
+    def idle(self) -> bool:
+        """Every segment known so far given out: nothing to do until `extend` brings more (or `close_text`)."""
         return self.current >= len(self.segments)
+
+    def extend(self, planned: list[TextSegment], more: bool = True) -> None:
+        """Segments that follow the text's last (`plan`'s, of the text that came since); `more`: whether others may
+        still follow (`close_text` says none will). The budget counts them all: a `BudgetError` refuses the ones
+        that would go over it, before any of them is submitted."""
+        check_budget(self.segments + planned, self.budget)
+        n = len(planned)
+        self.segments += planned
+        self.faders += [Fader(self.fade_samples) for _ in range(n)]
+        self.ready += [[] for _ in range(n)]
+        self.spoken += [[] for _ in range(n)]
+        self.finished += [False] * n
+        self.text_open = more
+        self._fill()
+
+    def close_text(self) -> None:
+        """No segment follows those given (`extend`)."""
+        self.text_open = False
 
     def _fill(self) -> None:
         n = len(self.segments)
@@ -237,19 +288,29 @@ class LongText:
             if self.on_segment:
                 self.spoken[i] += faded
         out = []
-        while not self.done:
+        while self.current < len(self.segments):
             i = self.current
+            if self.pause_due:
+                out.append(np.zeros(self.pause_samples, np.float32))
+                self.at += self.pause_samples
+                self.pause_due = False
+                self.segments[i].start = self.at
             out += self.ready[i]
+            self.at += sum(len(p) for p in self.ready[i])
             self.ready[i] = []
             if not self.finished[i]:
                 break
+            seg = self.segments[i]
+            span = Span(seg.text, seg.start / SAMPLE_RATE, (seg.start + seg.samples) / SAMPLE_RATE)
+            self.spans.append(span)
+            if self.on_span:
+                self.on_span(span)
             if self.on_segment:
-                self.on_segment(i, len(self.segments), self.segments[i], np.concatenate(self.spoken[i]) if
+                self.on_segment(i, len(self.segments), seg, np.concatenate(self.spoken[i]) if
                                 self.spoken[i] else np.zeros(0, np.float32))
                 self.spoken[i] = []
             self.current += 1
-            if not self.done:
-                out.append(np.zeros(self.pause_samples, np.float32))
+            self.pause_due = True
         self._fill()
         return out
 

@@ -1,0 +1,166 @@
+"""Text streamed in, audio streamed out: a long text whose text arrives in pieces (a language model's answer, token
+by token), spoken segment by segment as soon as each segment's text is decided. Introduced in 16.
+
+    stream = TextStream(synth, "english", voice, Sampling(seed=7))
+    for delta in deltas:                         # as the text comes
+        stream.feed(delta)
+        while not stream.idle:                   # what the text so far allows
+            play(stream.step())
+    stream.finish()                              # no more text
+    while not stream.done:
+        play(stream.step())
+    stream.spans                                 # [Span(text, start, end)], seconds in the audio
+
+The text goes through `text.segment_stream.SegmentStream` (the whole text's segments, each given out once the text
+so far decides it) and each segment, as it comes, joins the text's `longform.LongText` (`extend`): the segments,
+their seeds (the text's seed + i), frame caps, fades, pauses and first piece are those `longform.stream_long` gives
+the whole text, so with the same seed and pieces the audio is the same, sample for sample, however the text was cut
+into deltas and whenever they came (one segment at a time, `max_batch` 1, as `stream_long` runs by default; a batch
+of several is the same only to float rounding, chapter 17).
+
+Every prompt kind starts a segment once its text is complete: ICL, built-in-speaker and VoiceDesign prompts hold the
+whole text in the prefill (`prompt.PromptBuilder.build`), and so does `frame_cap`, scaled by the segment's tokens.
+(An x-vector prompt reads its text one token a frame, `Prompt.trailing`, so a segment could start before its text is
+complete; this module does not do that yet.) When the text stalls, the stream waits (`idle`): it never feeds the
+talker anything the whole text would not have. The pause after a segment goes out with the next segment, once the
+text says one comes.
+
+A server's engine runs one `Scheduler` for all its requests: pass it (`scheduler=`) and hand every step's events to
+`take` instead of calling `step`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import InputError
+from ..text.segment_stream import SegmentStream
+from .longform import (
+    FADE_SECONDS,
+    FIRST_FRAMES,
+    MAX_SEGMENT_TOKENS,
+    PAUSE_SECONDS,
+    LongText,
+    Span,
+    TextSegment,
+)
+from .prompt import FRAMES_PER_TOKEN, MARGIN_FRAMES, Voice, frame_cap
+from .sampling import Sampling
+from .scheduler import Event, Scheduler
+
+if TYPE_CHECKING:
+    from .synthesizer import Synthesizer
+
+
+class TextStream:
+    """One text fed in deltas (`feed`, then `finish`), its audio out in float32 pieces (`step`, or `take` over a
+    shared scheduler's events); `spans` grows by a `Span` as each segment's audio completes (`on_span` hears each).
+    The arguments are `longform.stream_long`'s. `seed` is the text's seed (drawn on creation when the sampling has
+    none)."""
+
+    def __init__(self, synth: Synthesizer, language: str, voice: Voice, sampling: Sampling | None = None,
+                 max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
+                 frames_per_token: float = FRAMES_PER_TOKEN, margin: int = MARGIN_FRAMES, chunk_frames: int = 4,
+                 pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS, max_batch: int = 1,
+                 scheduler: Scheduler | None = None, budget: int | None = None,
+                 first_frames: int | None = FIRST_FRAMES, on_frame: Callable[[int], None] | None = None,
+                 on_warning: Callable[[str], None] | None = None, on_span: Callable[[Span], None] | None = None):
+        self.count = synth.prompts.text_tokens
+        self.segmenter = SegmentStream(max_tokens, self.count)
+        self.caps = (max_frames, frames_per_token, margin)
+        self.own = scheduler is None
+        self.scheduler = Scheduler(synth, max_batch) if self.own else scheduler
+        try:
+            self.long = LongText(synth, self.scheduler, "", language, voice, sampling, max_tokens, max_frames,
+                                 frames_per_token, margin, chunk_frames, pause, fade_seconds,
+                                 ahead=self.scheduler.max_batch, on_frame=on_frame, on_warning=on_warning,
+                                 budget=budget, planned=[], first_frames=first_frames)
+        except BaseException:
+            self.close()
+            raise
+        self.long.on_span = on_span
+        self.long.text_open = True
+
+    @property
+    def seed(self) -> int:
+        return self.long.sampling.seed
+
+    @property
+    def segments(self) -> list[TextSegment]:
+        """The segments decided so far (with what each produced, once it has)."""
+        return self.long.segments
+
+    @property
+    def spans(self) -> list[Span]:
+        """A `Span` per segment whose audio is all given out, in order."""
+        return self.long.spans
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to do until more text comes (or `finish`): every decided segment's audio is given out."""
+        return self.long.idle
+
+    @property
+    def done(self) -> bool:
+        """The text is finished and all its audio given out."""
+        return self.long.done
+
+    def feed(self, delta: str) -> list[TextSegment]:
+        """More text; the segments it decides (already queued to be spoken). Bad input (a segment over the
+        budget, a language the checkpoint lacks) raises `InputError` here."""
+        if not isinstance(delta, str):
+            raise InputError(f"a text delta is text, not {type(delta).__name__}")
+        return self._add(self.segmenter.feed(delta), more=True)
+
+    def finish(self) -> list[TextSegment]:
+        """No more text: the last segments (the text's end decides them)."""
+        added = self._add(self.segmenter.finish(), more=False)
+        if not self.long.segments:
+            raise InputError("the text is empty")
+        return added
+
+    def _add(self, texts: list[str], more: bool) -> list[TextSegment]:
+        planned = [TextSegment(s, n, frame_cap(n, *self.caps)) for s in texts for n in [self.count(s)]]
+        self.long.extend(planned, more)
+        return planned
+
+    def step(self) -> list[np.ndarray]:
+        """One step of this stream's own scheduler, and the audio it gives (maybe none); nothing while `idle`."""
+        if not self.own:
+            raise RuntimeError("this stream runs on a shared scheduler: hand its steps' events to `take`")
+        return [] if self.idle else self.take(self.scheduler.step())
+
+    def take(self, events: list[Event]) -> list[np.ndarray]:
+        """The audio that is next in order, from one `Scheduler.step`'s events (others' are ignored)."""
+        return self.long.take(events)
+
+    def hold(self, held: bool) -> None:
+        """Submit no more segments for now (a reader far behind), or go on (`LongText.hold`)."""
+        self.long.hold(held)
+
+    def close(self) -> None:
+        """Stop every segment waiting or running (and this stream's own scheduler)."""
+        if hasattr(self, "long"):
+            self.long.cancel()
+        if self.own:
+            self.scheduler.close()
+
+
+def stream_text(synth: Synthesizer, deltas: Iterable[str], language: str, voice: Voice,
+                sampling: Sampling | None = None, **options) -> Iterator[np.ndarray]:
+    """`TextStream` over an iterable of text deltas: a delta is taken when the stream has nothing else to do (the
+    text as late as it can come), and the pieces are yielded as they are made. `options` are `TextStream`'s.
+    Concatenated, the pieces are `longform.stream_long`'s for the joined text with the same seed and options."""
+    stream = TextStream(synth, language, voice, sampling, **options)
+    deltas = iter(deltas)
+    try:
+        while not stream.done:
+            if stream.idle:
+                delta = next(deltas, None)
+                stream.finish() if delta is None else stream.feed(delta)
+                continue
+            yield from stream.step()
+    finally:
+        stream.close()

@@ -1,0 +1,133 @@
+"""Text streamed in, audio streamed out (qtts_lib.runtime.pipeline.textstream): `stream_long`'s audio for the whole
+text, byte for byte, however the text is cut and whenever it comes; the segments' spans in that audio."""
+import random
+
+import numpy as np
+import pytest
+
+from qtts_lib import paths
+from qtts_lib.runtime import Sampling
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, load_wav
+from qtts_lib.runtime.pipeline import longform
+from qtts_lib.runtime.pipeline.textstream import TextStream, stream_text
+from qtts_lib.runtime.text.segment import segments
+
+TEXT = ("The tutorial ports a speech model to a small runtime. Each chapter checks one claim against the reference. "
+        "Dr. Smith reads it aloud, e.g. on Mondays. Long texts are cut into sentences! Are they packed into "
+        "segments? They are, and spoken one at a time with the same voice.")
+OPTIONS = dict(max_tokens=20, max_frames=6, chunk_frames=2)
+PAUSE = int(round(longform.PAUSE_SECONDS * SAMPLE_RATE))
+
+
+def _words(text: str, n: int) -> list[str]:
+    """`text` in pieces of n words (each piece keeps the space before its next word)."""
+    words = text.split(" ")
+    return [" ".join(words[i:i + n]) + (" " if i + n < len(words) else "") for i in range(0, len(words), n)]
+
+
+@pytest.fixture(scope="module")
+def voices(synth):
+    clip = load_wav(paths.voice_wav())
+    return {"xvector": synth.voice(wav=clip),
+            "icl": synth.voice(wav=clip, text=(paths.INPUTS / "voice.txt").read_text().strip())}
+
+
+def _whole(synth, voice, seed: int) -> np.ndarray:
+    return np.concatenate(list(longform.stream_long(synth, TEXT, "english", voice, Sampling(seed=seed), **OPTIONS)))
+
+
+@pytest.mark.parametrize("kind", ["xvector", "icl"])
+def test_streamed_text_gives_stream_longs_audio_byte_for_byte(synth, voices, kind):
+    voice = voices[kind]
+    whole = _whole(synth, voice, 11)
+    assert len(segments(TEXT, 20, synth.prompts.text_tokens)) >= 3
+    for n in (1, 4):   # the text as late as it can come, in pieces of n words
+        streamed = np.concatenate(list(stream_text(synth, _words(TEXT, n), "english", voice, Sampling(seed=11),
+                                                   **OPTIONS)))
+        assert streamed.tobytes() == whole.tobytes(), (kind, n)
+
+
+def test_text_that_comes_early_or_at_random_steps_gives_the_same_audio(synth, voices):
+    voice = voices["xvector"]
+    whole = _whole(synth, voice, 5)
+    rng = random.Random(3)
+    for _ in range(2):
+        cuts = sorted(rng.sample(range(1, len(TEXT)), 25))
+        deltas = [TEXT[a:b] for a, b in zip([0] + cuts, cuts + [len(TEXT)])]
+        stream = TextStream(synth, "english", voice, Sampling(seed=5), **OPTIONS)
+        pieces, steps = [], 0
+        while deltas or not stream.done:
+            if deltas and (stream.idle or rng.random() < 0.3):
+                stream.feed(deltas.pop(0))
+                if not deltas:
+                    stream.finish()
+                continue
+            pieces += stream.step()
+            steps += 1
+        assert np.concatenate(pieces).tobytes() == whole.tobytes()
+
+
+def test_audio_comes_before_the_text_is_finished_and_a_stalled_text_waits(synth, voices):
+    stream = TextStream(synth, "english", voices["xvector"], Sampling(seed=2), **OPTIONS)
+    assert stream.idle and not stream.done and stream.step() == []
+    first = _words(TEXT, 4)
+    heard = []
+    for delta in first[:6]:
+        assert stream.feed(delta) == []     # the first segment may still take "Dr. Smith ... on Mondays."
+    assert stream.idle and stream.step() == []
+    assert [s.text for s in stream.feed(first[6])] == [TEXT[:TEXT.index(" Dr.")]]   # "Long" is in: it does not fit
+    while not stream.idle:
+        heard += stream.step()
+    given = sum(len(p) for p in heard)
+    assert given == stream.segments[0].samples > 0        # spoken while the text still comes, and no pause yet:
+    assert not stream.scheduler and stream.step() == []   # nothing says a segment follows; stalled, nothing runs
+    for delta in first[7:]:
+        stream.feed(delta)
+    stream.finish()
+    while not stream.done:
+        heard += stream.step()
+    assert sum(len(p) for p in heard) > given
+    stream.close()
+
+
+def test_spans_lie_in_the_audio_one_per_segment(synth, voices):
+    spans = []
+    stream = TextStream(synth, "english", voices["xvector"], Sampling(seed=4), on_span=spans.append, **OPTIONS)
+    pieces = []
+    for delta in _words(TEXT, 3):
+        stream.feed(delta)
+        while not stream.idle:
+            pieces += stream.step()
+    stream.finish()
+    while not stream.done:
+        pieces += stream.step()
+    wav = np.concatenate(pieces)
+    texts = segments(TEXT, 20, synth.prompts.text_tokens)
+    assert spans == stream.spans and [s.text for s in spans] == texts
+    assert spans[0].start == 0 and spans[-1].end * SAMPLE_RATE == pytest.approx(len(wav))
+    for seg, span in zip(stream.segments, spans):
+        assert (span.end - span.start) * SAMPLE_RATE == pytest.approx(seg.samples) and seg.samples > 0
+    for a, b in zip(spans, spans[1:]):
+        assert (b.start - a.end) * SAMPLE_RATE == pytest.approx(PAUSE)
+        assert not wav[round(a.end * SAMPLE_RATE):round(b.start * SAMPLE_RATE)].any()   # the pause is silence
+    whole = longform.synthesize_long(synth, TEXT, "english", voices["xvector"], Sampling(seed=4), max_tokens=20,
+                                     max_frames=6, max_batch=1)
+    assert [s.as_dict() for s in whole.spans()] == [s.as_dict() for s in spans]
+
+
+def test_a_budget_refuses_the_segment_that_goes_over_it(synth, voices):
+    need = sum(s.cap for s in longform.plan(synth, TEXT, max_tokens=20, max_frames=6))
+    stream = TextStream(synth, "english", voices["xvector"], Sampling(seed=1), budget=need - 1, **OPTIONS)
+    with pytest.raises(longform.BudgetError):
+        for delta in _words(TEXT, 4):
+            stream.feed(delta)
+        stream.finish()
+    stream.close()
+
+
+def test_an_empty_text_is_refused(synth, voices):
+    stream = TextStream(synth, "english", voices["xvector"], **OPTIONS)
+    stream.feed("   ")
+    with pytest.raises(Exception, match="empty"):
+        stream.finish()
+    stream.close()
