@@ -1,5 +1,6 @@
 """`qtts serve` closed to abuse: every upload's decode is bounded (a few hundred kilobytes of FLAC can hold hours of
 silence), the voices folder under a quota, a voice's files written together."""
+import base64
 import io
 import json
 import subprocess
@@ -116,9 +117,9 @@ def upload(url: str, path: str, fields: dict, files: dict):
 
 
 def test_a_six_hour_upload_is_refused_with_the_server_s_memory_bounded(server):
-    """The same clips (length stated, length unstated) uploaded as a voice and as a consent recording: a 400 that
-    names the limit, at once, the server's peak memory (VmHWM, reset first through /proc/PID/clear_refs) grown by
-    less than 400 MB."""
+    """The same clips (length stated, length unstated) uploaded as a voice, as a consent recording and sent with a
+    speech request (`ref_audio`, in base64): a 400 that names the limit, at once, the server's peak memory (VmHWM,
+    reset first through /proc/PID/clear_refs) grown by less than 400 MB."""
     proc, url, _ = server
     bombs = [bomb(stated=True), bomb(stated=False)]
     rss, _ = peak_kb(proc.pid)
@@ -130,10 +131,15 @@ def test_a_six_hour_upload_is_refused_with_the_server_s_memory_bounded(server):
         answers.append(upload(url, "/v1/voices", {"name": "boom"}, {"audio": ("boom.flac", data, "audio/flac")}))
         answers.append(upload(url, "/v1/audio/voice_consents", {"name": "Boom", "language": "en"},
                               {"recording": ("boom.flac", data, "audio/flac")}))
+        speech = {"input": "Hi.", "ref_audio": base64.b64encode(data).decode()}
+        status, _, body = request(url, "/v1/audio/speech", speech, timeout=300)
+        answers.append((status, json.loads(body)))
     seconds = time.monotonic() - start
     _, peak = peak_kb(proc.pid)
+    assert len(answers) == 6
     for status, body in answers:
         assert status == 400 and "at most 60 s" in body["error"]["message"], body
+    assert [body["error"]["param"] for _, body in answers[2::3]] == ["ref_audio", "ref_audio"]
     assert (peak - rss) / 1024 < GROWTH_LIMIT_MB, (peak - rss, seconds)  # the time is reported, not asserted
     assert json.loads(request(url, "/health")[2])["status"] == "ok"
 
