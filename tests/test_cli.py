@@ -254,3 +254,37 @@ def test_qtts_export_converts_a_checkpoint_directory(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", str(tmp_path / "nothing")]) == 3
     assert "not a checkpoint directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_timestamps_say_where_each_segment_lies_in_the_audio(exported, tmp_path, capsys, stream):
+    """`--timestamps FILE`: one span per segment, in order, inside the audio, the pauses between them silent."""
+    import json
+
+    from qtts_lib.runtime.pipeline.longform import MAX_SEGMENT_TOKENS
+    from qtts_lib.runtime.text.bpe import Tokenizer
+    from qtts_lib.runtime.text.segment import segments
+
+    text = ("The tutorial ports a speech model to a small runtime. Each chapter checks one claim against the "
+            "reference, and every number lands in a report. Long texts are cut into sentences, packed into "
+            "segments, and spoken one segment at a time with the same voice. ") * 2
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    out, spans = tmp_path / "o.wav", tmp_path / "spans.json"
+    assert say("--voice", str(paths.voice_wav()), "--text-file", str(tmp_path / "t.txt"), "--max-frames", "5",
+               "--seed", "3", "--timestamps", str(spans), "-o", str(out), *(["--stream"] if stream else [])) == 0
+    wav, sr = sf.read(out, dtype="float32")
+    got = json.loads(spans.read_text(encoding="utf-8"))
+    tok = Tokenizer.from_dir(paths.model_dir(CKPT))
+    texts = segments(text, MAX_SEGMENT_TOKENS, lambda s: len(tok.encode(s, added_tokens=False)))
+    rows = got["segments"]
+    assert got["audio_seconds"] == pytest.approx(len(wav) / sr, abs=1e-6)
+    assert rows[0]["start"] == 0 and rows[-1]["end"] == pytest.approx(len(wav) / sr, abs=1e-6)
+    assert all(a["end"] < b["start"] for a, b in zip(rows, rows[1:])) and all(r["start"] < r["end"] for r in rows)
+    for a, b in zip(rows, rows[1:]):
+        assert not wav[round(a["end"] * sr):round(b["start"] * sr)].any()
+    assert [r["text"] for r in rows] == texts and len(texts) >= 2
+    one = tmp_path / "one.json"
+    assert say("--voice", str(paths.voice_wav()), "--text", "Hello there.", "--max-frames", "4", "--timestamps",
+               str(one), "-o", str(tmp_path / "one.wav")) == 0
+    assert json.loads(one.read_text())["segments"] == [{"text": "Hello there.", "start": 0.0,
+                                                         "end": 4 * 1920 / 24000}]

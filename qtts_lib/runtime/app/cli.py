@@ -9,6 +9,7 @@
                                              a time, chapter 17, --max-batch N; - reads stdin)
     qtts say ... --temperature 0.7 --top-k 30 --seed 3                 (sampling; --greedy for the argmax)
     qtts say ... --speed 1.25                                          (faster, same pitch: FFmpeg's atempo)
+    qtts say ... --timestamps spans.json     (where each segment's audio starts and ends, in seconds, as JSON)
 
 Without --seed every run is a fresh take; the seed it drew is printed (`qtts: seed N: replay with --seed N`).
 
@@ -19,6 +20,7 @@ exit status 2 (bad input) or 3 (missing artifacts), never in a traceback from in
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Iterable
@@ -29,9 +31,9 @@ import numpy as np
 from ..audio import encode
 from ..audio.clips import read_voice_clip
 from ..audio.tempo import MAX_SPEED, MIN_SPEED, Tempo, change_tempo, check_speed
-from ..audio.wav import SAMPLE_RATE, WavFile, pcm16, save_wav, wav_header
+from ..audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, WavFile, pcm16, save_wav, wav_header
 from ..errors import InputError, MissingArtifact, QttsError
-from ..pipeline.longform import PAUSE_SECONDS, plan, synthesize_long
+from ..pipeline.longform import PAUSE_SECONDS, Span, plan, synthesize_long
 from .hugepages import restart_with_huge_pages
 from .options import (
     add_batch_option,
@@ -85,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--speed", type=speed_value, default=1.0,
                      help=f"tempo from {MIN_SPEED} to {MAX_SPEED} at the same pitch (FFmpeg's atempo through PyAV; "
                           "default 1.0: as generated)")
+    say.add_argument("--timestamps", type=Path, metavar="FILE",
+                     help="write where each segment's audio starts and ends (seconds in the output, and its text) "
+                          "to FILE as JSON")
     add_model_options(say)
     add_generation_options(say, "cap on generated frames per segment (12.5 per second); each segment's own cap "
                                 "also scales with its text")
@@ -172,6 +177,9 @@ def say(args: argparse.Namespace) -> int:
             samples = save_audio(args.output, result.wav, args.speed)
     seconds = time.perf_counter() - t0
     audio_s = samples / SAMPLE_RATE
+    if args.timestamps:
+        write_timestamps(args.timestamps, [Span(todo[0].text, 0.0, len(result.codes) * SAMPLES_PER_FRAME /
+                                                SAMPLE_RATE)], samples)
     stop = "EOS" if result.stopped == "eos" else f"the {cap}-frame cap"
     print(f"{args.output}: {len(result.codes)} frames, {audio_s:.2f} s of audio, stopped at {stop}; "
           f"{seconds:.2f} s wall, RTF {seconds / max(audio_s, 1e-9):.2f}",
@@ -278,6 +286,8 @@ def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segmen
             if writer:
                 writer.close()
     samples = save_audio(args.output, result.wav, args.speed) if writer is None else writer.samples
+    if args.timestamps:
+        write_timestamps(args.timestamps, result.spans(), samples)
     seconds, audio_s = time.perf_counter() - t0, samples / SAMPLE_RATE
     n = len(result.segments)
     at_eos = sum(s.stopped == "eos" for s in result.segments)
@@ -286,6 +296,19 @@ def say_long(args: argparse.Namespace, synth, voice, sampling, text: str, segmen
           f"at EOS, {n - at_eos} at their caps; {seconds:.2f} s wall, RTF {seconds / max(audio_s, 1e-9):.2f}",
           file=sys.stderr if str(args.output) == "-" else sys.stdout)
     return 0
+
+
+def write_timestamps(path: Path, spans: list[Span], samples: int) -> None:
+    """`--timestamps`: `{"audio_seconds": s, "segments": [{"text", "start", "end"}, ...]}`, the spans in seconds of
+    the audio written (`samples` of it: at a --speed other than 1 every time scales with it)."""
+    generated = spans[-1].end if spans else 0.0
+    scale = samples / SAMPLE_RATE / generated if generated else 1.0
+    rows = [Span(s.text, s.start * scale, s.end * scale).as_dict() for s in spans]
+    try:
+        path.write_text(json.dumps({"audio_seconds": round(samples / SAMPLE_RATE, 6), "segments": rows},
+                                   ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot write --timestamps {path}: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
