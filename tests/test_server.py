@@ -1,4 +1,5 @@
 """`qtts serve` as a user meets it: a real server process (torch blocked) on localhost, a real HTTP client."""
+import base64
 import json
 import random
 import struct
@@ -345,6 +346,16 @@ def refuses_voices(url: str, builtin: str) -> None:
         assert "Base" in answer.json()["error"]["message"]
     status, _, body = request(url, f"/v1/voices/{builtin}", method="DELETE")
     assert status == 400 and json.loads(body)["error"]["code"] == "builtin_voice"
+    speech = {"input": "Hi.", "voice": builtin, "response_format": "pcm", "greedy": True}
+    status, _, body = request(url, "/v1/audio/speech", speech | {"ref_audio": base64.b64encode(clip).decode()})
+    error = json.loads(body)["error"]
+    assert status == 400 and (error["param"], error["code"]) == ("ref_audio", "cannot_clone"), error
+    assert "no speaker encoder" in error["message"]
+    first = json.loads(request(url, "/v1/models")[2])["data"][0]["qtts"]["voices"][0]  # aiden, or design
+    listed = {v["name"]: v for v in json.loads(request(url, "/v1/audio/voices")[2])["data"]}
+    assert listed[first]["default"] and "alloy" in listed[first]["aliases"]
+    status, _, alloy = request(url, "/v1/audio/speech", speech | {"voice": "alloy"})  # OpenAI's name: the first
+    assert status == 200 and alloy == request(url, "/v1/audio/speech", speech | {"voice": first})[2]  # speaker
 
 
 def test_four_concurrent_clients_are_served_in_one_batch(tts, tmp_path):
