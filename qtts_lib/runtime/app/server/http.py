@@ -126,7 +126,7 @@ class Api:
         except schema.RequestError as e:
             return _refusal(e)
         try:
-            reply = Reply(job, self.metrics, received, self.send_timeout)
+            reply = await Reply.open(job, self.metrics, received, self.send_timeout)
         except InputError as e:  # PyAV missing: the server was installed without the serve extra
             job.close()
             speed = "speed" in str(e)
@@ -134,6 +134,9 @@ class Api:
                                    "and pcm need no PyAV)"
             return _refusal(schema.RequestError(501, str(e) + why, "speed" if speed else "response_format",
                                                 kind="server_error", code="format_unavailable"))
+        except BaseException:
+            job.close()
+            raise
         try:
             first = await reply.first(request)
         except BaseException:

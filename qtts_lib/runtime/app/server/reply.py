@@ -31,7 +31,7 @@ class Reply:
     stream the rest (`AudioResponse`): each piece through the tempo filter (`audio.tempo.Tempo`, the request's
     `speed`) and the encoder of its format, as it comes. However it ends, `close` frees its place once and counts
     its outcome. Raises `InputError` when PyAV is missing for the format or the speed. The filter and the encoder
-    run on `ENCODING`'s threads, one piece of this reply at a time (`_off_loop`)."""
+    are opened (`open`) and run on `ENCODING`'s threads, one piece of this reply at a time (`_off_loop`)."""
 
     def __init__(self, job: Job, metrics, received: float, send_timeout: float):
         self.job, self.metrics, self.received = job, metrics, received
@@ -39,6 +39,11 @@ class Reply:
         self.encoder = Encoder(job.speech.format)
         self.tempo = Tempo(job.speech.speed)
         self._work: Future | None = None  # the piece being encoded, if any
+
+    @classmethod
+    async def open(cls, job: Job, metrics, received: float, send_timeout: float) -> Reply:
+        """A `Reply` made on an `ENCODING` thread, where FFmpeg opens its codec and filter graph."""
+        return await asyncio.wrap_future(ENCODING.submit(cls, job, metrics, received, send_timeout))
 
     async def _off_loop(self, work, *args) -> bytes:
         """`work(*args)` on an `ENCODING` thread, awaited: the next piece is handed over only once this one is done."""
