@@ -169,8 +169,9 @@ class Api:
         from .schema import RequestError, parse_speech
 
         voices = self.store
-        speech = parse_speech(await self._body(request, speech=True), self.served, voices.names(), voices.by_id(),
-                              voices.aliases())
+        names = voices.names()
+        speech = parse_speech(await self._body(request, speech=True), self.served, names, voices.by_id(),
+                              voices.aliases(names))
         try:
             if speech.ref_audio is not None:
                 voice = await self.refs.voice(speech.ref_audio, speech.ref_text)

@@ -123,22 +123,25 @@ class Voices:
         files = sorted(self.folder.glob("*.wav")) if self.folder and self.clones else []
         return self.synth.speakers + [f.stem for f in files if re.match(VOICE_PATTERN, f.stem)]
 
-    def default(self) -> str | None:
-        """The voice OpenAI's voice names speak when no alias names one (None: the store has no voice)."""
+    def default(self, names: list[str] | None = None) -> str | None:
+        """The voice OpenAI's voice names speak when no alias names one (None: the store has no voice); `names`:
+        `names()`, when the caller has it."""
         if self.default_name is not None:
             return self.default_name
-        names = self.names()
+        names = self.names() if names is None else names
         stored = [n for n in names if not self.builtin(n) and n not in self.broken]
         return stored[0] if stored else next((n for n in names if self.builtin(n)), None)
 
-    def aliases(self) -> dict[str, str]:
+    def aliases(self, names: list[str] | None = None) -> dict[str, str]:
         """{name: voice} for every name a request may give that is no voice's own: `alias`'s, and OpenAI's voice
-        names the default voice."""
+        names the default voice; `names`: `names()`, when the caller has it."""
         from .schema import OPENAI_VOICES
 
-        names, default = set(self.names()), self.default()
+        names = self.names() if names is None else names
+        default = self.default(names)
         given = ({n: default for n in OPENAI_VOICES} if default is not None else {}) | self.alias
-        return {n: voice for n, voice in given.items() if n not in names and not self.builtin(n)}
+        known = set(names)
+        return {n: voice for n, voice in given.items() if n not in known and not self.builtin(n)}
 
     def check_aliases(self) -> None:
         """An `InputError` unless `alias` and `default` name voices the store has (at the start; a voice deleted
@@ -151,7 +154,8 @@ class Voices:
 
     def listed(self) -> list[dict]:
         """`schema.ListedVoice` of every voice: `info`, each with the names that speak it."""
-        aliases, default = self.aliases(), self.default()
+        names = self.names()
+        aliases, default = self.aliases(names), self.default(names)
         return [v | {"id": v["id"] or v["name"], "default": v["name"] == default,
                      "aliases": sorted(n for n, voice in aliases.items() if voice == v["name"])} for v in self.info()]
 
