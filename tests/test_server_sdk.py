@@ -169,6 +169,17 @@ def test_openais_voice_names_speak_the_servers_voices(client, pcm):
     assert speak("alloy") == pcm.tobytes() and speak("nova") == speak("bob") != pcm.tobytes()
 
 
+def test_a_clip_sent_through_the_sdk_speaks_as_the_voice_of_that_clip(client, pcm):
+    """The SDK needs a `voice`; `ref_audio` in extra_body speaks instead: voice.wav is alice's clip (bob, named,
+    would speak otherwise)."""
+    import base64
+
+    clip = base64.b64encode(paths.voice_wav().read_bytes()).decode()
+    kwargs = dict(model="tts-1", voice="bob", input=TEXT, response_format="pcm")
+    answer = client.audio.speech.create(**kwargs, extra_body=SEED | {"ref_audio": clip})
+    assert answer.content == pcm.tobytes() != client.audio.speech.create(**kwargs, extra_body=SEED).content
+
+
 def test_the_voices_are_listed_as_an_openai_list_with_the_names_that_speak_them(served):
     status, _, body = request(served, "/v1/audio/voices", headers=AUTH)
     listing = json.loads(body)
