@@ -21,6 +21,13 @@ the codec stay fp32 in every tier (the codec has tiers of its own, `codec.decode
           at run time (dynamic absmax, one scale per call) and multiplied on VNNI
           (`rewrites.int8`). One graph serves prefill and steps. The predictor's heads the same
           way, each its own Gemm (fused, one call would compute all 15). Written once from numpy into `ncnn/int8/`.
+    int8-k128, int8-k32  the same projections and heads as ncnn's weight-block int8 Gemm: a scale per row and
+          block of 128 (32) along K, for the weights and for the activations, quantized at run time per block
+          (`rewrites.int8.FORMS`). No calibration data: a heavy-tailed input (a down projection's) keeps its small
+          values. 1 + 4/128 (4/32) bytes per weight. Written into `ncnn/int8-k128/` (`ncnn/int8-k32/`).
+
+Two more tiers split int8 by decoder, for the quality harness (`qtts_lib.bench.quality`; the CLI does not offer them):
+`int8-talker` (the talker int8, the code predictor and its heads fp32) and `int8-predictor` (the reverse).
 
 The graphs are rewrites (`rewrites.decode_step`, `rewrites.int8`); this module decides which a tier loads and
 keeps the int8 files current. Nothing here imports torch: the runtime writes the int8 files itself the first time
@@ -45,7 +52,9 @@ from ..rewrites.decode_step import cpu_graph, decode_step, fp16_step, one_positi
 from ..rewrites.gpu import fused_predictor_param
 from ..rewrites.int8 import int8_graph
 
-TIERS = ("fp32", "fp16", "int8")
+TIERS = ("fp32", "fp16", "int8", "int8-k128", "int8-k32")
+INT8_TIERS = {"int8": "rows", "int8-k128": "k128", "int8-k32": "k32"}   # tier -> its `rewrites.int8.FORMS` form
+SPLIT_TIERS = {"int8-talker": ("talker_decoder",), "int8-predictor": ("predictor_decoder", "predictor_heads")}
 DECODERS = ("talker_decoder", "predictor_decoder")
 HEADS = ("predictor_heads",)   # the heads int8 makes int8 too (module docstring)
 INT8_GRAPHS = DECODERS + HEADS  # what `ensure_int8` writes for the int8 tier
@@ -54,11 +63,18 @@ INT8_FORMAT = 4          # bump when the written files change meaning (3: biased
 
 def check_tier(precision: str, device: str = "cpu") -> str:
     tier = (precision or "fp32").strip().lower()
-    if tier not in TIERS:
+    if tier not in TIERS and tier not in SPLIT_TIERS:
         raise PrecisionError(f"unknown precision {precision!r}; use one of {', '.join(TIERS)}")
     if tier != "fp32" and (device or "cpu").strip().lower() != "cpu":
         raise PrecisionError(f"precision {tier} runs on the CPU only; on {device} use fp32")
     return tier
+
+
+def int8_form(tier: str, name: str) -> str | None:
+    """The int8 form (`rewrites.int8.FORMS`) graph `name` runs in `tier`, or None where it stays fp32 (or fp16)."""
+    if tier in INT8_TIERS:
+        return INT8_TIERS[tier]
+    return "rows" if name in SPLIT_TIERS.get(tier, ()) else None
 
 
 def _stamp(path: Path) -> dict:
@@ -73,17 +89,18 @@ def _graph_file(name: str) -> str:
     return f"{name}_kv.param" if name in DECODERS else f"{name}.param"
 
 
-def int8_paths(ncnn_dir: str | Path, name: str) -> tuple[Path, Path]:
-    d = Path(ncnn_dir) / "int8"
+def int8_paths(ncnn_dir: str | Path, name: str, form: str = "rows") -> tuple[Path, Path]:
+    d = Path(ncnn_dir) / ("int8" if form == "rows" else f"int8-{form}")
     return d / _graph_file(name), d / f"{name}.bin"
 
 
-def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
-    """`ncnn/int8/<name>_kv.param` (a head: `<name>.param`) + `<name>.bin`, written from the exported fp32 files
-    unless already there for exactly those files (size, mtime and format recorded in `int8/stamp.json`)."""
+def ensure_int8(ncnn_dir: str | Path, name: str, log=None, form: str = "rows") -> tuple[Path, Path]:
+    """`ncnn/int8/<name>_kv.param` (a head: `<name>.param`) + `<name>.bin` (another `form`: `ncnn/int8-<form>/`),
+    written from the exported fp32 files unless already there for exactly those files (size, mtime and format
+    recorded in the folder's `stamp.json`)."""
     ncnn_dir = Path(ncnn_dir)
     src_param, src_bin = ncnn_dir / _graph_file(name), ncnn_dir / f"{name}.bin"
-    param, bin_ = int8_paths(ncnn_dir, name)
+    param, bin_ = int8_paths(ncnn_dir, name, form)
     stamps_file = param.parent / "stamp.json"
     stamps = json.loads(stamps_file.read_text()) if stamps_file.is_file() else {}
     want = {"param": _stamp(src_param), "bin": _stamp(src_bin)}
@@ -91,10 +108,10 @@ def ensure_int8(ncnn_dir: str | Path, name: str, log=None) -> tuple[Path, Path]:
     if {k: have.get(k) for k in want} == want and param.is_file() and bin_.is_file():
         return param, bin_
     if log:
-        log(f"writing the int8 tier of {name} (once; {src_bin.stat().st_size / 1e9:.2f} GB of fp32 weights)")
+        log(f"writing the int8 tier ({form}) of {name} (once; {src_bin.stat().st_size / 1e9:.2f} GB of fp32 weights)")
     with src_bin.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as fp32:
         # the fp32 weights mapped, not copied; a head's Gemms share one input but must stay apart
-        text, data, stats = int8_graph(src_param.read_text(), fp32, fuse=name in DECODERS)
+        text, data, stats = int8_graph(src_param.read_text(), fp32, fuse=name in DECODERS, form=form)
     param.parent.mkdir(parents=True, exist_ok=True)
     tmp = bin_.with_suffix(".bin.tmp")
     tmp.write_bytes(data)
@@ -127,32 +144,54 @@ class StepGraph:
 
 def step_graph(ncnn_dir: str | Path, name: str, tier: str, log=None) -> StepGraph:
     """The step graph of decoder `name` in `tier`: fp32 `decode_step` and fp16 `fp16_step` over the exported
-    `<name>_kv.param` and `.bin`; int8 the files of `ensure_int8` (written on first use), which also serve prefill."""
+    `<name>_kv.param` and `.bin`; an int8 form the files of `ensure_int8` (written on first use), which also serve
+    prefill. A split tier's fp32 decoder: fp32's."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(tier)
-    if tier == "int8":
-        return StepGraph(*ensure_int8(ncnn_dir, name, log), None, False)
+    form = int8_form(tier, name)
+    if form:
+        return StepGraph(*ensure_int8(ncnn_dir, name, log, form), None, False)
     rewrite = fp16_step if tier == "fp16" else decode_step
     return StepGraph(ncnn_dir / f"{name}_kv.param", ncnn_dir / f"{name}.bin", rewrite, tier == "fp16")
 
 
-def ensure_int8_tier(ncnn_dir: str | Path, log=None) -> None:
-    """Every file of the int8 tier (`ensure_int8` of each of `INT8_GRAPHS`): what an export or a benchmark writes
-    before anything is timed."""
+def ensure_int8_tier(ncnn_dir: str | Path, log=None, tier: str = "int8") -> None:
+    """Every int8 file of `tier` (`ensure_int8` of each of `INT8_GRAPHS` it makes int8): what an export or a
+    benchmark writes before anything is timed."""
     for name in INT8_GRAPHS:
-        ensure_int8(ncnn_dir, name, log)
+        form = int8_form(check_tier(tier), name)
+        if form:
+            ensure_int8(ncnn_dir, name, log, form)
 
 
 def head(ncnn_dir: str | Path, name: str, threads: int = 2, device: str = "cpu", precision: str = "fp32",
          log=None) -> Net:
-    """Head `name` (one of `HEADS`) as `precision` runs it: int8 the files of `ensure_int8`, else the exported
-    fp32 graph (fp16 leaves it fp32)."""
+    """Head `name` (one of `HEADS`) as `precision` runs it: an int8 form the files of `ensure_int8`, else the
+    exported fp32 graph (fp16 leaves it fp32)."""
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
-    return Net(ncnn_dir, name, threads, device, files=ensure_int8(ncnn_dir, name, log) if tier == "int8" else None)
+    form = int8_form(tier, name)
+    return Net(ncnn_dir, name, threads, device, files=ensure_int8(ncnn_dir, name, log, form) if form else None)
 
 
 def weight_bytes(tier: str) -> float:
-    """Bytes per weight of the decoders' projections in a tier (the loop's floor scales with it)."""
-    return {"fp32": 4.0, "fp16": 2.0, "int8": 1.0}[tier]
+    """Bytes per weight of the decoders' projections in a tier (the loop's floor scales with it): a weight-block
+    form adds a 4-byte scale per block."""
+    return {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-k128": 1 + 4 / 128, "int8-k32": 1 + 4 / 32}[tier]
+
+
+def frame_bytes(ncnn_dir: str | Path, tier: str, groups: int = 16, log=None) -> int:
+    """Weight bytes one frame reads in `tier`, from the files it loads: the talker decoder and codec head once, the
+    code predictor's decoder and one of its heads per predicted codebook (`groups` - 1). An int8 form's files as
+    written (its scales and the layers it leaves fp32 included); fp16 halves the decoders' fp32 files."""
+    ncnn_dir, tier = Path(ncnn_dir), check_tier(tier)
+
+    def size(name: str) -> float:
+        form = int8_form(tier, name) if name in INT8_GRAPHS else None
+        if form:
+            return ensure_int8(ncnn_dir, name, log, form)[1].stat().st_size
+        return (ncnn_dir / f"{name}.bin").stat().st_size * (0.5 if tier == "fp16" and name in DECODERS else 1.0)
+
+    return int(size("talker_decoder") + size("talker_codec_head")
+               + (groups - 1) * (size("predictor_decoder") + size("predictor_heads") / (groups - 1)))
 
 
 def cached_layers(ncnn_dir: str | Path, name: str) -> int:
@@ -182,15 +221,16 @@ def decoder(ncnn_dir: str | Path, name: str, head_dim: int, theta: float, thread
     param = ncnn_dir / f"{name}_kv.param"
     if not param.is_file():
         raise MissingArtifact(f"{param} not found; run notebooks/05_inject_kv_cache.py")
-    if tier == "int8":
-        graph = step_graph(ncnn_dir, name, "int8", log)
+    form = int8_form(tier, name)
+    if form:
+        graph = step_graph(ncnn_dir, name, tier, log)
         param, bin_ = graph.param, graph.bin
     else:
         bin_ = ncnn_dir / f"{name}.bin"
     batched = None if heads is None else partial(make_net, param, bin_, threads, device,
                                                  lambda text: fold_batch(static_reshapes(text), heads))
     fast = tier == "fp16" if fast_steps is None else fast_steps
-    step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast and tier != "int8" else None
+    step = step_graph(ncnn_dir, name, tier).net(threads, device) if fast and not form else None
     return KvCacheNet(make_net(param, bin_, threads, device, cpu_graph), layers, head_dim, theta,
                       step=step, name=name, heads=heads, device=device, batched=batched)
 
@@ -208,12 +248,9 @@ def predictor_with_heads(ncnn_dir: str | Path, head_dim: int, theta: float, thre
     ncnn_dir, tier = Path(ncnn_dir), check_tier(precision, device)
     if tier == "fp16" or parse_device(device) is not None:
         return None
-    if tier == "int8":
-        (param, dec_bin), (heads_param, heads_bin) = (ensure_int8(ncnn_dir, n, log) for n in
-                                                      ("predictor_decoder", "predictor_heads"))
-    else:
-        param, dec_bin = ncnn_dir / "predictor_decoder_kv.param", ncnn_dir / "predictor_decoder.bin"
-        heads_param, heads_bin = ncnn_dir / "predictor_heads.param", ncnn_dir / "predictor_heads.bin"
+    (param, dec_bin), (heads_param, heads_bin) = (
+        ensure_int8(ncnn_dir, n, log, int8_form(tier, n)) if int8_form(tier, n) else
+        (ncnn_dir / _graph_file(n), ncnn_dir / f"{n}.bin") for n in ("predictor_decoder", "predictor_heads"))
     for f in (param, dec_bin, heads_param, heads_bin):
         if not f.is_file():
             raise MissingArtifact(f"{f} not found; run notebooks/05_inject_kv_cache.py")

@@ -1,0 +1,138 @@
+"""The int8 tiers split by decoder and the weight-block tiers (runtime.pipeline.precision, runtime.rewrites.int8,
+bench.quality; chapter 13): each int8 form of ncnn's Gemm against its numpy model, the split tiers running one
+decoder int8, the quality harness's split and projection errors on tiny-1.7b-customvoice, the CLI's choices."""
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from qtts_lib import paths
+from qtts_lib.runtime.binding import weights
+from qtts_lib.runtime.binding.net import make_net, run
+from qtts_lib.runtime.pipeline import precision
+from qtts_lib.runtime.rewrites import int8
+
+RNG = np.random.default_rng(5)
+CKPT = "tiny-1.7b-customvoice"
+
+
+def gemm(n: int, k: int) -> str:
+    return f"7767517\n2 2\nInput in 0 1 in\nGemm gemm_0 1 1 in out 10=-1 2=0 3=1 4=0 5=1 6=1 7=0 8={n} 9={k}\n"
+
+
+@pytest.mark.parametrize("form", list(int8.FORMS))
+@pytest.mark.parametrize("k", [256, 192])   # 192: a last block of 64 in blocks of 128
+def test_each_int8_form_is_its_numpy_model(tmp_path, form, k):
+    """ncnn's int8 Gemm of each form against `int8_matmul`: rows (weights as A, a scale per row, one activation
+    scale per call) and the weight-block forms (weights as B written raw, a scale per row and block, activations
+    quantized per row and block by ncnn's kernel), on heavy-tailed rows like a down projection's input."""
+    w = RNG.standard_normal((24, k)).astype(np.float32)
+    text, data, stats = int8.int8_graph(gemm(24, k), weights.FP32_TAG + w.tobytes(), form=form)
+    assert stats["gemms"] == 1 and f" 18={int8.FORMS[form]}" in text
+    (tmp_path / "g.param").write_text(text)
+    (tmp_path / "g.bin").write_bytes(data)
+    x = (RNG.standard_normal((3, k)) * RNG.standard_normal((3, k))).astype(np.float32)
+    (y,) = run(make_net(tmp_path / "g.param", tmp_path / "g.bin", 2), {"in": x}, ["out"])
+    model = int8.int8_matmul(x, w, form)
+    np.testing.assert_allclose(y, model, rtol=1e-5, atol=1e-5 * np.abs(model).max())
+    exact = x @ w.T
+    rel = np.linalg.norm(y - exact) / np.linalg.norm(exact)
+    assert 1e-4 < rel < 3e-2, rel   # quantized, and not garbage
+
+
+def test_blocks_keep_a_heavy_tailed_input():
+    """Why the weight-block tiers exist: on SiLU(gate) * up, 6144 wide (1.7B's down projection input), one activation
+    scale per call loses about twice what a scale per block of 128 does; blocks of 32 lose less again."""
+    x = RNG.standard_normal((1, 2048)).astype(np.float32)
+    wg, wu = (RNG.standard_normal((6144, 2048)).astype(np.float32) * 0.02 for _ in range(2))
+    g, u = x @ wg.T, x @ wu.T
+    h = (g / (1 + np.exp(-g)) * u).astype(np.float32)
+    wd = RNG.standard_normal((2048, 6144)).astype(np.float32) * 0.02
+    exact = h.astype(np.float64) @ wd.T.astype(np.float64)
+    err = {f: np.linalg.norm(int8.int8_matmul(h, wd, f) - exact) / np.linalg.norm(exact) for f in int8.FORMS}
+    assert err["rows"] > 1.5 * err["k128"] > 1.5 * err["k32"] > 0, err
+
+
+def test_weight_block_forms_refuse_what_ncnn_cannot_read():
+    w = RNG.standard_normal((3, 5)).astype(np.float32)
+    with pytest.raises(ValueError, match="4-byte"):
+        int8.int8_graph(gemm(3, 5), weights.FP32_TAG + w.tobytes(), form="k32")
+    with pytest.raises(ValueError, match="no int8 form"):
+        int8.int8_graph(gemm(3, 5), weights.FP32_TAG + w.tobytes(), form="k16")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from qtts_lib import checkpoint, export, reference
+
+    tts = reference.load(checkpoint.ensure(CKPT), threads=2)
+    export.ensure(tts, CKPT)
+    return paths.model_dir(CKPT)
+
+
+def test_split_tiers_make_one_decoder_int8(model):
+    ncnn_dir = model / "ncnn"
+    forms = {t: {n: precision.int8_form(t, n) for n in precision.INT8_GRAPHS}
+             for t in ("int8-talker", "int8-predictor", "int8-k128")}
+    assert forms["int8-talker"] == {"talker_decoder": "rows", "predictor_decoder": None, "predictor_heads": None}
+    assert forms["int8-predictor"] == {"talker_decoder": None, "predictor_decoder": "rows", "predictor_heads": "rows"}
+    assert set(forms["int8-k128"].values()) == {"k128"}
+    fp32_bin = ncnn_dir / "predictor_decoder.bin"
+    assert precision.step_graph(ncnn_dir, "predictor_decoder", "int8-talker").bin == fp32_bin
+    assert precision.step_graph(ncnn_dir, "talker_decoder", "int8-talker").bin.parent == ncnn_dir / "int8"
+    assert precision.step_graph(ncnn_dir, "talker_decoder", "int8-k128").bin.parent == ncnn_dir / "int8-k128"
+    sizes = {t: precision.frame_bytes(ncnn_dir, t) for t in ("fp32", "int8", "int8-k128", "int8-k32")}
+    assert sizes["int8"] < sizes["int8-k128"] < sizes["int8-k32"] < sizes["fp32"]
+    assert sizes["int8-k128"] < 1.05 * sizes["int8"], sizes
+
+
+def test_quality_harness_splits_by_decoder(model):
+    """An fp32 talker picks codebook 0 exactly as fp32 does (int8-predictor), whatever the predictor; a split tier
+    probes only its int8 decoder; the projection errors name a class of every decoder layer's seven."""
+    from qtts_lib.bench import quality
+
+    r = quality.measure(model, ("int8-talker", "int8-predictor", "int8-k128"), frames=6, progress=False)
+    tiers = r["tiers"]
+    assert tiers["int8-predictor"]["agreement_codebook0"] == 1.0
+    assert tiers["int8-talker"]["layer_errors"]["predictor_decoder"] is None
+    assert tiers["int8-predictor"]["layer_errors"]["talker_decoder"] is None
+    assert tiers["int8-talker"]["layer_errors"]["talker_decoder"]["output_rel"] > 0
+    assert tiers["int8-k128"]["decoders"] == dict.fromkeys(precision.INT8_GRAPHS, "k128")
+    assert tiers["int8-k128"]["weight_bytes_per_frame"] == precision.frame_bytes(model / "ncnn", "int8-k128")
+    assert sorted(r["projection_errors"]) == ["k128", "rows"]
+    for decoders in r["projection_errors"].values():
+        talker, predictor = decoders["talker_decoder"], decoders["predictor_decoder"]
+        assert set(talker["classes"]) == set(quality.PROJECTIONS)
+        assert set(predictor["classes"]) == {*quality.PROJECTIONS, "in_proj"}   # 1.7B's 2048 -> 1024 Linear
+        assert 0 < talker["worst"]["rel"] < 0.1 and talker["worst_class"] in quality.PROJECTIONS
+
+
+def test_projection_classes_refuse_another_layout(model):
+    text = (model / "ncnn" / "talker_decoder_kv.param").read_text()
+    cfg = json.loads((model / "config.json").read_text())["talker_config"]
+    classes = quality_classes(text, cfg)
+    assert [c for _, c in classes[:7]] == ["q", "k", "v", "o", "gate", "up", "down"]
+    with pytest.raises(ValueError, match="is not a"):
+        quality_classes(text, cfg | {"intermediate_size": cfg["intermediate_size"] + 1})
+
+
+def quality_classes(text, cfg):
+    from qtts_lib.bench.quality import projection_classes
+
+    return projection_classes(text, cfg)
+
+
+def test_the_cli_takes_the_block_tier_and_not_the_split_ones(exported, tmp_path, capsys):
+    from qtts_lib.runtime.app.cli import main
+
+    out = tmp_path / "k128.wav"
+    rc = main(["say", "--checkpoint", str(exported), "--voice", str(paths.voice_wav()), "--text", "Hello there.",
+               "--language", "english", "--greedy", "--max-frames", "4", "--precision", "int8-k128", "-o", str(out)])
+    assert rc == 0
+    wav, sr = sf.read(out)
+    assert sr == 24000 and len(wav) == 4 * 1920
+    with pytest.raises(SystemExit) as e:
+        main(["say", "--checkpoint", str(exported), "--text", "Hi.", "--precision", "int8-talker"])
+    assert e.value.code == 2
+    assert "int8-talker" in capsys.readouterr().err
