@@ -28,8 +28,16 @@ def _split(text: str, rng: random.Random) -> list[str]:
 
 
 def _streamed(parts: list[str], max_len: int, length=len) -> list[str]:
+    """The segments of `parts` fed in order; each `open_text` is checked to start the next segment given."""
     stream = SegmentStream(max_len, length)
-    return [s for p in parts for s in stream.feed(p)] + stream.finish()
+    out, opened = [], ""
+    for p in parts + [None]:
+        new = stream.feed(p) if p is not None else stream.finish()
+        if new:
+            assert new[0].startswith(opened), (new[0], opened)
+        opened = stream.open_text if stream.open_text else (opened if not new else "")
+        out += new
+    return out
 
 
 @pytest.mark.parametrize("max_len", [8, 25, 60, 200])

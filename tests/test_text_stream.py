@@ -36,14 +36,14 @@ def _whole(synth, voice, seed: int) -> np.ndarray:
     return np.concatenate(list(longform.stream_long(synth, TEXT, "english", voice, Sampling(seed=seed), **OPTIONS)))
 
 
-@pytest.mark.parametrize("kind", ["xvector", "icl"])
-def test_streamed_text_gives_stream_longs_audio_byte_for_byte(synth, voices, kind):
+@pytest.mark.parametrize("kind, early", [("xvector", True), ("xvector", False), ("icl", False)])
+def test_streamed_text_gives_stream_longs_audio_byte_for_byte(synth, voices, kind, early):
     voice = voices[kind]
     whole = _whole(synth, voice, 11)
     assert len(segments(TEXT, 20, synth.prompts.text_tokens)) >= 3
     for n in (1, 4):   # the text as late as it can come, in pieces of n words
         streamed = np.concatenate(list(stream_text(synth, _words(TEXT, n), "english", voice, Sampling(seed=11),
-                                                   **OPTIONS)))
+                                                   early=early, **OPTIONS)))
         assert streamed.tobytes() == whole.tobytes(), (kind, n)
 
 
@@ -68,7 +68,7 @@ def test_text_that_comes_early_or_at_random_steps_gives_the_same_audio(synth, vo
 
 
 def test_audio_comes_before_the_text_is_finished_and_a_stalled_text_waits(synth, voices):
-    stream = TextStream(synth, "english", voices["xvector"], Sampling(seed=2), **OPTIONS)
+    stream = TextStream(synth, "english", voices["xvector"], Sampling(seed=2), early=False, **OPTIONS)
     assert stream.idle and not stream.done and stream.step() == []
     first = _words(TEXT, 4)
     heard = []
@@ -131,3 +131,33 @@ def test_an_empty_text_is_refused(synth, voices):
     with pytest.raises(Exception, match="empty"):
         stream.finish()
     stream.close()
+
+
+def test_an_xvector_segment_starts_before_its_text_is_complete_with_the_same_audio(synth, voices):
+    """x-vector: the first segment starts once its first sentence is decided, reads its text a token a frame, waits
+    (makes no frame) when the next token has not come, and gives `stream_long`'s audio byte for byte; ICL cannot."""
+    voice = voices["xvector"]
+    options = dict(max_tokens=30, max_frames=40, chunk_frames=2)
+    text = "Hello there. " + " ".join(["This sentence goes on and on with many words in it."] * 2)
+    whole = np.concatenate(list(longform.stream_long(synth, text, "english", voice, Sampling(seed=9), **options)))
+    for n in (1, 3):
+        stream = TextStream(synth, "english", voice, Sampling(seed=9), **options)
+        assert stream.early
+        pieces, heard_early, waited = [], False, 0
+        for delta in _words(text, n):
+            stream.feed(delta)
+            while not stream.idle:
+                pieces += stream.step()
+            first = stream.segments[0] if stream.segments else None
+            heard_early |= bool(first is not None and first.open and pieces)
+            seq = next(iter(stream.long.tickets.values()))[1].seq if stream.long.tickets else None
+            waited += bool(first is not None and first.open and seq is not None and seq.waiting is not None)
+        stream.finish()
+        while not stream.done:
+            pieces += stream.step()
+        assert heard_early and waited > 1, n     # audio before the segment's text was complete; frames that waited
+        assert np.concatenate(pieces).tobytes() == whole.tobytes(), n
+        assert [s.text for s in stream.spans] == segments(text, 30, synth.prompts.text_tokens)
+    with pytest.raises(Exception, match="x-vector"):
+        TextStream(synth, "english", voices["icl"], early=True, **options)
+    assert not TextStream(synth, "english", voices["icl"], **options).early

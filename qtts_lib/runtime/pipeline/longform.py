@@ -51,7 +51,7 @@ import numpy as np
 from ..audio.wav import FRAME_RATE, SAMPLE_RATE
 from ..errors import InputError
 from ..text.segment import segments
-from .prompt import FRAMES_PER_TOKEN, MARGIN_FRAMES, Voice, frame_cap
+from .prompt import FRAMES_PER_TOKEN, MARGIN_FRAMES, Prompt, Voice, frame_cap
 from .sampling import Sampling
 from .scheduler import DEFAULT_MAX_BATCH, Event, Scheduler, Utterance
 
@@ -77,6 +77,8 @@ class TextSegment:
     seconds: float = 0.0     # wall time
     warnings: list[str] = field(default_factory=list)
     codes: np.ndarray | None = None   # (frames, 16)
+    prompt: Prompt | None = None      # built before its text was complete (`pipeline.textstream`), else None
+    open: bool = False                # its text is still coming: its audio is not complete before its text is
 
 
 @dataclass
@@ -237,9 +239,10 @@ class LongText:
 
     def extend(self, planned: list[TextSegment], more: bool = True) -> None:
         """Segments that follow the text's last (`plan`'s, of the text that came since); `more`: whether others may
-        still follow (`close_text` says none will). The budget counts them all: a `BudgetError` refuses the ones
-        that would go over it, before any of them is submitted."""
-        check_budget(self.segments + planned, self.budget)
+        still follow (`close_text` says none will). The budget counts them all (but a segment whose text is still
+        coming, whose cap is not known yet): a `BudgetError` refuses the ones that would go over it, before any of
+        them is submitted."""
+        check_budget([s for s in self.segments + planned if not s.open], self.budget)
         n = len(planned)
         self.segments += planned
         self.faders += [Fader(self.fade_samples) for _ in range(n)]
@@ -263,7 +266,7 @@ class LongText:
                 Utterance(seg.text, self.language, self.voice, self.sampling.replace(seed=self.sampling.seed + i),
                           max_frames=seg.cap), self.chunk_frames, on_warning=warn, on_frame=self.on_frame,
                 lane=self.lane, first_frames=self.first_frames if i == 0 and self.chunk_frames else None,
-                rtf=self.rtf)
+                rtf=self.rtf, prompt=seg.prompt)
             self.tickets[ticket.id] = (i, ticket)
             self.submitted += 1
 
@@ -298,9 +301,9 @@ class LongText:
             out += self.ready[i]
             self.at += sum(len(p) for p in self.ready[i])
             self.ready[i] = []
-            if not self.finished[i]:
-                break
             seg = self.segments[i]
+            if not self.finished[i] or seg.open:
+                break
             span = Span(seg.text, seg.start / SAMPLE_RATE, (seg.start + seg.samples) / SAMPLE_RATE)
             self.spans.append(span)
             if self.on_span:

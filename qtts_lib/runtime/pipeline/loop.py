@@ -63,6 +63,7 @@ class Sequence:
     cache: KvCache | None = None              # its talker cache while it runs alone (a `Batch` holds one for all)
     hidden: np.ndarray | None = None          # the talker's last hidden state (H,)
     pending: np.ndarray | None = None         # the talker's next input row, fed when its next frame begins
+    waiting: np.ndarray | None = None         # a frame's embedding whose text row has not come yet (`Loop.resume`)
     prefilled: int = 0                        # prompt positions in its cache so far (`Loop.prefill`)
     tokens: list[int] = field(default_factory=list)       # every codebook-0 token sampled, EOS included
     codes: list[np.ndarray] = field(default_factory=list)  # the frames so far, (groups,) each
@@ -336,7 +337,11 @@ class Loop:
             if len(seq.codes) >= seq.max_frames:
                 seq.stopped = "cap"  # no talker step for a frame that will not come
             else:
-                seq.pending = frame.embed + seq.prompt.text_at(len(seq.codes) - 1)
+                row = seq.prompt.text_at(len(seq.codes) - 1)
+                if row is None:  # an open prompt (`PromptBuilder.open_prompt`) whose next token has not come
+                    seq.waiting = frame.embed
+                else:
+                    seq.pending = frame.embed + row
                 going.append(seq)
         if len(going) < len(seqs) and going:
             cache.keep(survivors([bool(s.stopped) for s in seqs]))
@@ -344,6 +349,16 @@ class Loop:
             seq.seconds["talker"] += t1 - t0
             seq.seconds["predictor"] += (t2 - t1) if id(seq) in frames else 0.0
         return [frames.get(id(s)) for s in seqs]
+
+    def resume(self, seq: Sequence) -> bool:
+        """Whether the sequence can make its next frame: a frame whose text row had not come (`Sequence.waiting`)
+        gets it now if it has come; the row fed is the same whenever it comes."""
+        if seq.waiting is not None:
+            row = seq.prompt.text_at(len(seq.codes) - 1)
+            if row is None:
+                return False
+            seq.pending, seq.waiting = seq.waiting + row, None
+        return True
 
     def feed(self, seqs: list[Sequence], cache: KvCache) -> bool:
         """The talker step of `seqs`' pending rows (`Sequence.pending`), all in one call: every sequence of a cache

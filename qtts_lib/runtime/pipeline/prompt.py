@@ -12,7 +12,9 @@ A VoiceDesign voice has no speaker row.
 The rest of the text, then tts_eos, is "trailing text", added one position per frame, then tts_pad forever. With
 `non_streaming` (the reference's default for built-in speakers) the whole text goes into the prompt instead, over
 codec_pad, and the trailing text is tts_pad alone. ICL cloning puts the voice clip's transcript in front of the
-text and the clip's codes on the codec track (`PromptBuilder.icl_tail`).
+text and the clip's codes on the codec track (`PromptBuilder.icl_tail`). An x-vector prompt can be built before its
+text is complete (`open_prompt`, then `extend_prompt`): its trailing text is read a token a frame, so frame t needs only
+the text's token t.
 
 How long a text may speak is decided here too (`frame_cap`): speech takes about 2.5-5 frames per text token in the
 checkpoint's languages (English read at 150 words a minute is ~3.3 tokens/s, i.e. ~3.8 frames/token; Chinese at
@@ -86,15 +88,20 @@ class Prompt:
     tts_pad: np.ndarray
     text_ids: list[int] = field(default_factory=list)
     head: int = 0
+    open: bool = False      # its text is still coming (`PromptBuilder.open_prompt`): trailing rows may follow
+
 
     @property
     def text_tokens(self) -> int:
         """The text's own tokens (the chat template's fixed tokens left out)."""
         return len(self.text_ids) - ROLE_TOKENS - END_TOKENS
 
-    def text_at(self, step: int) -> np.ndarray:
-        """The text row added to the talker's input after frame `step`: trailing text, then tts_pad."""
-        return self.trailing[step] if step < len(self.trailing) else self.tts_pad
+    def text_at(self, step: int) -> np.ndarray | None:
+        """The text row added to the talker's input after frame `step`: trailing text, then tts_pad; None while the
+        prompt is open and that row has not come yet."""
+        if step < len(self.trailing):
+            return self.trailing[step]
+        return None if self.open else self.tts_pad
 
 
 class PromptBuilder:
@@ -131,22 +138,11 @@ class PromptBuilder:
         if not isinstance(text, str) or not text.strip():
             raise InputError("the text is empty")
         non_streaming = (voice.mode in ("speaker", "design")) if non_streaming is None else non_streaming
-        cfg, c, embed = self.cfg.config, self.cfg.talker, self.embed
+        embed = self.embed
         ids = self.tokenizer.encode_template(TEXT, text)
         role_ids, text_ids = ids[:ROLE_TOKENS], ids[ROLE_TOKENS:-END_TOKENS]
-        tts_bos, tts_eos, tts_pad = embed.text(
-            [cfg["tts_bos_token_id"], cfg["tts_eos_token_id"], cfg["tts_pad_token_id"]])
-        codec_pad, codec_bos = embed.codec([c["codec_pad_id"], c["codec_bos_id"]])
-
-        # 1. [the instruction, text only], the role prefix, then the codec tags, the speaker row (if any) and
-        #    codec_pad under tts_pad … tts_bos
-        speaker_row = [] if voice.speaker_row is None else [voice.speaker_row[None]]
-        codec_track = np.concatenate([embed.codec(self.codec_tags(language, voice.speaker)), *speaker_row,
-                                      codec_pad[None]])
-        text_track = np.concatenate([np.repeat(tts_pad[None], len(codec_track) - 1, 0), tts_bos[None]])
-        head = [embed.text(role_ids), text_track + codec_track]
-        if voice.instruct and self.cfg.follows_instructions:
-            head.insert(0, embed.text(self.tokenizer.encode_template(INSTRUCT, voice.instruct)))
+        tts_eos, tts_pad, codec_pad, codec_bos = self._specials()
+        head = self._head(role_ids, language, voice)
         # 2. the text: beside the voice clip's codes (ICL), or on its own
         if voice.codes is not None:
             tail, trailing = self.icl_tail(text_ids, voice, codec_bos, codec_pad, tts_eos, tts_pad, non_streaming)
@@ -160,6 +156,53 @@ class PromptBuilder:
         embeds = np.concatenate(head + tail)
         return Prompt(embeds.astype(np.float32), trailing.astype(np.float32), tts_pad.astype(np.float32), ids,
                       head=sum(len(rows) for rows in head))
+
+    def _specials(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """tts_eos, tts_pad, codec_pad, codec_bos rows."""
+        cfg, c = self.cfg.config, self.cfg.talker
+        tts_eos, tts_pad = self.embed.text([cfg["tts_eos_token_id"], cfg["tts_pad_token_id"]])
+        codec_pad, codec_bos = self.embed.codec([c["codec_pad_id"], c["codec_bos_id"]])
+        return tts_eos, tts_pad, codec_pad, codec_bos
+
+    def _head(self, role_ids: list[int], language: str, voice: Voice) -> list[np.ndarray]:
+        """1. [the instruction, text only], the role prefix, then the codec tags, the speaker row (if any) and
+        codec_pad under tts_pad … tts_bos."""
+        cfg, c, embed = self.cfg.config, self.cfg.talker, self.embed
+        tts_bos, tts_pad = embed.text([cfg["tts_bos_token_id"], cfg["tts_pad_token_id"]])
+        codec_pad = embed.codec([c["codec_pad_id"]])[0]
+        speaker_row = [] if voice.speaker_row is None else [voice.speaker_row[None]]
+        codec_track = np.concatenate([embed.codec(self.codec_tags(language, voice.speaker)), *speaker_row,
+                                      codec_pad[None]])
+        text_track = np.concatenate([np.repeat(tts_pad[None], len(codec_track) - 1, 0), tts_bos[None]])
+        head = [embed.text(role_ids), text_track + codec_track]
+        if voice.instruct and self.cfg.follows_instructions:
+            head.insert(0, embed.text(self.tokenizer.encode_template(INSTRUCT, voice.instruct)))
+        return head
+
+    def open_prompt(self, text_ids: list[int], language: str, voice: Voice) -> Prompt:
+        """`build`'s x-vector prompt for a text of which only the first ids are known (at least one: it rides on
+        codec_bos), the rest to come (`extend_prompt`): the text track is read one token a frame, so the talker needs
+        token t only at frame t (`Prompt.text_at` says None until it has come). Introduced in 16."""
+        if voice.mode != "xvector" or not text_ids:
+            raise InputError("only an x-vector voice reads its text a token a frame, and the text needs a token")
+        role_ids = self.tokenizer.encode(ROLE_PREFIX)
+        _, tts_pad, _, codec_bos = self._specials()
+        head = self._head(role_ids, language, voice)
+        embeds = np.concatenate(head + [self.embed.text(text_ids[:1]) + codec_bos])
+        trailing = self.embed.text(text_ids[1:]) if len(text_ids) > 1 else np.zeros((0, len(tts_pad)), np.float32)
+        return Prompt(embeds.astype(np.float32), trailing.astype(np.float32), tts_pad.astype(np.float32),
+                      role_ids + list(text_ids), head=sum(len(rows) for rows in head), open=True)
+
+    def extend_prompt(self, prompt: Prompt, text_ids: list[int], last: bool) -> None:
+        """More of an open prompt's text (`open_prompt`); `last`: the text is complete (tts_eos follows it, and the
+        chat template's end joins `text_ids`, as `build` has them)."""
+        rows = [self.embed.text(text_ids)] if text_ids else []
+        if last:
+            rows.append(self._specials()[0][None])
+        if rows:
+            prompt.trailing = np.concatenate([prompt.trailing, *rows]).astype(np.float32)
+        prompt.text_ids = prompt.text_ids + list(text_ids) + (self.tokenizer.encode(TEXT_END) if last else [])
+        prompt.open = not last
 
     def icl_tail(self, text_ids, voice: Voice, codec_bos, codec_pad, tts_eos, tts_pad, non_streaming: bool):
         """ICL: transcript + text + tts_eos beside codec_bos + one row per frame of the clip's codes."""

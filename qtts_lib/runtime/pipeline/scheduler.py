@@ -25,7 +25,9 @@ What a step does, and why each part is bounded (a step is what every running str
    in as a call of its own and its cache is kept (`Prefixes`): an utterance with the same head, later, starts from a
    copy and prefills only its text. Meanwhile its decoder decodes WARM_FRAMES of what it decodes without emitting
    (an ICL clip's codes, `codec.stream.StreamDecoder.warm`) a step.
-3. **One frame** of every running utterance (`Batch.step`), pushed into each one's decoder; one that ends leaves.
+3. **One frame** of every running utterance (`Batch.step`), pushed into each one's decoder; one that ends leaves. An
+   utterance whose text is still coming (an open prompt, `pipeline.textstream`) and whose next text token has not
+   come holds the batch's frame until it comes (`loop.Loop.resume`): text streamed in runs in a scheduler of one.
 
 A step in which a stream's decoder holds pieces of its first piece (`codec.stream.StreamDecoder.held`) does none of
 that: it hands out the next of those pieces, for each stream that holds some (a fraction of a frame's decode each).
@@ -210,6 +212,12 @@ class Jobs:
         sampling = (self.default if sampling is None else sampling).resolve()  # no seed: this utterance draws one
         return Job(prompt, sampling, Sampler(sampling, self.config.talker), cap, warnings)
 
+    def of_prompt(self, prompt: Prompt, sampling: Sampling | None, max_frames: int) -> Job:
+        """The job of an open prompt (`PromptBuilder.open_prompt`): its frame cap `max_frames` until its text is
+        complete (then the caller sets the text's own), its sampling as `build`'s."""
+        sampling = (self.default if sampling is None else sampling).resolve()
+        return Job(prompt, sampling, Sampler(sampling, self.config.talker), max_frames, [])
+
     def of(self, utterance: Utterance, on_warning: Callable[[str], None] | None = None) -> Job:
         if not isinstance(utterance, Utterance):
             raise InputError(f"expected an Utterance, not {type(utterance).__name__}")
@@ -294,16 +302,18 @@ class Scheduler:
 
     def submit(self, utterance: Utterance, chunk_frames: int | None = None,
                on_warning: Callable[[str], None] | None = None, on_frame: Callable[[int], None] | None = None,
-               lane: Lane | None = None, first_frames: int | None = None, rtf: float | None = None) -> Ticket:
+               lane: Lane | None = None, first_frames: int | None = None, rtf: float | None = None,
+               prompt: Prompt | None = None) -> Ticket:
         """Queue an utterance (checked now: bad input raises here). `chunk_frames`: stream its audio in pieces of
         that many frames; None: one whole decode when it ends. `first_frames`: a stream's first piece holds that
         many frames and the next ones grow to `chunk_frames` as fast as a stream made at real-time factor `rtf`
         allows (`codec.stream.StreamDecoder`; None: its default); None: `chunk_frames`. `lane`: the request it
-        belongs to."""
+        belongs to. `prompt`: a prompt built for the utterance, its text maybe still coming (`Jobs.of_prompt`)."""
         for name, frames in (("chunk_frames", chunk_frames), ("first_frames", first_frames)):
             if frames is not None and (not isinstance(frames, int) or isinstance(frames, bool) or frames < 1):
                 raise InputError(f"{name} must be a whole number, at least 1, not {frames!r}")
-        job = self.jobs.of(utterance, on_warning)
+        job = self.jobs.of(utterance, on_warning) if prompt is None else \
+            self.jobs.of_prompt(prompt, utterance.sampling, utterance.max_frames)
         # passed only when given: `experimental.codec_process`'s decoders take the first two arguments alone
         first = {} if first_frames is None or chunk_frames is None else {"first_frames": first_frames}
         if first and rtf is not None:
@@ -344,6 +354,8 @@ class Scheduler:
         self._admit()
         self._prefill()
         events = []
+        if not all([self.loop.resume(s) for s in self.batch.sequences]):
+            return events  # a sequence whose text has not come: its batch waits (text streamed in, one at a time)
         for seq, frame in self.batch.step():
             ticket = self.running[id(seq)]
             t0 = time.perf_counter()

@@ -18,12 +18,18 @@ the whole text, so with the same seed and pieces the audio is the same, sample f
 into deltas and whenever they came (one segment at a time, `max_batch` 1, as `stream_long` runs by default; a batch
 of several is the same only to float rounding, chapter 17).
 
-Every prompt kind starts a segment once its text is complete: ICL, built-in-speaker and VoiceDesign prompts hold the
-whole text in the prefill (`prompt.PromptBuilder.build`), and so does `frame_cap`, scaled by the segment's tokens.
-(An x-vector prompt reads its text one token a frame, `Prompt.trailing`, so a segment could start before its text is
-complete; this module does not do that yet.) When the text stalls, the stream waits (`idle`): it never feeds the
-talker anything the whole text would not have. The pause after a segment goes out with the next segment, once the
-text says one comes.
+ICL, built-in-speaker and VoiceDesign prompts hold a segment's whole text in the prefill (`prompt.PromptBuilder.build`),
+so there a segment starts once its text is complete. An x-vector prompt reads its text one token a frame beside the
+codes (`Prompt.trailing`): the talker needs the text's token t only when it makes frame t. So with an x-vector voice
+(`early`) a segment starts as soon as its first piece is decided (`SegmentStream.open_text`, a sentence that the
+segment will hold whatever follows) and its first token is settled (`text.bpe_stream.TokenStream`: the ids later text
+cannot change); its prompt is open (`PromptBuilder.open_prompt`), and every token that settles joins its trailing text
+(`extend_prompt`); when the segment is complete, tts_eos follows and its frame cap is set (`frame_cap` of its tokens,
+which no frame before the text's end can reach: the cap exceeds the tokens). Until then its cap is `max_frames`.
+A frame whose text row has not come waits for it (`loop.Loop.resume`): the stream is `idle`, it makes no frame, and it
+never feeds the talker anything the whole text would not have. The waiting sequence holds its batch, so `early` is for
+a scheduler of one place (its default: an x-vector voice on a stream's own scheduler of one). The pause after a
+segment goes out with the next segment, once the text says one comes.
 
 A server's engine runs one `Scheduler` for all its requests: pass it (`scheduler=`) and hand every step's events to
 `take` instead of calling `step`.
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import InputError
+from ..text.bpe_stream import TokenStream
 from ..text.segment_stream import SegmentStream
 from .longform import (
     FADE_SECONDS,
@@ -45,6 +52,7 @@ from .longform import (
     LongText,
     Span,
     TextSegment,
+    check_budget,
 )
 from .prompt import FRAMES_PER_TOKEN, MARGIN_FRAMES, Voice, frame_cap
 from .sampling import Sampling
@@ -66,7 +74,9 @@ class TextStream:
                  pause: float = PAUSE_SECONDS, fade_seconds: float = FADE_SECONDS, max_batch: int = 1,
                  scheduler: Scheduler | None = None, budget: int | None = None,
                  first_frames: int | None = FIRST_FRAMES, on_frame: Callable[[int], None] | None = None,
-                 on_warning: Callable[[str], None] | None = None, on_span: Callable[[Span], None] | None = None):
+                 on_warning: Callable[[str], None] | None = None, on_span: Callable[[Span], None] | None = None,
+                 early: bool | None = None):
+        self.prompts, self.language, self.voice = synth.prompts, language, voice
         self.count = synth.prompts.text_tokens
         self.segmenter = SegmentStream(max_tokens, self.count)
         self.caps = (max_frames, frames_per_token, margin)
@@ -82,6 +92,12 @@ class TextStream:
             raise
         self.long.on_span = on_span
         self.long.text_open = True
+        one = self.scheduler.max_batch == 1
+        self.early = (voice.mode == "xvector" and one) if early is None else early
+        if self.early and (voice.mode != "xvector" or not one):
+            raise InputError("a segment starts before its text is complete only with an x-vector voice, on a "
+                             "scheduler of one place")
+        self.opening: tuple[TextSegment, TokenStream] | None = None   # the segment started before its text is in
 
     @property
     def seed(self) -> int:
@@ -99,8 +115,16 @@ class TextStream:
 
     @property
     def idle(self) -> bool:
-        """Nothing to do until more text comes (or `finish`): every decided segment's audio is given out."""
-        return self.long.idle
+        """Nothing to do until more text comes (or `finish`): every decided segment's audio is given out, or the one
+        started early waits for its next token."""
+        if self.long.idle:
+            return True
+        if self.opening is None or self.long.segments[self.long.current] is not self.opening[0]:
+            return False
+        ticket = next((t for i, t in self.long.tickets.values() if self.long.segments[i] is self.opening[0]), None)
+        seq = ticket.seq if ticket is not None else None
+        return ticket is not None and (ticket.result is not None or (
+            seq is not None and seq.waiting is not None and seq.prompt.text_at(len(seq.codes) - 1) is None))
 
     @property
     def done(self) -> bool:
@@ -122,9 +146,53 @@ class TextStream:
         return added
 
     def _add(self, texts: list[str], more: bool) -> list[TextSegment]:
+        if self.opening is not None and texts:
+            self._complete(texts[0])
+            texts = texts[1:]
         planned = [TextSegment(s, n, frame_cap(n, *self.caps)) for s in texts for n in [self.count(s)]]
         self.long.extend(planned, more)
+        if self.early and more:
+            self._open(self.segmenter.open_text)
         return planned
+
+    def _open(self, text: str) -> None:
+        """Start the next segment on what of its text is decided, or give its prompt the tokens that settled since."""
+        if not text:
+            return
+        if self.opening is None:
+            tokens = TokenStream(self.prompts.tokenizer)
+            ids = tokens.feed(text)
+            if not ids:
+                return
+            prompt = self.prompts.open_prompt(ids, self.language, self.voice)
+            seg = TextSegment(text, len(ids), self.caps[0] or 2**31 - 1, prompt=prompt, open=True)
+            self.opening = (seg, tokens)
+            self.long.extend([seg], True)
+            return
+        seg, tokens = self.opening
+        if not text.startswith(seg.text):
+            raise RuntimeError(f"the segmenter's open text {text!r} does not start with {seg.text!r}")
+        ids = tokens.feed(text[len(seg.text):])
+        seg.text, seg.tokens = text, seg.tokens + len(ids)
+        self.prompts.extend_prompt(seg.prompt, ids, last=False)
+
+    def _complete(self, text: str) -> None:
+        """The segment started early is complete: its last tokens, tts_eos, its own frame cap."""
+        seg, tokens = self.opening
+        self.opening = None
+        if not text.startswith(seg.text):
+            raise RuntimeError(f"the segment {text!r} does not start with its open text {seg.text!r}")
+        ids = tokens.feed(text[len(seg.text):]) + tokens.finish()
+        self.prompts.extend_prompt(seg.prompt, ids, last=True)
+        seg.text, seg.tokens = text, seg.tokens + len(ids)
+        seg.cap = frame_cap(seg.tokens, *self.caps)
+        for i, ticket in self.long.tickets.values():
+            if self.long.segments[i] is seg:
+                ticket.job.max_frames = seg.cap
+                if ticket.seq is not None:
+                    ticket.seq.max_frames = seg.cap
+        seg.open = False
+        check_budget(self.long.segments, self.long.budget)
 
     def step(self) -> list[np.ndarray]:
         """One step of this stream's own scheduler, and the audio it gives (maybe none); nothing while `idle`."""

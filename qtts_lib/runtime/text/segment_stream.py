@@ -121,7 +121,8 @@ class SegmentStream:
             for seg in stream.feed(delta): speak(seg)
         for seg in stream.finish(): speak(seg)
 
-    `given` counts the segments given out; `pending` is the text not in one yet."""
+    `given` counts the segments given out; `pending` is the text not in one yet; `open_text` the start of the next
+    segment, as far as it is decided (normalized; "" when none is): the next segment given out starts with it."""
 
     def __init__(self, max_len: int = MAX_SEGMENT_CHARS, length: Callable[[str], int] = len):
         if max_len < 1:
@@ -131,6 +132,7 @@ class SegmentStream:
         self.out = 0         # segments of `self.text` given out
         self.given = 0
         self.finished = False
+        self.open_text = ""
 
     @property
     def pending(self) -> str:
@@ -154,7 +156,7 @@ class SegmentStream:
         return self._give(True)
 
     def _give(self, done: bool) -> list[str]:
-        spans, cut = self._decided(done)
+        spans, cut, self.open_text = self._decided(done)
         new = spans[self.out:]
         self.out = len(spans)
         if cut:
@@ -162,9 +164,9 @@ class SegmentStream:
         self.given += len(new)
         return new
 
-    def _decided(self, done: bool) -> tuple[list[str], int]:
-        """The decided segments of `self.text` (normalized), and a safe cut: where the text can start from now on
-        (0: nowhere new)."""
+    def _decided(self, done: bool) -> tuple[list[str], int, str]:
+        """The decided segments of `self.text` (normalized), a safe cut (where the text can start from now on; 0:
+        nowhere new) and the decided start of the next segment (its complete pieces, normalized)."""
         text = self.text
         horizon = len(text) if done else decided_until(text)
         mask = _protected_mask(text)
@@ -179,9 +181,9 @@ class SegmentStream:
             packed = pack(text, [p for x, y in sentences for p in fit(text, mask, x, y, self.max_len, self.length)],
                           self.max_len, self.length)
             if last:  # its last segment may still grow: it stays, and the text from its start is all that is kept
-                start = packed.pop()[0] if packed else a
+                start, end = packed.pop() if packed else (a, a)
                 out += packed
                 safe = start in {a} | {x for x, _ in sentences} and (start == 0 or text[start - 1].isspace())
-                return [normalize(text[x:y]) for x, y in out], start if safe else 0
+                return [normalize(text[x:y]) for x, y in out], start if safe else 0, normalize(text[start:end])
             out += packed
-        return [normalize(text[x:y]) for x, y in out], 0
+        return [normalize(text[x:y]) for x, y in out], 0, ""
