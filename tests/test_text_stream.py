@@ -161,3 +161,32 @@ def test_an_xvector_segment_starts_before_its_text_is_complete_with_the_same_aud
     with pytest.raises(Exception, match="x-vector"):
         TextStream(synth, "english", voices["icl"], early=True, **options)
     assert not TextStream(synth, "english", voices["icl"], **options).early
+
+
+def test_on_a_shared_scheduler_its_events_go_to_take(synth, voices):
+    """A server runs one scheduler for all its requests: the stream takes its audio from each step's events, like
+    the server's `LongText` of the whole text (the same audio), and warns when a segment's text outruns its cap."""
+    from qtts_lib.runtime.pipeline.scheduler import Scheduler
+
+    voice = voices["xvector"]
+    scheduler = Scheduler(synth, max_batch=1)
+    whole_long = longform.LongText(synth, scheduler, TEXT, "english", voice, Sampling(seed=8), chunk_frames=2,
+                                   max_tokens=20, max_frames=6)
+    whole = []
+    while not whole_long.done:
+        whole += whole_long.take(scheduler.step())
+    warnings = []
+    stream = TextStream(synth, "english", voice, Sampling(seed=8), scheduler=scheduler, on_warning=warnings.append,
+                        **OPTIONS)
+    assert stream.early   # one place: a segment may start early
+    with pytest.raises(RuntimeError, match="take"):
+        stream.step()
+    pieces, deltas = [], _words(TEXT, 2)
+    while not stream.done:
+        if deltas and (stream.idle or len(pieces) % 3 == 0):
+            stream.feed(deltas.pop(0))
+            if not deltas:
+                stream.finish()
+        pieces += stream.take(scheduler.step())
+    assert np.concatenate(pieces).tobytes() == np.concatenate(whole).tobytes()
+    assert len(warnings) >= 1 and all("will not be spoken" in w for w in warnings)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..audio.wav import FRAME_RATE
 from ..errors import InputError
 from ..text.bpe_stream import TokenStream
 from ..text.segment_stream import SegmentStream
@@ -65,8 +66,10 @@ if TYPE_CHECKING:
 class TextStream:
     """One text fed in deltas (`feed`, then `finish`), its audio out in float32 pieces (`step`, or `take` over a
     shared scheduler's events); `spans` grows by a `Span` as each segment's audio completes (`on_span` hears each).
-    The arguments are `longform.stream_long`'s. `seed` is the text's seed (drawn on creation when the sampling has
-    none)."""
+    The arguments are `longform.stream_long`'s; `ahead` (segments in flight) defaults to `max_batch` on the stream's
+    own scheduler and to one on a shared one (as a server's `LongText`), `rtf` is `LongText`'s; `early`: start an
+    x-vector segment before its text is complete (module docstring; None: where it can). `seed` is the text's seed
+    (drawn on creation when the sampling has none)."""
 
     def __init__(self, synth: Synthesizer, language: str, voice: Voice, sampling: Sampling | None = None,
                  max_tokens: int = MAX_SEGMENT_TOKENS, max_frames: int | None = None,
@@ -75,7 +78,7 @@ class TextStream:
                  scheduler: Scheduler | None = None, budget: int | None = None,
                  first_frames: int | None = FIRST_FRAMES, on_frame: Callable[[int], None] | None = None,
                  on_warning: Callable[[str], None] | None = None, on_span: Callable[[Span], None] | None = None,
-                 early: bool | None = None):
+                 early: bool | None = None, ahead: int | None = None, rtf: float | None = None):
         self.prompts, self.language, self.voice = synth.prompts, language, voice
         self.count = synth.prompts.text_tokens
         self.segmenter = SegmentStream(max_tokens, self.count)
@@ -85,8 +88,9 @@ class TextStream:
         try:
             self.long = LongText(synth, self.scheduler, "", language, voice, sampling, max_tokens, max_frames,
                                  frames_per_token, margin, chunk_frames, pause, fade_seconds,
-                                 ahead=self.scheduler.max_batch, on_frame=on_frame, on_warning=on_warning,
-                                 budget=budget, planned=[], first_frames=first_frames)
+                                 ahead=(self.scheduler.max_batch if self.own else 1) if ahead is None else ahead,
+                                 on_frame=on_frame, on_warning=on_warning, budget=budget, planned=[],
+                                 first_frames=first_frames, rtf=rtf)
         except BaseException:
             self.close()
             raise
@@ -192,6 +196,11 @@ class TextStream:
                 if ticket.seq is not None:
                     ticket.seq.max_frames = seg.cap
         seg.open = False
+        if len(seg.prompt.trailing) > seg.cap and self.long.on_warning:  # `Jobs.build`'s warning, now it can be told
+            i = self.long.segments.index(seg)
+            self.long.on_warning(f"segment {i + 1}/{len(self.long.segments)}: the text has {seg.tokens} tokens but "
+                                 f"at most {seg.cap} frames ({seg.cap / FRAME_RATE:.0f} s) will be generated: the end "
+                                 "of the text will not be spoken")
         check_budget(self.long.segments, self.long.budget)
 
     def step(self) -> list[np.ndarray]:
