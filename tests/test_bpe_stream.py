@@ -106,3 +106,17 @@ def test_the_words_themselves_are_the_whole_texts():
         for _ in range(6):
             parts = _split(text, rng)
             assert _streamed(words, parts) == want, (text, parts)
+
+
+def test_a_segments_ids_in_the_chat_template_are_its_own(tok):
+    """The prompt reads a segment's ids out of the chat template (`prompt.TEXT`); streamed, its ids come from the
+    segment alone: the two agree for every segment of the corpora (a segment never starts with whitespace, so the
+    template's "\\n" before it is a word of its own)."""
+    from qtts_lib.runtime.pipeline.prompt import END_TOKENS, ROLE_TOKENS, TEXT
+    from qtts_lib.runtime.text import segment
+
+    cases = segment.read_cases(paths.INPUTS / "segment_corpus.txt")
+    texts = LINES + [c["text"] for c in cases]
+    for text in texts:
+        for seg in segment.segments(text, 40) if text.strip() else []:
+            assert tok.encode_template(TEXT, seg)[ROLE_TOKENS:-END_TOKENS] == tok.encode(seg, added_tokens=False)

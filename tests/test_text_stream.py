@@ -190,3 +190,18 @@ def test_on_a_shared_scheduler_its_events_go_to_take(synth, voices):
         pieces += stream.take(scheduler.step())
     assert np.concatenate(pieces).tobytes() == np.concatenate(whole).tobytes()
     assert len(warnings) >= 1 and all("will not be spoken" in w for w in warnings)
+
+
+def test_an_open_prompt_completed_is_builds_prompt(synth, voices):
+    text = "Hello there, general Kenobi. You are a bold one!"
+    ids = synth.tokenizer.encode(text, added_tokens=False)
+    want = synth.prompts.build(text, "english", voices["xvector"])
+    for k in (1, 4, len(ids)):
+        got = synth.prompts.open_prompt(ids[:k], "english", voices["xvector"])
+        assert got.open and got.text_at(k - 1) is None
+        m = max(k, len(ids) - 1)
+        synth.prompts.extend_prompt(got, ids[k:m], last=False)
+        synth.prompts.extend_prompt(got, ids[m:], last=True)
+        assert not got.open and got.text_ids == want.text_ids and got.head == want.head
+        assert got.embeds.tobytes() == want.embeds.tobytes() and got.trailing.tobytes() == want.trailing.tobytes()
+        assert got.text_at(len(ids) + 3) is got.tts_pad
