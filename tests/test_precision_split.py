@@ -41,6 +41,23 @@ def test_each_int8_form_is_its_numpy_model(tmp_path, form, k):
     assert 1e-4 < rel < 3e-2, rel   # quantized, and not garbage
 
 
+def test_a_row_of_a_block_form_does_not_hear_its_batch_mates(tmp_path):
+    """rows quantizes a call's activations with one scale, so a loud row in the batch moves a quiet row's result;
+    the weight-block forms quantize per row and block: a row's result is the same alone or batched, bit for bit."""
+    w = RNG.standard_normal((64, 256)).astype(np.float32)
+    x = RNG.standard_normal((4, 256)).astype(np.float32)
+    x[2] *= 20
+    moved = {}
+    for form in int8.FORMS:
+        text, data, _ = int8.int8_graph(gemm(64, 256), weights.FP32_TAG + w.tobytes(), form=form)
+        (tmp_path / f"{form}.param").write_text(text)
+        (tmp_path / f"{form}.bin").write_bytes(data)
+        net = make_net(tmp_path / f"{form}.param", tmp_path / f"{form}.bin", 2)
+        (batched,), (alone,) = run(net, {"in": x}, ["out"]), run(net, {"in": x[:1]}, ["out"])
+        moved[form] = float(np.abs(batched[0] - alone[0]).max() / np.abs(alone).max())
+    assert moved["rows"] > 1e-2 and moved["k128"] == moved["k32"] == 0.0, moved
+
+
 def test_blocks_keep_a_heavy_tailed_input():
     """Why the weight-block tiers exist: on SiLU(gate) * up, 6144 wide (1.7B's down projection input), one activation
     scale per call loses about twice what a scale per block of 128 does; blocks of 32 lose less again."""
