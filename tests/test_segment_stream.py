@@ -19,6 +19,8 @@ TEXTS = [c["text"] for c in CASES] + [
     "« C'est fini. » Il part. « Vraiment ? » Oui.", "「はい。」と言った。次へ。", "Go to http://x.cn/你好。我们走。好！",
     "Stop!Then go.\n\n\n\nNew para.  \n\t\n  Last one...  ", "No. 5 is taken, but no. Apple Inc. The end.",
     "He said \"Stop.\" She left. (Really.) Yes!", "¿Qué? dijo él. ¡Hola! Bien.", "a.b.c. D e. f@g.h. I.",
+    "你好。Dr. Smith kam. 「はい。」Dr. Who. 好！J. K. 是。3. Oktober. 你。e.g. this. x。www.a.cn/b。c. D.",
+    "去www.a.cn/你好。Dr. 我们。No. 5. 「はい。」e.g. 好的。",
 ]
 
 
@@ -111,3 +113,16 @@ def test_the_text_kept_stays_short():
         stream.feed(sentence)
     assert len(stream.pending) < 3 * len(sentence)
     assert stream.given >= 190
+    stream = SegmentStream(40)
+    for _ in range(200):                            # no spaces: kept from the character before the open segment
+        stream.feed("今天天气很好，我们去公园吧。")
+    assert len(stream.pending) < 4 * 14 and stream.given >= 95
+
+
+def test_a_cut_without_a_space_keeps_what_the_abbreviation_rule_looks_back_at():
+    """Chinese before an abbreviation with no space between: the whole text reads "好。St" as the word before the
+    period (no abbreviation: a sentence ends), so the kept text must keep the "。" when it starts at "St"."""
+    for length in range(1, 20):
+        for max_len in range(8, 30):
+            text = "好" * length + "。St. Bernard is big and fat. Yes."
+            assert _streamed(list(text), max_len) == segment.segments(text, max_len), (length, max_len)

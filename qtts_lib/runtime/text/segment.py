@@ -69,8 +69,13 @@ _NUMBER_ABBREVIATIONS = frozenset("no nos nr vol fig pág núm pag art s p pp".s
 ORDINAL_NOUNS = frozenset("""Januar Jänner Februar März April Mai Juni Juli August September Oktober November
 Dezember Kapitel Jahrhundert Jahrtausend Klasse Stock Mal Platz Liga Weltkrieg Auflage Satz Akt""".split())
 
+_PROTECTED_MARKS = re.compile(r"[/@]|www\.", re.IGNORECASE)   # every protected match holds one of them
+
+
 def _protected_mask(text: str) -> list[bool]:
     mask = [False] * len(text)
+    if not _PROTECTED_MARKS.search(text):  # the bare-host pattern backtracks over every long word: skip it
+        return mask
     for m in _PROTECTED.finditer(text):
         mask[m.start():m.end()] = [True] * (m.end() - m.start())
     return mask

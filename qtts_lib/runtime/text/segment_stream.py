@@ -21,12 +21,16 @@ position, so a segment is given out once the text that decides it, and the segme
 A segment's pause (after it, when more follows) is the long-text layer's: `pipeline.textstream` waits for the next
 segment or the end before it gives the pause out.
 
-Only the text from the first segment not yet given out is kept (from a sentence start with whitespace before it, where
-no rule looks back across), so a long text costs one pass over each delta's neighbourhood, not over the text so far.
+Only the text from the first segment not yet given out is kept: from a sentence start with whitespace before it, where
+no rule looks back across, or else (Chinese and Japanese, no spaces) from the character before the sentence, which
+keeps what the rules that look back see (`_word_before` finds no abbreviation in a word holding "。" or "」", and no URL
+or email spans it when its word has no `/ @ www.` before it); and measures are kept by the text measured, so a long
+text costs about one pass over each delta's neighbourhood, not over the text so far.
 Introduced in 16.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -36,6 +40,7 @@ from .segment import (
     _ENDS,
     _OPENERS,
     _PARAGRAPH,
+    _PROTECTED_MARKS,
     MAX_SEGMENT_CHARS,
     _protected_mask,
     _sentence_ends,
@@ -46,7 +51,6 @@ from .segment import (
 )
 
 _FRENCH_SPACES = " \u00a0\u202f"
-_MASK_MARKS = re.compile(r"[/@]|www\.", re.IGNORECASE)   # what a URL, an email or a host/path needs before a mark
 _OPEN_LINE = re.compile(r"\n[ \t]*\Z")                    # a line break that a blank line may still follow
 
 
@@ -96,7 +100,7 @@ def _mask_decided(text: str, s: int, closed: int) -> bool:
     start = s
     while start > 0 and not text[start - 1].isspace():
         start -= 1
-    return not _MASK_MARKS.search(text, start, s) or any(c.isspace() for c in text[closed:])
+    return not _PROTECTED_MARKS.search(text, start, s) or any(c.isspace() for c in text[closed:])
 
 
 def decided_until(text: str) -> int:
@@ -113,6 +117,17 @@ def decided_until(text: str) -> int:
     return horizon
 
 
+def _cut(text: str, start: int) -> tuple[int, int] | None:
+    """Where the kept text can begin so that the sentence at `start` and all after it are decided as in the whole
+    text, and how many characters before `start` it keeps (module docstring); None when it cannot."""
+    if text[start - 1].isspace():
+        return start, 0
+    run = start
+    while run > 0 and not text[run - 1].isspace():
+        run -= 1
+    return None if _PROTECTED_MARKS.search(text, run, start) else (start - 1, 1)
+
+
 class SegmentStream:
     """`segment.segments(text, max_len, length)` of a text fed in pieces (module docstring):
 
@@ -127,8 +142,11 @@ class SegmentStream:
     def __init__(self, max_len: int = MAX_SEGMENT_CHARS, length: Callable[[str], int] = len):
         if max_len < 1:
             raise ValueError(f"max_len must be at least 1, not {max_len}")
-        self.max_len, self.length = max_len, length
+        # the decided sentences are measured again at every delta until their segment is given out: a token count
+        # costs a BPE pass, so counts are kept (by the normalized text measured)
+        self.max_len, self.length = max_len, functools.lru_cache(maxsize=4096)(length)
         self.text = ""       # from a safe cut on (module docstring)
+        self.floor = 0       # characters of `self.text` that belong to segments given out (0 or 1, module docstring)
         self.out = 0         # segments of `self.text` given out
         self.given = 0
         self.finished = False
@@ -159,31 +177,32 @@ class SegmentStream:
         spans, cut, self.open_text = self._decided(done)
         new = spans[self.out:]
         self.out = len(spans)
-        if cut:
-            self.text, self.out = self.text[cut:], 0
+        if cut is not None:
+            self.text, self.floor, self.out = self.text[cut[0]:], cut[1], 0
         self.given += len(new)
         return new
 
-    def _decided(self, done: bool) -> tuple[list[str], int, str]:
-        """The decided segments of `self.text` (normalized), a safe cut (where the text can start from now on; 0:
-        nowhere new) and the decided start of the next segment (its complete pieces, normalized)."""
-        text = self.text
+    def _decided(self, done: bool) -> tuple[list[str], tuple[int, int] | None, str]:
+        """The decided segments of `self.text` (normalized), a safe cut (where the text can start from now on, and
+        its floor; None: nowhere new) and the decided start of the next segment (its complete pieces, normalized)."""
+        text, floor = self.text, self.floor
         horizon = len(text) if done else decided_until(text)
         mask = _protected_mask(text)
-        ends = [c for c in _sentence_ends(text, mask) if c <= horizon]
+        ends = sorted({c for c in _sentence_ends(text, mask) if c <= horizon} | ({floor} if floor else set()))
         bound = len(text) if done else max(ends, default=0)   # text up to here is in sentences known to be complete
         paragraphs = _spans(text, [m.start() for m in _PARAGRAPH.finditer(text) if m.start() < horizon], 0,
                             len(text))
         out: list[tuple[int, int]] = []
         for n, (a, b) in enumerate(paragraphs):
             last = n == len(paragraphs) - 1 and not done
-            sentences = _spans(text, ends, a, min(b, bound)) if not last or bound > a else []
+            sentences = [(x, y) for x, y in (_spans(text, ends, a, min(b, bound)) if not last or bound > a else [])
+                         if x >= floor]
             packed = pack(text, [p for x, y in sentences for p in fit(text, mask, x, y, self.max_len, self.length)],
                           self.max_len, self.length)
             if last:  # its last segment may still grow: it stays, and the text from its start is all that is kept
                 start, end = packed.pop() if packed else (a, a)
                 out += packed
-                safe = start in {a} | {x for x, _ in sentences} and (start == 0 or text[start - 1].isspace())
-                return [normalize(text[x:y]) for x, y in out], start if safe else 0, normalize(text[start:end])
+                cut = _cut(text, start) if start > floor and start in {a} | {x for x, _ in sentences} else None
+                return [normalize(text[x:y]) for x, y in out], cut, normalize(text[start:end])
             out += packed
-        return [normalize(text[x:y]) for x, y in out], 0, ""
+        return [normalize(text[x:y]) for x, y in out], None, ""
