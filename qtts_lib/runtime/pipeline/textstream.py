@@ -28,8 +28,10 @@ cannot change); its prompt is open (`PromptBuilder.open_prompt`), and every toke
 which no frame before the text's end can reach: the cap exceeds the tokens). Until then its cap is `max_frames`.
 A frame whose text row has not come waits for it (`loop.Loop.resume`): the stream is `idle`, it makes no frame, and it
 never feeds the talker anything the whole text would not have. The waiting sequence holds its batch, so `early` is for
-a scheduler of one place (its default: an x-vector voice on a stream's own scheduler of one). The pause after a
-segment goes out with the next segment, once the text says one comes.
+a scheduler of one place (its default: an x-vector voice, a scheduler of one place). The text reaches an open prompt a
+sentence at a time (a sentence is in the segment once it is decided and fits beside the ones before), so the talker
+may wait at the end of each sentence for the next to be decided. The pause after a segment goes out with the next
+segment, once the text says one comes.
 
 A server's engine runs one `Scheduler` for all its requests: pass it (`scheduler=`) and hand every step's events to
 `take` instead of calling `step`.
