@@ -7,6 +7,9 @@ Its whole surface is two calls, both on the event loop:
     job.close()                                  # however the request ended: its place is free
     engine.status()                              # speaking, waiting, refused, the batch, healthy or why not
 
+    job = await engine.speak_text(speech, voice)  # its text to come: job.feed(delta) ... job.finish()
+    async for item in job: ...                   # audio pieces, and a `longform.Span` as each segment completes
+
 One thread runs every piece of ncnn work: OpenMP keeps a worker pool per thread that ran ncnn, so ncnn called from
 whichever thread the event loop lends would starve on a machine with few cores (appendix D). Up to `max_batch`
 requests are decoded together (`pipeline.scheduler.Scheduler`, chapter 17): each frame's graph calls serve all of
@@ -44,8 +47,9 @@ from dataclasses import dataclass
 
 from ...audio.wav import SAMPLE_RATE
 from ...errors import AudioError, InputError
-from ...pipeline.longform import FIRST_FRAMES, LongText, check_budget, plan
+from ...pipeline.longform import FIRST_FRAMES, LongText, Span, check_budget, plan
 from ...pipeline.scheduler import DEFAULT_MAX_BATCH, Scheduler
+from ...pipeline.textstream import TextStream
 from .capacity import Capacity
 
 FRAME_BUDGET = 9000      # frames a request may take (12 minutes: a 4096-character English text fits)
@@ -112,6 +116,10 @@ class Job:
         self.arrived = 0.0  # monotonic seconds, when it was given a place
         self.released = False
         self.long: LongText | None = None  # the engine thread's
+        self.text: TextStream | None = None  # the engine thread's, for a text that streams in (`speak_text`)
+        self.streamed = speech is not None and speech.text is None
+        self.early_text: list[str | None] = []  # the engine thread's: deltas (None: the end) before it started
+        self.spans: list[Span] = []  # the engine thread's: segments completed in the latest step
         self.deadline: float | None = None  # monotonic seconds, set when the engine starts it
         self._backlog, self._lock = 0, threading.Lock()
         self._held_over: int | None = None  # held for a backlog over this many samples: `take` wakes the engine
@@ -130,7 +138,7 @@ class Job:
 
     async def __anext__(self):
         kind, value = await self._take()
-        if kind == "audio":
+        if kind in ("audio", "segment"):
             return value
         if kind == "done":
             raise StopAsyncIteration
@@ -161,6 +169,14 @@ class Job:
     def close(self) -> None:
         """The request is over, however it ended: its place is free (once), its work stops at the next step."""
         self.engine.release(self)
+
+    def feed(self, delta: str) -> None:
+        """More of a streamed text (`speak_text`): the engine's thread takes it in order."""
+        self.engine.inbox.put(("text", self, delta))
+
+    def finish(self) -> None:
+        """A streamed text's end."""
+        self.engine.inbox.put(("text", self, None))
 
     # ------------------------------------------------------------ the engine thread's side
     def send(self, kind: str, value=None) -> None:
@@ -242,6 +258,17 @@ class Engine:
         tokenizer, off the event loop: a `BudgetError` or `InputError`), then `Unavailable` at once when there is no
         place or the engine has stopped."""
         planned = await asyncio.to_thread(self._plan, speech.text)
+        return self._place(Job(self, speech, voice, planned, asyncio.get_running_loop()))
+
+    async def speak_text(self, speech, voice) -> Job:
+        """A place for a request whose text streams in (`schema.Speech` with `text` None, spoken with `voice`):
+        `job.feed(delta)` as the text comes, `job.finish()` at its end; iterating it gives the audio pieces and a
+        `longform.Span` as each segment's audio is complete. Segments start as soon as the text decides them
+        (`pipeline.textstream.TextStream`), so the audio is the whole text's; the budget is checked as the text
+        comes (an `InputError` out of the iteration). `Unavailable` at once as `speak`'s."""
+        return self._place(Job(self, speech, voice, [], asyncio.get_running_loop()))
+
+    def _place(self, job: Job) -> Job:
         failure = self.failure_now()
         if failure is not None:
             raise Unavailable(f"the engine stopped: {failure}")
@@ -250,7 +277,6 @@ class Engine:
             self.refused += 1
             raise Unavailable(f"server busy: {speaking} requests speaking and {self.queue_places} queued; "
                               "retry later", retry_after=max(1, round(self.pending / speaking)))
-        job = Job(self, speech, voice, planned, asyncio.get_running_loop())
         job.arrived = time.monotonic()
         self.pending += 1
         self.inbox.put(job)
@@ -360,10 +386,15 @@ class Engine:
             for job in self.queued:
                 job.send("error", EngineFailed("the server is stopping"))
             return False
-        self.queued.extend(job for job in incoming if job)
+        self.queued.extend(job for job in incoming if isinstance(job, Job))
         self.queued = deque(job for job in self.queued if not job.cancelled.is_set())
         while self.queued and len(self.speaking) < self.streams:
             self._start(self.queued.popleft())
+        for _, job, delta in (m for m in incoming if isinstance(m, tuple)):
+            if job.text is None:
+                job.early_text.append(delta)  # not started yet: taken in order once it is
+            elif job in self.speaking:
+                self._feed(job, delta)
         now = time.monotonic()
         while self.queued and now - self.queued[0].arrived > self.max_wait:
             self.refused += 1
@@ -380,6 +411,8 @@ class Engine:
         return True
 
     def _start(self, job: Job) -> None:
+        if job.streamed:
+            return self._start_text(job)
         s = job.speech
         try:
             job.long = LongText(self.synth, self.scheduler, s.text, s.language, job.voice, s.sampling,
@@ -392,6 +425,37 @@ class Engine:
         if self.deadline_margin is not None:
             job.deadline = time.monotonic() + self.deadline_per_frame * job.frames + self.deadline_margin
         self.speaking.append(job)
+
+    def _start_text(self, job: Job) -> None:
+        s = job.speech
+        try:
+            job.text = TextStream(self.synth, s.language, job.voice, s.sampling, max_frames=self.max_frames,
+                                  chunk_frames=self.chunk_frames, scheduler=self.scheduler, budget=self.budget,
+                                  first_frames=self.first_frames, on_span=job.spans.append,
+                                  rtf=None if self.capacity is None else self.capacity.piece_rtf())
+        except (InputError, AudioError) as e:
+            job.send("refused", e)
+            return
+        job.long, job.planned = job.text.long, job.text.segments
+        self.speaking.append(job)
+        for delta in job.early_text:
+            if job in self.speaking:
+                self._feed(job, delta)
+        job.early_text = []
+
+    def _feed(self, job: Job, delta: str | None) -> None:
+        """A streamed text's next delta (None: its end, which sets its deadline by the frames it may take)."""
+        try:
+            if delta is not None:
+                job.text.feed(delta)
+                return
+            job.text.finish()
+        except (InputError, AudioError) as e:
+            self._end(job, "refused", e)
+            return
+        if self.deadline_margin is not None:
+            job.frames = sum(seg.cap for seg in job.text.segments)
+            job.deadline = time.monotonic() + self.deadline_per_frame * job.frames + self.deadline_margin
 
     def _step(self) -> None:
         self._step_started = time.monotonic()
@@ -406,6 +470,9 @@ class Engine:
         for job in list(self.speaking):
             for piece in job.long.take(events):
                 job.send("audio", piece)
+            for span in job.spans:  # after the audio it spans
+                job.send("segment", span)
+            job.spans.clear()
             if job.long.done:  # not counted as speaking once its client can hear it is done (`/health`)
                 self.served += 1
                 self._end(job, "done")

@@ -30,7 +30,7 @@ def build_app(engine: Engine, voices: Voices, model_id: str, api_key: str | None
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.middleware.cors import CORSMiddleware
-    from starlette.routing import Route
+    from starlette.routing import Route, WebSocketRoute
 
     from .schema import SEED_HEADER
 
@@ -47,9 +47,10 @@ def build_app(engine: Engine, voices: Voices, model_id: str, api_key: str | None
               Route("/v1/audio/voice_consents/{consent_id}", api.consent, methods=["GET", "POST", "DELETE"]),
               Route("/health", api.health, methods=["GET"]),
               Route("/metrics", api.scrape, methods=["GET"]), Route("/openapi.json", api.openapi, methods=["GET"]),
-              Route("/", api.index, methods=["GET"])]
+              Route("/", api.index, methods=["GET"]),
+              WebSocketRoute("/v1/audio/speech/stream", api.speech_stream)]
     app = Starlette(routes=routes, exception_handlers={HTTPException: api.http_error, Exception: api.server_error})
-    gated = Gate(app, api.metrics, api_key)
+    gated = Gate(app, api.metrics, api_key, cors_origins)
     if not cors_origins:
         return gated
     return CORSMiddleware(gated, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "DELETE"],
@@ -166,22 +167,10 @@ class Api:
         """The request read (`schema.read_body`), checked (`schema.parse_speech`), its voice taken from the store
         (built now, once, for a clip copied in since the start), then given to the engine (planned against the
         budget, given a place); any refusal a `schema.RequestError`."""
-        from .schema import RequestError, parse_speech
+        from .schema import RequestError
 
-        voices = self.store
-        names = voices.names()
-        speech = parse_speech(await self._body(request, speech=True), self.served, names, voices.by_id(),
-                              voices.aliases(names))
-        try:
-            if speech.ref_audio is not None:
-                voice = await self.refs.voice(speech.ref_audio, speech.ref_text)
-            else:
-                await voices.ready(speech.voice)
-                voice = voices.get(speech.voice, speech.instructions)
-        except BadClip as e:
-            raise RequestError(400, str(e), e.param, code=e.code) from None
-        except (AudioError, InputError) as e:
-            raise RequestError(400, str(e), "voice", code="bad_voice") from None
+        speech = self.parse(await self._body(request, speech=True))
+        voice = await self.voice_of(speech)
         try:
             job = await self.engine.speak(speech, voice)
         except BudgetError as e:
@@ -191,6 +180,34 @@ class Api:
         except Unavailable as e:
             raise _unavailable(e) from None
         return job
+
+    async def speech_stream(self, websocket):
+        """The WebSocket of a text that streams in (`live`)."""
+        from .live import speech_stream
+
+        await speech_stream(self, websocket)
+
+    def parse(self, body: bytes):
+        """A speech request's body checked (`schema.parse_speech`) against this server's checkpoint and voices."""
+        from .schema import parse_speech
+
+        names = self.store.names()
+        return parse_speech(body, self.served, names, self.store.by_id(), self.store.aliases(names))
+
+    async def voice_of(self, speech):
+        """The request's voice: its `ref_audio`'s (built once per clip), or the store's (built now, once, for a
+        clip copied in since the start); a `schema.RequestError` (400) when it cannot be made."""
+        from .schema import RequestError
+
+        try:
+            if speech.ref_audio is not None:
+                return await self.refs.voice(speech.ref_audio, speech.ref_text)
+            await self.store.ready(speech.voice)
+            return self.store.get(speech.voice, speech.instructions)
+        except BadClip as e:
+            raise RequestError(400, str(e), e.param, code=e.code) from None
+        except (AudioError, InputError) as e:
+            raise RequestError(400, str(e), "voice", code="bad_voice") from None
 
     async def models(self, request):
         from . import schema
@@ -415,17 +432,40 @@ class Api:
 class Gate:
     """ASGI middleware in front of the app: the API key on PROTECTED paths (OpenAI's 401 body), and every answer
     counted by path and status for /metrics. The key comes as `Authorization: Bearer KEY`, the scheme's name in any
-    case (RFC 9110: an authentication scheme is case-insensitive)."""
+    case (RFC 9110: an authentication scheme is case-insensitive). A WebSocket is checked too, before its handshake
+    is accepted (`websocket`): the key, and the browser's `Origin` against the server's own and `origins`."""
 
-    def __init__(self, app, metrics, api_key: str | None):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, metrics, api_key: str | None, origins: tuple = ()):
+        self.app, self.metrics, self.origins = app, metrics, set(origins)
         self.key = None if api_key is None else api_key.encode()
 
     def authorized(self, header: bytes) -> bool:
         scheme, _, token = header.strip().partition(b" ")
         return hmac.compare_digest(token.strip(), self.key) and scheme.lower() == b"bearer"
 
+    async def websocket(self, scope, receive, send):
+        """A WebSocket with the key (a header, or `?api_key=` from a browser) and an accepted `Origin` goes on to
+        the app; any other's handshake is refused (the ASGI server answers it 403)."""
+        from urllib.parse import parse_qs, urlparse
+
+        headers = dict(scope["headers"])
+        key_ok = self.key is None or not scope["path"].startswith(PROTECTED) or \
+            self.authorized(headers.get(b"authorization", b"")) or any(
+                hmac.compare_digest(k.encode(), self.key)
+                for k in parse_qs(scope.get("query_string", b"").decode()).get("api_key", []))
+        origin = headers.get(b"origin", b"").decode()
+        host = headers.get(b"host", b"").decode()
+        origin_ok = not origin or origin in self.origins or urlparse(origin).netloc == host
+        if key_ok and origin_ok:
+            return await self.app(scope, receive, send)
+        await receive()  # the client's websocket.connect
+        print(f"qtts serve: a WebSocket refused: {'no valid API key' if not key_ok else f'origin {origin}'}",
+              file=sys.stderr)
+        await send({"type": "websocket.close", "code": 1008})
+
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":
+            return await self.websocket(scope, receive, send)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]

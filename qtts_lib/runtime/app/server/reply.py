@@ -50,6 +50,14 @@ class Reply:
         self._work = ENCODING.submit(work, *args)
         return await asyncio.wrap_future(self._work)
 
+    async def encode(self, piece) -> bytes:
+        """One piece's bytes in the reply's format (tempo and encoder, off the event loop; maybe none yet)."""
+        return await self._off_loop(self._piece, piece)
+
+    async def rest(self) -> bytes:
+        """The bytes the tempo filter and the encoder still hold, at the stream's end."""
+        return await self._off_loop(self._rest)
+
     def _piece(self, value) -> bytes:
         return self.encoder.write(self.tempo.write(value))
 
