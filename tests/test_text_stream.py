@@ -205,3 +205,48 @@ def test_an_open_prompt_completed_is_builds_prompt(synth, voices):
         assert not got.open and got.text_ids == want.text_ids and got.head == want.head
         assert got.embeds.tobytes() == want.embeds.tobytes() and got.trailing.tobytes() == want.trailing.tobytes()
         assert got.text_at(len(ids) + 3) is got.tts_pad
+
+
+def test_a_stream_waiting_for_its_text_leaves_the_batch_and_the_others_go_on(synth, voices):
+    """Two requests on a scheduler of two places: A's text comes a word at a time, B's whole. When A's next token has
+    not come, A leaves the batch with its cache (`Batch.park`, keeping its place) and B makes frames meanwhile; A
+    joins again when its token comes and both end; a parked stream can be cancelled."""
+    from qtts_lib.runtime.pipeline.scheduler import Scheduler
+
+    voice = voices["xvector"]
+    scheduler = Scheduler(synth, max_batch=2)
+    a = TextStream(synth, "english", voice, Sampling(seed=3), scheduler=scheduler, max_tokens=30, max_frames=40,
+                   chunk_frames=2)
+    b = longform.LongText(synth, scheduler, TEXT, "english", voice, Sampling(seed=4), chunk_frames=2, max_tokens=20,
+                          max_frames=12)
+    words = _words("Hello there. This sentence goes on and on with many words in it. And so on.", 1)
+    heard, parked_steps, b_frames_while_parked = {"a": 0, "b": 0}, 0, 0
+    while not (a.done and b.done):
+        if a.idle and words:
+            a.feed(words.pop(0))
+            if not words:
+                a.finish()
+        events = scheduler.step()
+        if scheduler.parked:
+            parked_steps += 1
+            b_frames_while_parked += sum(1 for e in events if e.ticket.id in b.tickets and not e.drained)
+        heard["a"] += sum(len(p) for p in a.take(events))
+        heard["b"] += sum(len(p) for p in b.take(events))
+    assert parked_steps > 0 and b_frames_while_parked > 0
+    assert heard["a"] > 0 and heard["b"] > 0 and not scheduler.parked and not scheduler
+    assert [s.text for s in a.spans] == segments("Hello there. This sentence goes on and on with many words in it. "
+                                                 "And so on.", 30, synth.prompts.text_tokens)
+
+    c = TextStream(synth, "english", voice, Sampling(seed=5), scheduler=scheduler, max_frames=40, chunk_frames=2)
+    d = longform.LongText(synth, scheduler, TEXT, "english", voice, Sampling(seed=6), chunk_frames=2, max_frames=40)
+    c.feed("Hello there. This ")
+    for _ in range(40):
+        events = scheduler.step()
+        c.take(events)
+        d.take(events)
+        if scheduler.parked:
+            break
+    assert scheduler.parked
+    c.close()
+    assert not scheduler.parked and scheduler.places == 1
+    d.cancel()

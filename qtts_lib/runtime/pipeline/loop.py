@@ -461,6 +461,24 @@ class Batch:
         self.cache.keep(order)
         self.sequences = [self.sequences[i] for i in order]
 
+    def park(self, seq: Sequence) -> None:
+        """Take a sequence that waits for its text (`Sequence.waiting`) out of the batch with its own cache (a copy
+        of the batch's, keeping its rows), so the others go on; it comes back with `unpark` once its text has come."""
+        if len(self.sequences) == 1:
+            seq.cache, self.sequences, self.cache = self.cache, [], None
+            return
+        index = next(i for i, s in enumerate(self.sequences) if s is seq)
+        seq.cache = self.cache.copy()
+        seq.cache.keep([index])
+        order = survivors([s is seq for s in self.sequences])
+        self.cache.keep(order)
+        self.sequences = [self.sequences[i] for i in order]
+
+    def unpark(self, seq: Sequence) -> None:
+        """A parked sequence whose text row has come (`Loop.resume`) steps that row on its own cache, then joins."""
+        self.loop.feed([seq], seq.cache)
+        self.join(seq)
+
     def step(self) -> list[tuple[Sequence, Frame | None]]:
         """One frame of every sequence in the batch (None for one that ended at EOS); those that ended leave."""
         if not self.sequences:

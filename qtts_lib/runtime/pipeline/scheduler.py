@@ -27,7 +27,8 @@ What a step does, and why each part is bounded (a step is what every running str
    (an ICL clip's codes, `codec.stream.StreamDecoder.warm`) a step.
 3. **One frame** of every running utterance (`Batch.step`), pushed into each one's decoder; one that ends leaves. An
    utterance whose text is still coming (an open prompt, `pipeline.textstream`) and whose next text token has not
-   come holds the batch's frame until it comes (`loop.Loop.resume`): text streamed in runs in a scheduler of one.
+   come (`loop.Loop.resume`) leaves the batch with its cache (`Batch.park`; it keeps its place) while the others go
+   on, and joins again when the token comes; alone, it waits in place (no frame is made).
 
 A step in which a stream's decoder holds pieces of its first piece (`codec.stream.StreamDecoder.held`) does none of
 that: it hands out the next of those pieces, for each stream that holds some (a fraction of a frame's decode each).
@@ -282,6 +283,7 @@ class Scheduler:
         self.waiting: deque[Ticket] = deque()
         self.prefilling: list[Ticket] = []     # admitted, their prompts going in a piece a step
         self.running: dict[int, Ticket] = {}   # id(sequence) -> its ticket
+        self.parked: list[Ticket] = []         # running, out of the batch until their text comes (`Batch.park`)
         self._admitted = itertools.count()
 
     @property
@@ -291,7 +293,7 @@ class Scheduler:
     @property
     def places(self) -> int:
         """Places free: `max_batch` less the utterances running or prefilling."""
-        return self.max_batch - len(self.batch) - len(self.prefilling)
+        return self.max_batch - len(self.batch) - len(self.prefilling) - len(self.parked)
 
     def __bool__(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
@@ -337,6 +339,10 @@ class Scheduler:
         elif ticket in self.prefilling:
             self.prefilling.remove(ticket)
             ticket.seq = None  # its cache goes with it
+        elif ticket in self.parked:
+            self.parked.remove(ticket)
+            del self.running[id(ticket.seq)]
+            ticket.seq.cache = None
         elif ticket.seq is not None and id(ticket.seq) in self.running:
             self.batch.remove(ticket.seq)
             del self.running[id(ticket.seq)]
@@ -354,8 +360,8 @@ class Scheduler:
         self._admit()
         self._prefill()
         events = []
-        if not all([self.loop.resume(s) for s in self.batch.sequences]):
-            return events  # a sequence whose text has not come: its batch waits (text streamed in, one at a time)
+        if not self._text_rows():
+            return events
         for seq, frame in self.batch.step():
             ticket = self.running[id(seq)]
             t0 = time.perf_counter()
@@ -368,6 +374,23 @@ class Scheduler:
                 self._finish(ticket, event)
             events.append(event)
         return events
+
+    def _text_rows(self) -> bool:
+        """Whether the batch can make a frame: sequences whose text has not come (`loop.Loop.resume`) leave it
+        while others can go on (`Batch.park`), and come back once it has; alone, one waits in place."""
+        for ticket in list(self.parked):
+            if self.loop.resume(ticket.seq):
+                self.parked.remove(ticket)
+                self.batch.unpark(ticket.seq)
+        stalled = [s for s in self.batch.sequences if not self.loop.resume(s)]
+        if not stalled:
+            return True
+        if len(stalled) == len(self.batch):
+            return False  # none can go on: they wait in place (a stream alone keeps its numbers exactly)
+        for seq in stalled:
+            self.batch.park(seq)
+            self.parked.append(self.running[id(seq)])
+        return True
 
     def _drain(self, ticket: Ticket) -> Event:
         t0 = time.perf_counter()

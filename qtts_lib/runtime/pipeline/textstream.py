@@ -27,8 +27,9 @@ cannot change); its prompt is open (`PromptBuilder.open_prompt`), and every toke
 (`extend_prompt`); when the segment is complete, tts_eos follows and its frame cap is set (`frame_cap` of its tokens,
 which no frame before the text's end can reach: the cap exceeds the tokens). Until then its cap is `max_frames`.
 A frame whose text row has not come waits for it (`loop.Loop.resume`): the stream is `idle`, it makes no frame, and it
-never feeds the talker anything the whole text would not have. The waiting sequence holds its batch, so `early` is for
-a scheduler of one place (its default: an x-vector voice, a scheduler of one place). The text reaches an open prompt a
+never feeds the talker anything the whole text would not have; in a batch it leaves with its cache while the others go
+on, and joins again when its token comes (`loop.Batch.park`; equal to running alone to float rounding, chapter 17).
+`early` is the default for an x-vector voice. The text reaches an open prompt a
 sentence at a time (a sentence is in the segment once it is decided and fits beside the ones before), so the talker
 may wait at the end of each sentence for the next to be decided. The pause after a segment goes out with the next
 segment, once the text says one comes.
@@ -98,11 +99,10 @@ class TextStream:
             raise
         self.long.on_span = on_span
         self.long.text_open = True
-        one = self.scheduler.max_batch == 1
-        self.early = (voice.mode == "xvector" and one) if early is None else early
-        if self.early and (voice.mode != "xvector" or not one):
-            raise InputError("a segment starts before its text is complete only with an x-vector voice, on a "
-                             "scheduler of one place")
+        self.early = voice.mode == "xvector" if early is None else early
+        if self.early and voice.mode != "xvector":
+            raise InputError("a segment starts before its text is complete only with an x-vector voice (the other "
+                             "prompts hold a segment's whole text)")
         self.opening: tuple[TextSegment, TokenStream] | None = None   # the segment started before its text is in
 
     @property
