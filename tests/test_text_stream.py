@@ -151,7 +151,9 @@ def test_an_xvector_segment_starts_before_its_text_is_complete_with_the_same_aud
             first = stream.segments[0] if stream.segments else None
             heard_early |= bool(first is not None and first.open and pieces)
             seq = next(iter(stream.long.tickets.values()))[1].seq if stream.long.tickets else None
-            waited += bool(first is not None and first.open and seq is not None and seq.waiting is not None)
+            waiting = bool(first is not None and first.open and seq is not None and seq.waiting is not None)
+            assert stream.scheduler.blocked == (waiting and stream.idle)
+            waited += waiting
         stream.finish()
         while not stream.done:
             pieces += stream.step()

@@ -298,6 +298,15 @@ class Scheduler:
     def __bool__(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
 
+    @property
+    def blocked(self) -> bool:
+        """Whether a step would do nothing until text comes: every utterance it holds runs and waits for its next
+        text token (an engine may sleep until a text delta arrives instead of stepping)."""
+        if (self.waiting and self.places > 0) or self.prefilling or not self.running:
+            return False
+        return all(not t.decoder.held and t.seq.waiting is not None and
+                   t.seq.prompt.text_at(len(t.seq.codes) - 1) is None for t in self.running.values())
+
     def lane(self) -> Lane:
         """A new request's lane (see `Lane`)."""
         return Lane()

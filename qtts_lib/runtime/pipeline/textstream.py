@@ -130,7 +130,8 @@ class TextStream:
         ticket = next((t for i, t in self.long.tickets.values() if self.long.segments[i] is self.opening[0]), None)
         seq = ticket.seq if ticket is not None else None
         return ticket is not None and (ticket.result is not None or (
-            seq is not None and seq.waiting is not None and seq.prompt.text_at(len(seq.codes) - 1) is None))
+            seq is not None and seq.waiting is not None and seq.prompt.text_at(len(seq.codes) - 1) is None
+            and not ticket.decoder.held))   # pieces of its first piece still to hand out: a step gives one
 
     @property
     def done(self) -> bool:
