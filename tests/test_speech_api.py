@@ -105,16 +105,19 @@ def events_of(lines) -> list[dict]:
 
 @pytest.mark.parametrize("fmt", ["pcm", "mp3"])
 def test_the_official_sdk_reads_speech_as_server_sent_events(client, fmt):
-    """stream_format "sse": a `speech.audio.delta` per chunk (the format's bytes in base64), then
-    `speech.audio.done` with the usage; joined, the deltas are the body of the plain request with the same seed."""
+    """stream_format "sse": a `speech.audio.delta` per chunk (the format's bytes in base64), a `speech.segment` once a
+    segment's audio is all sent (where it lies in the audio), then `speech.audio.done` with the usage; joined, the
+    deltas are the body of the plain request with the same seed."""
     kwargs = dict(model="gpt-4o-mini-tts", voice="alice", input=TEXT, response_format=fmt)
     with client.audio.speech.with_streaming_response.create(**kwargs, stream_format="sse") as response:
         assert response.headers["content-type"] == "text/event-stream"
         seed = int(response.headers[SEED_HEADER])
         events = events_of(response.iter_lines())
-    *deltas, done = events
-    assert len(deltas) >= 2 and all(e["type"] == "speech.audio.delta" for e in deltas)  # streamed, piece by piece
-    assert done["type"] == "speech.audio.done"
+    *events, done = events
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]  # streamed, piece by piece
+    (segment,) = [e for e in events if e["type"] != "speech.audio.delta"]  # an encoder's last bytes may follow it
+    assert len(deltas) >= 2 and segment["type"] == "speech.segment"
+    assert segment["text"] == TEXT and segment["start"] == 0.0 and done["type"] == "speech.audio.done"
     usage = done["usage"]
     assert usage["input_tokens"] > 0 and 0 < usage["output_tokens"] <= MAX_FRAMES
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
@@ -123,6 +126,7 @@ def test_the_official_sdk_reads_speech_as_server_sent_events(client, fmt):
     assert int(plain.response.headers[SEED_HEADER]) == seed and audio == plain.content
     if fmt == "pcm":
         assert len(audio) == usage["output_tokens"] * 1920 * 2  # one frame is 1920 samples of 16 bits
+        assert segment["end"] == pytest.approx(len(audio) / 2 / 24000, abs=1e-6)  # one segment: all of it
     else:
         assert np.abs(decoded(audio)[0]).max() > 0.01
 

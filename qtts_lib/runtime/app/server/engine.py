@@ -422,6 +422,8 @@ class Engine:
         except (InputError, AudioError) as e:
             job.send("refused", e)
             return
+        if s.stream_format == "sse":  # its events say where each segment lies (`speech.segment`)
+            job.long.on_span = job.spans.append
         if self.deadline_margin is not None:
             job.deadline = time.monotonic() + self.deadline_per_frame * job.frames + self.deadline_margin
         self.speaking.append(job)

@@ -18,6 +18,7 @@ from ...audio.encode import Encoder
 from ...audio.tempo import Tempo
 from ...audio.wav import SAMPLE_RATE
 from ...errors import AudioError, InputError
+from ...pipeline.longform import Span
 from .engine import EngineFailed, Job, Unavailable
 from .schema import SEED_HEADER
 
@@ -100,8 +101,9 @@ class Reply:
         """The encoded stream from the first message on; raises `BrokenStream` when the engine fails."""
         first = True
         while kind == "audio":
-            chunk = await self._off_loop(self._piece, value)
-            if chunk:
+            if isinstance(value, Span):  # a segment's audio is all in (a request streamed as events asks for these)
+                yield Span(value.text, value.start / self.tempo.speed, value.end / self.tempo.speed)
+            elif chunk := await self._off_loop(self._piece, value):
                 if first:
                     self.metrics.time_to_first_audio.observe(time.monotonic() - self.received)
                     first = False
@@ -166,8 +168,11 @@ class AudioResponse:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             async for chunk in reply.chunks(*self.first):
-                body = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode()}) \
-                    if self.sse else chunk
+                if isinstance(chunk, Span):
+                    body = sse_event({"type": "speech.segment", **chunk.as_dict()})
+                else:
+                    body = sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode()}) \
+                        if self.sse else chunk
                 if not await _send_or_leave(send, {"type": "http.response.body", "body": body, "more_body": True},
                                             gone, reply.send_timeout):
                     return
