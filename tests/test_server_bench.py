@@ -70,6 +70,10 @@ def test_the_load_bench_runs_against_a_server_process(tts, tmp_path):
     assert result["library_first_audio"]["p50_ms"] > 0 and len(result["library_first_audio"]["ms"]) == 2
     assert result["first_audio_over_library_ms"] == pytest.approx(
         one["ttfa_ms"]["p50"] - result["library_first_audio"]["p50_ms"], abs=0.11)
+    streamed = result["streamed_text_first_audio"]
+    assert streamed["p50_ms"] > 0 and len(streamed["ms"]) == 2
+    assert result["streamed_text_over_library_ms"] == pytest.approx(
+        streamed["p50_ms"] - result["library_first_audio"]["p50_ms"], abs=0.11)
     assert result["admit"] == "realtime" and result["server_options"][-4:] == ["--admit", "realtime", "--max-wait",
                                                                               "0"]
     assert "stream(s) at once in real time" in result["server_capacity"]

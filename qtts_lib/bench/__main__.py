@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--queue", type=int, help="the server's --queue (default: 8, or the most clients if more)")
     serve.add_argument("--library-repeats", type=int, default=5,
                        help="timed runs of the library's first audio in this process, before the server starts")
+    serve.add_argument("--no-streamed-text", action="store_true",
+                       help="leave out the WebSocket's first audio from streamed text (a --tree without it)")
     serve.add_argument("-o", "--output", type=Path)
     cores = measurement("cores", "qtts say alone, two at once and beside a busy neighbour; qtts serve beside it",
                         frames=120)
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         result = serve_benchmark(paths.checkpoint_dir(a.checkpoint), a.threads, a.precision, a.codec_precision,
                                  ints(a.clients), ints(a.staggered), a.stagger, a.max_batch, a.max_frames,
                                  a.chunk_frames, a.tree, a.python, admit=None if a.admit == "none" else a.admit,
-                                 max_wait=a.max_wait, queue=a.queue, library_repeats=a.library_repeats)
+                                 max_wait=a.max_wait, queue=a.queue, library_repeats=a.library_repeats,
+                                 streamed_text=not a.no_streamed_text)
         write_result(result, a.output)
         print(table(result))
         return 0

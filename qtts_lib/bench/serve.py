@@ -76,6 +76,7 @@ PIECE_SAMPLES = 1920           # samples in one frame at 24 kHz
 UNDERRUN_TOLERANCE_MS = 1.0    # a stream whose playback fell short by more than this ran dry
 LIBRARY_REPEATS = 5            # timed runs of the library's first piece (after one untimed)
 FIRST_AUDIO_BAR_MS = 30.0      # one client's first audio p50 may exceed the library's by this much
+TEXT_FIRST_AUDIO_BAR_MS = 50.0  # the WebSocket's first audio from streamed text, likewise
 
 
 def texts(n: int) -> list[str]:
@@ -247,6 +248,38 @@ def scenario(host: str, port: int, n: int, stagger: float, chunk_frames: int, se
     }
 
 
+def streamed_text_first_audio(port: int, repeats: int, chunk_frames: int) -> dict:
+    """The WebSocket's first audio from streamed text (`runtime.app.server.live`), alone on the server: speech.start,
+    SENTENCES[0] in deltas of four words, then text.done, the message that decides the text's one segment; from
+    sending it to the first audio delta in. One run untimed, then `repeats` timed."""
+    import json as _json
+
+    import websocket
+
+    times = []
+    pieces = [" ".join(SENTENCES[0].split(" ")[i:i + 4]) + " " for i in range(0, len(SENTENCES[0].split(" ")), 4)]
+    for i in range(max(1, repeats) + 1):
+        ws = websocket.create_connection(f"ws://127.0.0.1:{port}/v1/audio/speech/stream", timeout=600)
+        try:
+            ws.send(_json.dumps({"type": "speech.start", "voice": "bench", "response_format": "pcm", "seed": i}))
+            for piece in pieces:
+                ws.send(_json.dumps({"type": "text.delta", "text": piece}))
+            t0 = time.perf_counter()
+            ws.send(_json.dumps({"type": "text.done"}))
+            while (message := _json.loads(ws.recv()))["type"] != "speech.audio.delta":
+                if message["type"] == "error":
+                    raise RuntimeError(f"the WebSocket answered an error: {message['error']}")
+            if i:
+                times.append(time.perf_counter() - t0)
+            while message["type"] != "speech.audio.done":  # to its end: the next one finds its place free
+                if (message := _json.loads(ws.recv()))["type"] == "error":
+                    raise RuntimeError(f"the WebSocket answered an error: {message['error']}")
+        finally:
+            ws.close()
+    return {"p50_ms": round(statistics.median(times) * 1000, 1), "ms": [round(t * 1000, 1) for t in times],
+            "text": SENTENCES[0], "from": "text.done sent", "to": "first speech.audio.delta in"}
+
+
 def add_delivered_ratio(rows: list[dict]) -> None:
     """Each scenario's audio delivered per second over the "1 at once" scenario's (None without that one)."""
     alone = next((r["delivered_audio_per_s"] for r in rows if r["name"] == "1 at once"), None)
@@ -347,10 +380,11 @@ def benchmark(model_dir: Path, threads: int = 2, precision: str = "fp32", codec_
               max_batch: int = 4, max_frames: int = 100, chunk_frames: int = 4, tree: Path | None = None,
               python: str | None = None, warmup: bool = True, admit: str | None = "realtime",
               max_wait: float | None = None, queue: int | None = None,
-              library_repeats: int = LIBRARY_REPEATS) -> dict:
+              library_repeats: int = LIBRARY_REPEATS, streamed_text: bool = True) -> dict:
     """Every scenario against one server process, after the library's first audio in this process (module
     docstring). `admit` None / `max_wait` None pass no --admit / --max-wait (the server's default); `queue` None:
-    room for every client."""
+    room for every client; `streamed_text`: also time the WebSocket's first audio from streamed text (a server
+    that has it)."""
     load_start = [round(x, 2) for x in os.getloadavg()]
     tree = Path(tree or Path(__file__).resolve().parents[2]).resolve()
     model_dir = Path(model_dir).resolve()
@@ -376,6 +410,7 @@ def benchmark(model_dir: Path, threads: int = 2, precision: str = "fp32", codec_
                 scenario("127.0.0.1", port, 1, 0.0, chunk_frames, seed0=100)
             rows = [scenario("127.0.0.1", port, n, 0.0, chunk_frames) for n in clients]
             rows += [scenario("127.0.0.1", port, n, stagger, chunk_frames) for n in staggered]
+            text = streamed_text_first_audio(port, library_repeats, chunk_frames) if streamed_text else None
         finally:
             proc.terminate()
             try:
@@ -393,6 +428,8 @@ def benchmark(model_dir: Path, threads: int = 2, precision: str = "fp32", codec_
             "huge_pages": huge_pages, "tree": str(tree), "commit": tree_commit(tree),
             "underrun_tolerance_ms": UNDERRUN_TOLERANCE_MS, "library_first_audio": library,
             "first_audio_over_library_ms": round(one - library["p50_ms"], 1) if one is not None else None,
+            "streamed_text_first_audio": text,
+            "streamed_text_over_library_ms": round(text["p50_ms"] - library["p50_ms"], 1) if text else None,
             "scenarios": rows,
             "server_log_tail": log_text[-4000:] if any(r["errors"] for r in rows) else ""}
 
@@ -415,7 +452,9 @@ def table(result: dict) -> str:
     if result.get("server_capacity"):
         lines.append(f"server: {result['server_capacity']}")
     lines.append(f"library first audio p50 {_ms(library.get('p50_ms'))} ms; the server's, 1 client, minus it: "
-                 f"{_v(result.get('first_audio_over_library_ms'))} ms (bar: {FIRST_AUDIO_BAR_MS:.0f})")
+                 f"{_v(result.get('first_audio_over_library_ms'))} ms (bar: {FIRST_AUDIO_BAR_MS:.0f}); from streamed "
+                 f"text over the WebSocket, minus it: {_v(result.get('streamed_text_over_library_ms'))} ms (bar: "
+                 f"{TEXT_FIRST_AUDIO_BAR_MS:.0f})")
     lines.append(f"{'scenario':<18} {'first audio p50/p99/max ms':>26} {'gap p50/p99/max ms':>20} "
                  f"{'longest/piece ms':>16} {'dry':>3} {'underrun':>8} {'admit':>5} {'refused':>8} {'err':>3} "
                  f"{'audio s/s':>9} {'ratio':>5} {'rtf':>6}")

@@ -130,6 +130,10 @@ async def _speak(websocket, reply: Reply, reading: asyncio.Future) -> None:
                 raise RequestError(400, str(e), "text", code="over_budget" if "budget" in str(e) else None) from None
             except EngineFailed as e:
                 raise RequestError(500, f"the engine failed: {e}", kind="server_error", code="engine_error") from None
+            except Unavailable as e:  # waited past --max-wait for one of the streams' places
+                from .http import _unavailable
+
+                raise _unavailable(e) from None
             if isinstance(item, np.ndarray):
                 chunk = await reply.encode(item)
                 if chunk:
