@@ -120,3 +120,21 @@ def test_a_segments_ids_in_the_chat_template_are_its_own(tok):
     for text in texts:
         for seg in segment.segments(text, 40) if text.strip() else []:
             assert tok.encode_template(TEXT, seg)[ROLE_TOKENS:-END_TOKENS] == tok.encode(seg, added_tokens=False)
+
+
+def test_a_known_space_ahead_settles_the_last_word():
+    """`then=" "` when the text's next character is a space: the last word settles now, and the ids stay the whole
+    text's."""
+    words = _Words()
+    rng = random.Random(4)
+    texts = LINES[::4] + ["".join(rng.choice(ATOMS) for _ in range(rng.randint(1, 30))) for _ in range(200)]
+    for text in texts:
+        want = words.encode(text)
+        for _ in range(4):
+            stream, got, at = TokenStream(words), [], 0
+            for part in _split(text, rng):
+                at += len(part)
+                got += stream.feed(part, " " if text[at:at + 1] == " " else "")
+            assert got + stream.finish() == want, (text,)
+    stream = TokenStream(words)
+    assert stream.feed("Hello", " ") == words.encode("Hello") and stream.feed(" world") == []

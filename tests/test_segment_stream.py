@@ -126,3 +126,15 @@ def test_a_cut_without_a_space_keeps_what_the_abbreviation_rule_looks_back_at():
         for max_len in range(8, 30):
             text = "好" * length + "。St. Bernard is big and fat. Yes."
             assert _streamed(list(text), max_len) == segment.segments(text, max_len), (length, max_len)
+
+
+def test_the_first_words_open_a_segment_before_its_first_sentence_is_complete():
+    """`open_text` before any sentence is complete: whole words of letters that fit, what a cut into clauses or at
+    spaces keeps in the first piece; never digits ("1 000 000" is one piece: its "1" alone may not fit)."""
+    stream = SegmentStream(30)
+    seen = [(stream.feed(d), stream.open_text) for d in ["Hello", " there", " my good", " friend, how"]]
+    assert seen == [([], ""), ([], "Hello"), ([], "Hello there my"), ([], "Hello there my good")]
+    for text in ["It cost 1 000 000 euros and more.", "ab 12 345 678 cd ef gh.", "x 1 2 3 4 5 6 7 8 9 y z.",
+                 "one two three four five six seven eight nine ten eleven twelve"]:
+        for max_len in range(3, 30):
+            assert _streamed(list(text), max_len) == segment.segments(text, max_len), (text, max_len)

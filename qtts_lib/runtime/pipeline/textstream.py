@@ -159,16 +159,16 @@ class TextStream:
         planned = [TextSegment(s, n, frame_cap(n, *self.caps)) for s in texts for n in [self.count(s)]]
         self.long.extend(planned, more)
         if self.early and more:
-            self._open(self.segmenter.open_text)
+            self._open(self.segmenter.open_text, " " if self.segmenter.open_spaced else "")
         return planned
 
-    def _open(self, text: str) -> None:
+    def _open(self, text: str, then: str) -> None:
         """Start the next segment on what of its text is decided, or give its prompt the tokens that settled since."""
         if not text:
             return
         if self.opening is None:
             tokens = TokenStream(self.prompts.tokenizer)
-            ids = tokens.feed(text)
+            ids = tokens.feed(text, then)
             if not ids:
                 return
             prompt = self.prompts.open_prompt(ids, self.language, self.voice)
@@ -179,7 +179,7 @@ class TextStream:
         seg, tokens = self.opening
         if not text.startswith(seg.text):
             raise RuntimeError(f"the segmenter's open text {text!r} does not start with {seg.text!r}")
-        ids = tokens.feed(text[len(seg.text):])
+        ids = tokens.feed(text[len(seg.text):], then)
         seg.text, seg.tokens = text, seg.tokens + len(ids)
         self.prompts.extend_prompt(seg.prompt, ids, last=False)
 

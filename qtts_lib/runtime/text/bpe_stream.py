@@ -109,14 +109,17 @@ class TokenStream:
         self.given = 0
         self.finished = False
 
-    def feed(self, delta: str) -> list[int]:
-        """Add `delta`; the ids of the text that later text cannot change (maybe none)."""
+    def feed(self, delta: str, then: str = "") -> list[int]:
+        """Add `delta`; the ids of the text that later text cannot change (maybe none). `then`: what is known to
+        come next, if anything comes (a space after a word settles it; it is not part of the text)."""
         if self.finished:
             raise ValueError("the text is finished")
         self.pending += delta
-        p = stable_split(self.pending)
+        p = min(stable_split(self.pending + then), len(self.pending))
         head = nfc(self.pending[:p])
-        words, settled = settled_words(head)
+        words, settled = settled_words(head + then if p == len(self.pending) else head)
+        while words and settled > len(head):
+            settled -= len(words.pop())
         if not words:
             return []
         self.pending = head[settled:] + self.pending[p:]

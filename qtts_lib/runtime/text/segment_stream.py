@@ -35,6 +35,7 @@ import re
 from collections.abc import Callable
 
 from .segment import (
+    _CJK,
     _CJK_RE,
     _CLOSERS,
     _ENDS,
@@ -117,6 +118,10 @@ def decided_until(text: str) -> int:
     return horizon
 
 
+_JOINS = re.compile(f"[{_CJK}。，、！？；：]")   # `normalize` drops a space after one of these before CJK
+_WORD = re.compile(r"[^\W\d_]+")   # letters only (no digits: "1 000" is never cut between its groups)
+
+
 def _cut(text: str, start: int) -> tuple[int, int] | None:
     """Where the kept text can begin so that the sentence at `start` and all after it are decided as in the whole
     text, and how many characters before `start` it keeps (module docstring); None when it cannot."""
@@ -137,7 +142,9 @@ class SegmentStream:
         for seg in stream.finish(): speak(seg)
 
     `given` counts the segments given out; `pending` is the text not in one yet; `open_text` the start of the next
-    segment, as far as it is decided (normalized; "" when none is): the next segment given out starts with it."""
+    segment, as far as it is decided (normalized; "" when none is): the next segment given out starts with it (its
+    complete sentences, or before the first is complete, its first words: `_lead`); `open_spaced`: in that
+    segment a space follows it, if anything does."""
 
     def __init__(self, max_len: int = MAX_SEGMENT_CHARS, length: Callable[[str], int] = len):
         if max_len < 1:
@@ -151,6 +158,7 @@ class SegmentStream:
         self.given = 0
         self.finished = False
         self.open_text = ""
+        self.open_spaced = False  # a space follows `open_text` in the segment, if anything does
 
     @property
     def pending(self) -> str:
@@ -174,7 +182,7 @@ class SegmentStream:
         return self._give(True)
 
     def _give(self, done: bool) -> list[str]:
-        spans, cut, self.open_text = self._decided(done)
+        spans, cut, (self.open_text, self.open_spaced) = self._decided(done)
         new = spans[self.out:]
         self.out = len(spans)
         if cut is not None:
@@ -182,7 +190,32 @@ class SegmentStream:
         self.given += len(new)
         return new
 
-    def _decided(self, done: bool) -> tuple[list[str], tuple[int, int] | None, str]:
+    def _lead(self, text: str, start: int, horizon: int) -> int:
+        """Where the words that surely open the segment starting at `start` (before any of its sentences is
+        complete) end: whole words of letters (not CJK: no spaces there), separated by whitespace with no blank line,
+        before any other character, taken while they fit the bound as `pack` takes a sentence's words (a sentence
+        cut into clauses keeps these in its first clause, one cut at spaces in its first piece). `start` if none."""
+        while start < horizon and text[start].isspace():
+            start += 1
+        end = at = start
+        while at < horizon:
+            word = _WORD.match(text, at)
+            if not word or _CJK_RE.search(word.group()):
+                break
+            stop = gap = word.end()
+            if stop >= horizon or not text[stop].isspace():
+                break                                   # the word may go on, or punctuation follows
+            if self.length(normalize(text[start:stop])) > self.max_len:
+                break
+            end = stop
+            while gap < horizon and text[gap].isspace():
+                gap += 1
+            if text.count("\n", stop, gap) > 1:
+                break                                   # a blank line: the next word is another paragraph's
+            at = gap
+        return end
+
+    def _decided(self, done: bool) -> tuple[list[str], tuple[int, int] | None, tuple[str, bool]]:
         """The decided segments of `self.text` (normalized), a safe cut (where the text can start from now on, and
         its floor; None: nowhere new) and the decided start of the next segment (its complete pieces, normalized)."""
         text, floor = self.text, self.floor
@@ -200,9 +233,10 @@ class SegmentStream:
             packed = pack(text, [p for x, y in sentences for p in fit(text, mask, x, y, self.max_len, self.length)],
                           self.max_len, self.length)
             if last:  # its last segment may still grow: it stays, and the text from its start is all that is kept
-                start, end = packed.pop() if packed else (a, a)
+                start, end = packed.pop() if packed else (a, self._lead(text, max(a, floor), horizon))
                 out += packed
                 cut = _cut(text, start) if start > floor and start in {a} | {x for x, _ in sentences} else None
-                return [normalize(text[x:y]) for x, y in out], cut, normalize(text[start:end])
+                spaced = start < end < len(text) and text[end].isspace() and not _JOINS.match(text[end - 1])
+                return [normalize(text[x:y]) for x, y in out], cut, (normalize(text[start:end]), spaced)
             out += packed
-        return [normalize(text[x:y]) for x, y in out], None, ""
+        return [normalize(text[x:y]) for x, y in out], None, ("", False)
