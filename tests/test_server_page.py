@@ -1,5 +1,6 @@
 """The page at `/` in a real headless browser (Debian's Chromium, driven by Selenium through chromium-driver): it
-lists the server's voices, speaks what is typed, plays the audio as it streams in, and downloads it.
+lists the server's voices, speaks what is typed, plays the audio as it streams in, and downloads it; its "type as you
+go" box speaks text while it is typed, over the WebSocket /v1/audio/speech/stream.
 
 Without Chromium and its driver the page tests are a recorded skip, unless QTTS_REQUIRE_BROWSER is set (.ci/run
 sets it after installing them): there a skip would mean the set-up broke, so it is a failure."""
@@ -181,3 +182,81 @@ def test_the_page_adds_a_voice_speaks_with_it_and_deletes_it(page, tmp_path):
     driver.find_element(By.ID, "delete-voice").click()
     wait_for(driver, "document.body.dataset.voiceState === 'deleted:carol'")
     assert [o.text for o in Select(driver.find_element(By.ID, "voice")).options] == ["alice", "bob"]
+
+
+TYPED = [  # about 40 tokens each: one segment (60 tokens at most) apiece, decided while the next is typed
+    "The morning train left the old station a little after six o'clock that day, and most of the long wooden seats "
+    "in every one of its narrow carriages were still completely empty.",
+    "A tired woman sitting by the window read the same page of her heavy library book three times over before she "
+    "finally gave up and watched the wet green fields go slowly by.",
+    "At the second stop a young boy carrying an old black violin case sat down across from her and smiled warmly, as "
+    "if the two of them had somehow met somewhere long before.",
+]
+
+
+def test_the_page_speaks_as_you_type_over_the_websocket(page):
+    """The "type as you go" box: typed in pieces of four words, its text goes to /v1/audio/speech/stream as it is
+    typed; audio plays before the last sentence is typed (the first segment is decided by the words after it), and
+    after Ctrl+Enter (text.done) every segment is listed with its span inside the audio that arrived, in order, and
+    lit as it plays. From a browser the API key rides in the URL (`?api_key=`): a WebSocket takes no header."""
+    import time
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver, url, _ = page
+    driver.get(url + "/")
+    wait_for(driver, "document.body.dataset.state === 'ready'")
+    assert driver.execute_script("const key = document.getElementById('key'); key.value = 'k y';"
+                                 "const url = liveUrl(); key.value = ''; return url") == \
+        url.replace("http", "ws", 1) + "/v1/audio/speech/stream?api_key=k+y"
+    assert driver.execute_script("return liveUrl()") == url.replace("http", "ws", 1) + "/v1/audio/speech/stream"
+    box = driver.find_element(By.ID, "live-text")
+    words = " ".join(TYPED).split(" ")
+    pieces = [" ".join(words[i:i + 4]) + " " for i in range(0, len(words), 4)]
+    early = -(-len(" ".join(TYPED[:2]).split(" ")) // 4) + 1  # two sentences and the third's first words
+    for piece in pieces[:early]:
+        box.send_keys(piece)
+        time.sleep(0.05)
+    wait_for(driver, "+document.body.dataset.liveSamples > 0 || document.body.dataset.liveState === 'error'")
+    assert data_of(driver)["liveState"] == "streaming", driver.find_element(By.ID, "live-status").text
+    for piece in pieces[early:]:
+        box.send_keys(piece)
+        time.sleep(0.05)
+    box.send_keys(Keys.CONTROL, Keys.ENTER)
+    wait_for(driver, "['done', 'error'].includes(document.body.dataset.liveState)")
+    data = data_of(driver)
+    assert data["liveState"] == "done", driver.find_element(By.ID, "live-status").text
+    samples, pieces_in = int(data["liveSamples"]), int(data["livePieces"])
+    spans = driver.execute_script("return [...document.querySelectorAll('#live-segments li')].map("
+                                  "(li) => [+li.dataset.start, +li.dataset.end, li.lastChild.textContent])")
+    print(f"page, typed: {samples} samples in {pieces_in} pieces, {len(spans)} segments")
+    assert samples > 0 and pieces_in >= 2 and len(spans) == int(data["liveSegments"]) >= 3
+    ends = [0.0] + [end for _, end, _ in spans]
+    assert all(ends[i] <= start < end for i, (start, end, _) in enumerate(spans))  # in order, one after another
+    assert spans[-1][1] <= samples / 24000 + 1e-3  # inside the audio that arrived
+    spoken = " ".join(text.strip() for _, _, text in spans).split()
+    assert spoken == " ".join(TYPED).split()  # every word typed, each once, in order
+    assert "seed" in driver.find_element(By.ID, "live-status").text
+    wait_for(driver, f"+document.body.dataset.liveSaid === {len(spans)}", timeout=30)  # lit as each one played
+    assert not driver.find_elements(By.CSS_SELECTOR, "#live-segments li:not(.said)")
+
+
+def test_the_type_as_you_go_box_shows_the_servers_error(page):
+    """A speech.start the server refuses (a temperature below its range, set past the field's own check) comes back
+    as one error message, shown in the box's status as the other forms show theirs."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver, url, _ = page
+    driver.get(url + "/")
+    wait_for(driver, "document.body.dataset.state === 'ready'")
+    driver.execute_script("document.getElementById('temperature').value = '-1'")
+    box = driver.find_element(By.ID, "live-text")
+    box.send_keys("Hello there. ")
+    box.send_keys(Keys.CONTROL, Keys.ENTER)
+    wait_for(driver, "['done', 'error'].includes(document.body.dataset.liveState)")
+    status = driver.find_element(By.ID, "live-status")
+    print(f"page, typed: the error shown: {status.text}")
+    assert data_of(driver)["liveState"] == "error" and status.get_attribute("class") == "error"
+    assert "temperature" in status.text and int(data_of(driver)["liveSamples"]) == 0
