@@ -1,0 +1,399 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 19 · Stream text in
+# > A language model writes its answer a token at a time; speak it as it comes, and still give the whole text's
+# > audio, sample for sample.
+#
+# **You will:** speak a text that arrives in pieces, as a language model writes it; decide segments and tokens from
+# the text so far; send text over `qtts serve`'s WebSocket and get audio back before the text is finished.
+#
+# **You will learn:** why an x-vector prompt can start before its text is complete; which rule of the segmenter
+# waits for what; why tokenizing each piece on its own gives other tokens; why the audio is the whole text's.
+#
+# **You need:** a Base checkpoint (an x-vector voice, chapter 08), the exported graphs (chapters 04–05; made here if
+# missing), the server's packages and `websocket-client` (`make setup`). **Leaves behind:**
+# `data/outputs/<ckpt>/19_voices/`, `19_streamed.wav`, `19_server.log`, the chapter report.
+
+# %%
+import atexit
+import base64
+import json
+import os
+import random
+import shutil
+import time
+
+import httpx
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import websocket  # the websocket-client package
+from IPython.display import Audio, display
+
+from qtts_lib import check, checkpoint, export, paths, reference, settings
+from qtts_lib.isolation import serve_without_torch
+from qtts_lib.runtime import Sampling, Synthesizer, load_wav
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, pcm16, save_wav
+from qtts_lib.runtime.pipeline import longform
+from qtts_lib.runtime.pipeline.longform import MAX_SEGMENT_TOKENS
+from qtts_lib.runtime.pipeline.textstream import TextStream, stream_text
+from qtts_lib.runtime.text import segment_stream
+from qtts_lib.runtime.text.bpe_stream import TokenStream
+from qtts_lib.runtime.text.segment import segments
+
+ckpt, THREADS = settings.checkpoint(), settings.threads()
+report = check.begin("19_stream_text_in", ckpt)
+model_dir = checkpoint.ensure(ckpt)
+export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # 04-05's graphs
+synth = Synthesizer(model_dir, threads=THREADS)
+check.equal("a Base checkpoint: voices cloned from a clip (x-vector)", "kind",
+            synth.kind, "base")
+voice = synth.voice(wav=load_wav(paths.voice_wav()))  # the committed clip's x-vector
+tok, count = synth.tokenizer, synth.prompts.text_tokens  # count: a text's BPE tokens
+MAX_FRAMES, SEED = 24, 7  # a small frame cap per segment keeps random weights short
+
+# %% [markdown]
+# ## 1. Speak an answer while it is written
+# A voice agent is a language model with a mouth: the model writes its answer token by token, and a reply of a
+# paragraph takes seconds to write. A text-to-speech server that wants the whole `input` first
+# ("fake streaming", as users of such servers call it: the audio streams out, the text does not stream in) keeps
+# the listener waiting for the last word before the first sound. `pipeline.textstream.stream_text` takes the text
+# as an iterable of pieces (**deltas**) and yields audio as it is made; it asks for the next delta only when it has
+# nothing else to do, so the text comes as late as it can. An answer, a word a delta, and the deltas it had asked
+# for when the first audio came:
+
+# %%
+TEXT = ("Sure, here is the plan for tomorrow. Dr. Lee arrives at 9.30 a.m. on the "
+        "early train from the city, and she asks that someone meets her at the "
+        "station with the notes. The meeting starts at ten in the small room on the "
+        "second floor, the one with the long table and the old map of the harbour on "
+        "the wall. Bring the printed slides... and the laptop too! Are the figures on"
+        " page 3 up to date? If not, the latest ones are at "
+        "https://example.com/q3.html before noon. After lunch the team walks down to "
+        "the river, and anyone who would rather stay behind can finish the report in "
+        "the library.")
+
+
+def words(text: str, n: int = 1) -> list[str]:
+    """`text` in pieces of n words, each with the space after it, as a model writes."""
+    parts = text.split(" ")
+    return [" ".join(parts[i:i + n]) + (" " if i + n < len(parts) else "")
+            for i in range(0, len(parts), n)]
+
+
+deltas, taken = words(TEXT), []
+as_written = (taken.append(d) or d for d in deltas)  # notes each delta as it is taken
+audio = stream_text(synth, as_written, "english", voice, Sampling(seed=SEED),
+                    max_frames=MAX_FRAMES)
+first, at = next(audio), len(taken)
+print(f"first audio after {at} of {len(deltas)} deltas: {''.join(taken)!r}")
+streamed = np.concatenate([first, *audio])  # the rest, as the text keeps coming
+check.at_most("first audio before a quarter of the text has come", "deltas taken / all",
+              at / len(deltas), 0.25)
+
+# %% [markdown]
+# Audio came once the first sentence was decided, by the word after it. Sections 2–5 take this apart; 6 does it
+# over the server's WebSocket.
+#
+# ## 2. Read the text a token a frame
+# Chapter 07 built the x-vector clone's prompt: the first text token rides on `codec_bos` in the prompt, and the
+# rest of the text, then `tts_eos`, is the **trailing text**, one row added to the talker's input per frame, then
+# `tts_pad` for ever. So frame t reads text token t, and no later one. One sentence's rows, frame by frame:
+
+# %%
+SENTENCE = "Sure, here is the plan for tomorrow."
+ids = tok.encode(SENTENCE, added_tokens=False)
+prompt = synth.prompt(SENTENCE, "english", voice)
+e, top = synth.embeddings, synth.config.config
+eos = e.text([top["tts_eos_token_id"]])
+check.equal("x-vector prompt: trailing text = tokens 1.. then tts_eos", "bitwise equal",
+            np.array_equal(prompt.trailing, np.vstack([e.text(ids[1:]), eos])), True)
+reads = [tok.decode([i]) for i in ids] + ["tts_eos", "tts_pad", "tts_pad"]
+display(pd.DataFrame({"text token it reads": reads, "text token": [*range(len(ids)),
+                      "-", "-", "-"]}).rename_axis("frame").T)
+
+# %% [markdown]
+# So the prompt need not wait for the text: `PromptBuilder.open_prompt` builds it from the first tokens known,
+# `extend_prompt` appends rows as tokens come, and `Prompt.text_at(t)`, the row frame t+1 reads, is None while
+# its token has not come: the talker waits there. Completed (`last=True` adds `tts_eos` and the chat template's
+# end), the open prompt must be `build`'s, to the byte:
+
+# %%
+def waits_at(p) -> int:
+    """The first frame whose text row has not come: frame t+1 reads `text_at(t)`."""
+    return next(t + 1 for t in range(len(ids)) if p.text_at(t) is None)
+
+
+builder = synth.prompts
+opened = builder.open_prompt(ids[:3], "english", voice)  # 3 tokens known
+waits = [waits_at(opened)]
+builder.extend_prompt(opened, ids[3:6], last=False)     # 3 more come
+waits.append(waits_at(opened))
+builder.extend_prompt(opened, ids[6:], last=True)       # the rest: the text is complete
+check.equal("open prompt: frame t waits for text token t", "first frame waiting, "
+            "3 then 6 tokens in", waits, [3, 6])
+same = (np.array_equal(opened.embeds, prompt.embeds)
+        and np.array_equal(opened.trailing, prompt.trailing)
+        and opened.text_ids == prompt.text_ids and not opened.open)
+check.equal("open prompt, extended token by token = build()'s prompt", "bitwise equal",
+            same, True)
+
+# %% [markdown]
+# The other prompts cannot: ICL, a built-in speaker and a described voice hold a segment's whole text in the
+# prefill (chapters 08–09), so there a segment starts once its text is complete; the text still streams in.
+#
+# ## 3. Decide segments from the text so far
+# Chapter 16 cut a long text into sentences and packed them into **segments** of at most `MAX_SEGMENT_TOKENS`
+# tokens. Each of its rules reads text around a position, some of it after the position: whether "3." ends a
+# sentence depends on what follows it (3.14?). `text.segment_stream.SegmentStream` takes deltas (`feed`) and gives
+# out a segment only once the text that decides it is in. Its docstring lists what each rule waits for; below it,
+# `segment_stream.decided_until(text)` on a few texts so far: where verdicts stop being final (the first run of end
+# marks whose verdict later text could change), and what each text waits for:
+
+# %%
+rows = [[c.strip() for c in line.strip()[1:-1].split(" | ")]
+        for line in segment_stream.__doc__.splitlines() if line.startswith("| ")]
+pd.set_option("display.max_colwidth", 80)
+display(pd.DataFrame(rows[1:], columns=rows[0]).set_index(rows[0][0]))
+waits = {"It costs 3.": "the next character (3.14?)",
+         "It costs 3. Then": "the whole next word (its case, an ordinal?)",
+         "Ask Dr.": "the next word",
+         "Wait...": "nothing: an ellipsis never ends",
+         "Go! Now ": "nothing: the next word is in"}
+until = segment_stream.decided_until
+display(pd.DataFrame([{"text so far": t, "decided until": until(t), "of": len(t),
+                       "waits for": w} for t, w in waits.items()]))
+
+# %% [markdown]
+# Fed the answer a word at a time, the segmenter gives a segment out once it is closed (the next sentence does not
+# fit in it); long before that, `open_text` holds the start of the segment being filled, as far as it is decided:
+# what section 1 started speaking on. After `finish`, the segments given are `segment.segments` of the whole text,
+# however it was cut; 200 random cuts hold it:
+
+# %%
+whole = segments(TEXT, MAX_SEGMENT_TOKENS, count)
+stream, opened_at = segment_stream.SegmentStream(MAX_SEGMENT_TOKENS, count), None
+for i, delta in enumerate(deltas, 1):
+    for seg in stream.feed(delta):
+        print(f"word {i} ({delta!r}) closes segment {stream.given}: {seg[:40]!r}...")
+    if stream.open_text and opened_at is None:
+        opened_at = i
+        print(f"word {i} ({delta!r}) decides the open start {stream.open_text!r}")
+print(f"finish gives {len(stream.finish())} more: {stream.given} of {len(whole)}")
+check.equal("the first segment's start is decided when section 1 spoke", "word",
+            opened_at, at)
+
+
+def cuts(text: str, rng: random.Random, n: int) -> list[str]:
+    """`text` cut at n random places (pieces of any length, mid-word too)."""
+    places = sorted(rng.sample(range(1, len(text)), n))
+    return [text[a:b] for a, b in zip([0, *places], [*places, len(text)])]
+
+
+rng, wrong = random.Random(0), 0
+for _ in range(200):
+    stream = segment_stream.SegmentStream(MAX_SEGMENT_TOKENS, count)
+    got = [s for p in cuts(TEXT, rng, rng.randint(1, 60)) for s in stream.feed(p)]
+    got += stream.finish()
+    wrong += got != whole
+check.equal(f"SegmentStream over 200 random cuts = segments() of the whole text "
+            f"({len(whole)} segments)", "cuts wrong", wrong, 0)
+
+# %% [markdown]
+# ## 4. Tokenize across deltas
+# A segment's tokens must be the whole text's too. Tokenizing each delta on its own does not give them: byte-level
+# BPE (chapter 06) merges inside a word, and the **pre-tokenizer** (its word-splitting regex) decides a word's end
+# by reading past it. A word cut in two becomes two words; a delta that ends in a space leaves that space a word of
+# its own, where the whole text gives it to the next word:
+
+# %%
+names = lambda ids: [tok.decode([i]) for i in ids]  # noqa: E731
+encode = lambda text: tok.encode(text, added_tokens=False)  # noqa: E731
+splits = [("Hello wor", "ld."), ("Hello ", "world."), ("New York", "ers")]
+for a, b in splits:
+    print(f"{a!r} + {b!r}: apart {names(encode(a) + encode(b))}, whole "
+          f"{names(encode(a + b))}")
+check.equal("deltas tokenized apart = the whole text's tokens", "splits that agree",
+            sum(encode(a) + encode(b) == encode(a + b) for a, b in splits), 0)
+
+# %% [markdown]
+# `text.bpe_stream.TokenStream` gives out only the ids of words that no continuation can change and holds the rest
+# back (`pending`); its docstring's table lists what each step of the tokenizer (NFC, the regex, BPE) waits for.
+# Fed random cuts, its ids must be the whole text's:
+
+# %%
+tokens = TokenStream(tok)
+for piece in ["Hello wor", "ld. New York", "ers"]:
+    print(f"feed {piece!r}: gives {names(tokens.feed(piece))}, "
+          f"holds {tokens.pending!r}")
+print("finish:", names(tokens.finish()))
+rng, wrong, want = random.Random(1), 0, encode(TEXT)
+for _ in range(200):
+    tokens = TokenStream(tok)
+    got = [i for p in cuts(TEXT, rng, rng.randint(1, 80)) for i in tokens.feed(p)]
+    wrong += got + tokens.finish() != want
+check.equal("TokenStream over 200 random cuts = encode() of the whole text",
+            "cuts wrong", wrong, 0)
+
+# %% [markdown]
+# ## 5. Speak text that streams in
+# `pipeline.textstream.TextStream` puts them together. Each closed segment joins chapter 16's queue (`LongText`:
+# its seeds, frame caps, fades, pauses); the segment being filled starts on its `open_text`, an open prompt that
+# each settled token extends; once closed, `tts_eos` follows and its frame cap is set. When the next frame's token
+# has not come, the stream is `idle` and makes nothing until more text is fed. Driven by hand four words a delta,
+# section 1's `stream_text` a word a delta, and `stream_text` over random cuts: each must give `stream_long`'s
+# audio for the whole text and seed, sample for sample:
+
+# %%
+spoken = longform.stream_long(synth, TEXT, "english", voice, Sampling(seed=SEED),
+                              max_frames=MAX_FRAMES)  # the whole text's (chapter 16)
+reference_wav = np.concatenate(list(spoken))
+stream = TextStream(synth, "english", voice, Sampling(seed=SEED), max_frames=MAX_FRAMES)
+pieces = []
+for delta in words(TEXT, 4):
+    stream.feed(delta)
+    while not stream.idle:  # what the text so far allows
+        pieces += stream.step()
+stream.finish()
+while not stream.done:
+    pieces += stream.step()
+wav, spans, rng = np.concatenate(pieces), stream.spans, random.Random(2)
+runs = {"TextStream, 4 words a delta": wav, "stream_text, a word a delta": streamed}
+for k in (5, 40):
+    runs[f"stream_text, {k} random cuts"] = np.concatenate(list(stream_text(
+        synth, cuts(TEXT, rng, k), "english", voice, Sampling(seed=SEED),
+        max_frames=MAX_FRAMES)))
+for name, got in runs.items():
+    check.equal(f"{name} = stream_long of the whole text", "bitwise equal",
+                got.tobytes() == reference_wav.tobytes(), True)
+
+# %% [markdown]
+# As each segment's audio completes, the stream adds a `Span` (its text, where its audio starts and ends, in
+# seconds), what a player shows as captions: one per segment, in order, the pauses between them silent (shaded: the
+# segments; random weights speak noise):
+
+# %%
+fig, ax = plt.subplots(figsize=(11, 2.5))
+ax.plot(np.arange(len(wav)) / SAMPLE_RATE, wav, lw=0.3, color="0.3")
+for i, s in enumerate(spans):
+    ax.axvspan(s.start, s.end, color=f"C{i % 2}", alpha=0.2)
+    ax.text((s.start + s.end) / 2, 1.03, s.text[:30] + "…", ha="center", fontsize=8,
+            transform=ax.get_xaxis_transform())  # above the axes, in seconds
+ax.set_xlabel("seconds")
+plt.show()
+check.equal("one span per segment, in order", "texts equal",
+            [s.text for s in spans] == whole, True)
+gaps = [wav[round(a.end * SAMPLE_RATE):round(b.start * SAMPLE_RATE)]
+        for a, b in zip(spans, spans[1:])]
+check.equal("spans inside the audio, the pauses between them silent", "ok",
+            spans[0].start == 0 and abs(spans[-1].end - len(wav) / SAMPLE_RATE) < 1e-6
+            and not any(g.any() for g in gaps), True)
+
+# %% [markdown]
+# ## 6. Stream text over the WebSocket
+# `qtts serve` (chapter 18) takes streamed text on a **WebSocket** (one connection, kept open, carrying messages
+# both ways), `/v1/audio/speech/stream`, behind the key like every `/v1/` path. The client sends JSON messages: a
+# `speech.start` with the speech request's fields but `input`, any number of `text.delta`, then `text.done`; the
+# server sends `speech.audio.delta` (base64 of the audio's bytes), a `speech.segment` (a span) once a segment's
+# audio is all sent, and `speech.audio.done`. A server started as in chapter 18, with `--admit all`: admission by
+# capacity would grow its pieces for this machine's measured step, and a decode cut into other pieces differs in
+# the last bits of its floats, so the audio would be the HTTP answer's but not section 5's to the bit:
+
+# %%
+KEY = "sk-chapter-19"
+voices_dir = paths.outputs_dir(ckpt) / "19_voices"  # the server's voices: alice alone
+voices_dir.mkdir(parents=True, exist_ok=True)
+shutil.copy(paths.voice_wav(), voices_dir / "alice.wav")
+log = paths.outputs_dir(ckpt) / "19_server.log"
+args = ["--checkpoint", str(model_dir), "--voices", str(voices_dir), "--threads",
+        str(THREADS), "--max-frames", str(MAX_FRAMES), "--admit", "all"]
+server, url = serve_without_torch(args, log, env=dict(os.environ, QTTS_API_KEY=KEY))
+atexit.register(server.terminate)  # a chapter stopped half-way leaves no server
+print(log.read_text().strip())
+
+# %% [markdown]
+# The `websocket-client` package (`import websocket`) speaks it from Python. The client sends the first two
+# sentences four words a delta, 40 ms apart, then waits for the server's first message: audio, before the rest of
+# the text is sent. Then the rest, `text.done`, and every message up to `speech.audio.done`:
+
+# %%
+ws = websocket.create_connection(url.replace("http", "ws") + "/v1/audio/speech/stream",
+                                 header=[f"Authorization: Bearer {KEY}"], timeout=120)
+ws.send(json.dumps({"type": "speech.start", "voice": "alice", "language": "english",
+                    "response_format": "pcm", "seed": SEED}))
+parts, early = words(TEXT, 4), len(words(TEXT[:TEXT.index(" The meeting")], 4)) + 1
+for piece in parts[:early]:
+    ws.send(json.dumps({"type": "text.delta", "text": piece}))
+    time.sleep(0.04)
+messages = [json.loads(ws.recv())]  # before the rest of the text is sent
+for piece in parts[early:]:
+    ws.send(json.dumps({"type": "text.delta", "text": piece}))
+ws.send(json.dumps({"type": "text.done"}))
+while messages[-1]["type"] not in ("speech.audio.done", "error"):
+    messages.append(json.loads(ws.recv()))
+ws.close()
+check.equal(f"audio back after {early} of {len(parts)} deltas, before the rest",
+            "first message", messages[0]["type"], "speech.audio.delta")
+print(messages[-1])
+
+# %% [markdown]
+# The audio deltas joined must be the HTTP answer for the whole text with the same seed, byte for byte, and the
+# library's (section 5) in 16 bits; one `speech.segment` per segment, inside the audio:
+
+# %%
+pcm = b"".join(base64.b64decode(m["audio"]) for m in messages
+               if m["type"] == "speech.audio.delta")
+answer = httpx.post(f"{url}/v1/audio/speech", timeout=600,
+                    headers={"Authorization": f"Bearer {KEY}"},
+                    json={"input": TEXT, "voice": "alice", "language": "english",
+                          "response_format": "pcm", "seed": SEED})
+check.equal("WebSocket pcm = the HTTP answer for the whole text, same seed",
+            "bitwise equal", pcm == answer.content, True)
+check.equal("WebSocket pcm = the library's streamed audio (section 5)", "bitwise equal",
+            pcm == pcm16(wav), True)
+events = pd.DataFrame([m for m in messages if m["type"] == "speech.segment"])
+display(events[["start", "end", "text"]].assign(text=events.text.str[:60]))
+same = events.drop(columns="type").to_dict("records") == [s.as_dict() for s in spans]
+check.equal("one speech.segment per segment: section 5's spans", "equal", same, True)
+check.at_most("segments inside the audio", "last end (s)", events.end.max(),
+              len(pcm) / 2 / SAMPLE_RATE + 1e-6)
+save_wav(paths.outputs_dir(ckpt) / "19_streamed.wav", wav)  # = pcm, as floats
+display(Audio(np.frombuffer(pcm, "<i2"), rate=SAMPLE_RATE))
+
+# %% [markdown]
+# ## Summary
+# - An x-vector prompt reads its text a token a frame (the trailing text), so a segment can start on its first
+#   decided sentence and grow as tokens come (`open_prompt`, `extend_prompt`); the completed prompt is `build`'s.
+# - `SegmentStream` gives a segment once the text that decides it is in (each rule waits for what it reads);
+#   `TokenStream` gives a token once no later text can change it. Both equal the whole text's, however it is cut.
+# - `TextStream` / `stream_text` speak text as it comes: `stream_long`'s audio for the whole text, sample for sample.
+# - `qtts serve`'s WebSocket speaks before the text is done, and its pcm is the HTTP answer's, byte for byte.
+#
+# **Artifacts left:** `data/outputs/<ckpt>/19_voices/`, `19_streamed.wav`, `19_server.log`, the chapter report.
+#
+# **If your numbers differ**
+# - *The first check fails* → not a Base checkpoint: run on `tiny-base` (only a cloned voice has an x-vector prompt).
+# - *First audio late* → `early` off, or the first sentence decided late (no space or word after its end).
+# - *Streamed audio ≠ `stream_long`* → another seed, `max_frames`, piece size or `max_batch` (several at once equal
+#   it only to float rounding, chapter 17); or a rule that reads past the text so far (sections 3–4 fail first).
+# - *WebSocket pcm ≠ section 5 but = HTTP* → the server grew its pieces for its measured step: `--admit all`.
+# - *The server does not come up* → read `19_server.log`: `pip install 'qtts[serve]'`, or export (chapters 04–05).
+
+# %%
+server.terminate()
+server.wait(30)
+check.equal("the server started here has stopped", "running", server.poll() is None,
+            False)
+check.table()
