@@ -347,46 +347,7 @@ print(REFERENCE["machine"]["cpu"], "(loop tier / codec tier; ms, and ms per fram
 pd.DataFrame(rows)
 
 # %% [markdown]
-# ## 7. Grow the pieces no faster than a listener plays them
-# A player that starts at the first piece needs piece k once the audio in front of it has played. Say each frame
-# takes r times its 80 ms to make (r: the *real-time factor* of the loop and the decode). With S_k the frames in
-# pieces 1..k, piece k is ready at S_k·r frame-lengths and due at s_1·r + S_(k-1), so it may hold at most
-# s_1 + S_(k-1)·(1/r − 1) frames. Doubling (1, 2, 4) is that rule at r = 0.5: where a frame takes more than 40 ms,
-# the second piece already comes late. `codec.stream.piece_frames` is the rule, `StreamDecoder(rtf=...)` cuts its
-# pieces by it, and the server passes the step time it measured (chapter 18). With a simulated clock, at r = 0.9:
-
-# %%
-from qtts_lib.runtime.codec.stream import piece_frames
-
-
-def pieces_for(rtf: float, frames: int = 60) -> np.ndarray:
-    sizes = []
-    while sum(sizes) < frames:
-        sizes.append(piece_frames(sum(sizes), first=1, chunk=4, rtf=rtf))
-    return np.array(sizes)
-
-
-def waits_ms(sizes: np.ndarray, r: float) -> np.ndarray:
-    out = np.cumsum(sizes)
-    ready, due = out * r, out[0] * r + np.concatenate([[0], out[:-1]])
-    return np.maximum(ready - due, 0) * 80
-
-
-R = 0.9
-fig, ax = plt.subplots(figsize=(8, 3))
-for label, grow in (("doubled (rule at r = 0.5)", 0.5), (f"grown for r = {R}", R)):
-    sizes = pieces_for(grow)
-    ax.step(np.cumsum(sizes), waits_ms(sizes, R), where="post", label=f"{label}: {sizes[:10].tolist()} ...")
-ax.set(xlabel="frames out", ylabel="listener waits (ms)", title=f"a stream made at r = {R}")
-ax.legend()
-plt.show()
-check.equal(f"pieces grown for r = {R}: a listener from the first piece never waits", "longest wait (ms)",
-            float(waits_ms(pieces_for(R), R).max()), 0.0)
-check.at_least(f"doubled pieces at r = {R}: the listener waits", "longest wait (ms)",
-               float(waits_ms(pieces_for(0.5), R).max()), 1.0)
-
-# %% [markdown]
-# ## 8. Pipe it from the command line
+# ## 7. Pipe it from the command line
 # `qtts say --stream -o out.wav` writes a complete wav after each piece; `-o -` writes 16-bit PCM behind a 44-byte WAV
 # header of unknown length to stdout as the pieces come, for a player reading a pipe (`qtts say ... -o - | ffplay -`).
 # Here it runs in a process where torch cannot be imported, with a seed, to compare with `Synthesizer.stream`: the same
@@ -424,8 +385,6 @@ check.equal("qtts say -o - = Synthesizer.stream, same seed, 16-bit PCM",
 #   by never reaching left of a chunk's context; on the CPU it decodes every frame once (`IncrementalDecode`).
 # - `Synthesizer.stream` generates in the caller's thread and makes `synthesize`'s codes and wav; first audio costs
 #   the text's prefill, `chunk` frames and their decode, an eighth of a frame first. `qtts say -o -` pipes it.
-# - A listener from the first piece never waits if piece k holds at most s_1 + S_(k-1)·(1/r − 1) frames
-#   (`piece_frames`); doubling is that rule at r = 0.5.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/15_stream.wav`, the chapter report.
 #

@@ -245,7 +245,49 @@ bx.legend(fontsize=8)
 fig.tight_layout()
 
 # %% [markdown]
-# ## 4. From the command line
+# ## 4. Stream it: how fast the pieces may grow
+# Streamed (`stream_long(..., chunk_frames=4)`), a text's first piece is one frame (`longform.FIRST_FRAMES`), so its
+# first audio waits for one frame only; the pieces after it grow to `chunk_frames`. How fast? A player that starts
+# at the first piece needs piece k once the audio in front of it has played. If a frame takes r times its 80 ms to
+# make (r: the *real-time factor* of the loop and its decode), and S_k frames are in pieces 1..k, piece k is ready
+# at S_k·r frame-lengths and due at s_1·r + S_(k-1): it may hold s_1 + S_(k-1)·(1/r − 1) frames, no more.
+# Doubling (1, 2, 4) is that rule at r = 0.5. `codec.stream.piece_frames` is the rule; the server passes the step
+# it measured (chapter 18). With a simulated clock at r = 0.9:
+
+# %%
+from qtts_lib.runtime.codec.stream import piece_frames
+
+
+def pieces_for(rtf: float, frames: int = 60) -> np.ndarray:
+    sizes = []
+    while sum(sizes) < frames:
+        sizes.append(piece_frames(sum(sizes), first=1, chunk=4, rtf=rtf))
+    return np.array(sizes)
+
+
+def waits_ms(sizes: np.ndarray, r: float) -> np.ndarray:
+    out = np.cumsum(sizes)
+    ready, due = out * r, out[0] * r + np.concatenate([[0], out[:-1]])
+    return np.maximum(ready - due, 0) * 80
+
+
+R = 0.9
+fig, ax = plt.subplots(figsize=(8, 3))
+for label, grow in (("doubled (r = 0.5)", 0.5), (f"grown for r = {R}", R)):
+    sizes = pieces_for(grow)
+    ax.step(np.cumsum(sizes), waits_ms(sizes, R), where="post",
+            label=f"{label}: {sizes[:10].tolist()} ...")
+ax.set(xlabel="frames out", ylabel="listener waits (ms)",
+       title=f"a stream made at r = {R}")
+ax.legend()
+plt.show()
+check.equal(f"pieces grown for r = {R}: a listener never waits", "longest wait (ms)",
+            float(waits_ms(pieces_for(R), R).max()), 0.0)
+check.at_least(f"pieces doubled at r = {R}: the listener waits", "longest wait (ms)",
+               float(waits_ms(pieces_for(0.5), R).max()), 1.0)
+
+# %% [markdown]
+# ## 5. From the command line
 # `qtts say --text-file F` (or `-` for stdin) takes a text of any length; `--max-frames` is a ceiling on each
 # segment's own cap. It samples with the checkpoint's sampling unless told otherwise; `--greedy` makes it
 # greedy, as in section 3. With torch blocked, on the first three paragraphs with 3-frame caps. The CLI ends with one
@@ -281,6 +323,8 @@ check.equal("CLI segments = the plan's", "segments",
 #   computed once) under its own frame cap (`pipeline.prompt.frame_cap`, linear in its tokens), joined with short
 #   pauses and fades.
 # - The joined wav is exactly its segments plus the pauses, in the library and in `qtts say --text-file`.
+# - Streamed, the first piece is one frame; a listener from the first piece never waits if piece k holds at most
+#   s_1 + S_(k-1)·(1/r − 1) frames (`piece_frames`); doubling is that rule at r = 0.5.
 # - With random weights every segment runs to its (shrunk) cap; with trained weights none should.
 #
 # **Artifacts left:** `data/outputs/<ckpt>/16_long.wav`, `16_long.txt`, `16_cli_long.wav`, the chapter report.

@@ -82,7 +82,7 @@ def start(*flags: str) -> str:
     return url
 
 
-url = start()
+url = start("--admit", "all")  # admission by capacity shapes pieces too: section 10
 http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"},
                     timeout=600)
 health = http.get("/health")
@@ -361,8 +361,9 @@ check.equal("every place taken: 503 at once, with Retry-After", "status retry",
 store = Voices(synth, voices_dir)
 failures = {"raises": RuntimeError("an engine failure, simulated"),
             "hangs": lambda step: time.sleep(5)}  # the watchdog allows 1 s here
-for what, effect in failures.items():  # each in place of the engine's steps (`around_step`)
-    engine = Engine(synth, max_frames=MAX_FRAMES, stall_seconds=1.0, around_step=Mock(side_effect=effect))
+for what, effect in failures.items():  # in place of the engine's steps (`around_step`)
+    engine = Engine(synth, max_frames=MAX_FRAMES, stall_seconds=1.0,
+                    around_step=Mock(side_effect=effect))
     app = TestClient(build_app(engine, store, ckpt))
     failed = app.post("/v1/audio/speech", json={"input": TEXT, "voice": VOICE})
     health = app.get("/health")

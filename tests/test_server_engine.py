@@ -235,3 +235,51 @@ def test_no_module_of_the_server_is_over_600_lines():
     assert Path(server.__file__).parent == folder
     sizes = {f.name: len(f.read_text(encoding="utf-8").splitlines()) for f in folder.glob("*.py")}
     assert {"engine.py", "voices.py", "http.py"} <= set(sizes) and max(sizes.values()) <= 600, sizes
+
+
+def test_the_engine_sleeps_while_a_streamed_text_waits_for_its_next_words(synth):
+    """A text streamed in (`speak_text`) whose first words have come: its segment starts and makes the frames those
+    words allow, then waits for more text; the engine sleeps meanwhile (at most a step or two in a second), and wakes
+    for the next delta."""
+    import asyncio
+
+    from qtts_lib.runtime.app.server.schema import Speech
+    from qtts_lib.runtime.audio.wav import load_wav
+
+    steps = []
+
+    def counted(step):
+        steps.append(time.monotonic())
+        return step()
+
+    engine = Engine(synth, max_frames=40, chunk_frames=2, queue_places=1, max_batch=2, admit="all",
+                    around_step=counted, log=lambda m: None)
+    voice = synth.voice(wav=load_wav(paths.voice_wav()))
+    speech = Speech(text=None, format="pcm", language="english", voice=None, sampling=synth.sampling.replace(seed=3),
+                    instructions=None)
+
+    async def run():
+        job = await engine.speak_text(speech, voice)
+        try:
+            job.feed("Good morning to ")
+            first = await asyncio.wait_for(anext(job), 120)  # the first words' frames
+            await asyncio.sleep(1.0)
+            while not job.out.empty():
+                job.out.get_nowait()
+            before = len(steps)
+            await asyncio.sleep(1.0)
+            idle = len(steps) - before
+            job.feed("all of you, and welcome back.")
+            job.finish()
+            rest = [item async for item in job]
+            return first, idle, rest
+        finally:
+            job.close()
+
+    try:
+        first, idle, rest = asyncio.run(run())
+    finally:
+        engine.stop()
+        engine.thread.join(60)
+    assert len(first) > 0 and idle <= 2, f"{idle} steps in a second while the text waited"
+    assert any(len(x) for x in rest if hasattr(x, "__len__"))

@@ -366,10 +366,11 @@ class Engine:
 
     def _take_inbox(self) -> bool:
         """Queue the requests that came and start them while there are streams' places (wait for one when idle:
-        nothing speaking, or every text held for its client's backlog with nothing left to step); answer those that
-        waited past `max_wait` with a 503; drop those whose clients left or whose deadline passed; False: stop."""
+        nothing speaking, every text held for its client's backlog with nothing left to step, or every utterance
+        waiting for the text a client streams in); answer those that waited past `max_wait` with a 503; drop those
+        whose clients left or whose deadline passed; False: stop."""
         incoming = []
-        idle = not self.speaking or not self.scheduler
+        idle = not self.speaking or not self.scheduler or self.scheduler.blocked  # blocked: waiting for text
         timeout = None
         if idle and self.queued:  # wake in time to answer the oldest waiting request
             timeout = max(0.0, self.queued[0].arrived + self.max_wait - time.monotonic())

@@ -13,7 +13,7 @@ from ...errors import AudioError, InputError
 from ...pipeline.longform import BudgetError
 from .engine import DeadlinePassed, Engine, Job, Unavailable
 from .refs import BadClip, RefVoices
-from .reply import SEND_TIMEOUT, AudioResponse, Reply
+from .reply import SEND_TIMEOUT, AudioResponse, Reply, unavailable
 from .voices import Consents, Voices
 
 PROTECTED = ("/v1/", "/metrics", "/openapi.json")  # what an API key guards (the voices too); the page and /health
@@ -67,16 +67,6 @@ def _json(body: dict, status: int = 200, headers: dict | None = None):
 def _refusal(e) -> object:
     """A `schema.RequestError` as its JSON answer."""
     return _json(e.body(), e.status, e.headers)
-
-
-def _unavailable(e: Unavailable):
-    """The engine's `Unavailable` as a 503: overloaded (with Retry-After), or the engine stopped."""
-    from .schema import RequestError
-
-    if e.retry_after is None:
-        return RequestError(503, str(e), kind="server_error", code="engine_stopped")
-    return RequestError(503, str(e), kind="server_error", code="overloaded",
-                        headers={"Retry-After": str(e.retry_after)})
 
 
 def _consent(record: dict) -> dict:
@@ -154,7 +144,7 @@ class Api:
             return Response(status_code=499)  # nobody reads it: the client has gone
         kind, e = first
         if kind == "busy":  # waited past --max-wait for a place among the streams
-            return _refusal(_unavailable(e))
+            return _refusal(unavailable(e))
         if kind == "refused":
             return _refusal(schema.RequestError(400, str(e), "voice" if isinstance(e, AudioError) else None))
         if isinstance(e, DeadlinePassed):
@@ -178,7 +168,7 @@ class Api:
         except InputError as e:
             raise RequestError(400, str(e)) from None
         except Unavailable as e:
-            raise _unavailable(e) from None
+            raise unavailable(e) from None
         return job
 
     async def speech_stream(self, websocket):

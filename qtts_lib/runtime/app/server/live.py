@@ -34,7 +34,7 @@ import numpy as np
 
 from ...errors import InputError
 from .engine import EngineFailed, Unavailable
-from .reply import Reply
+from .reply import Reply, unavailable
 from .schema import RequestError
 
 IDLE_SECONDS = 30.0      # a client whose text is open and that sends nothing this long is closed with an error
@@ -63,9 +63,7 @@ async def speech_stream(api, websocket) -> None:
         try:
             job = await api.engine.speak_text(speech, voice)
         except Unavailable as e:
-            from .http import _unavailable
-
-            raise _unavailable(e) from None
+            raise unavailable(e) from None
     except RequestError as e:
         return await _fail(websocket, e)
     except Closed:
@@ -131,9 +129,7 @@ async def _speak(websocket, reply: Reply, reading: asyncio.Future) -> None:
             except EngineFailed as e:
                 raise RequestError(500, f"the engine failed: {e}", kind="server_error", code="engine_error") from None
             except Unavailable as e:  # waited past --max-wait for one of the streams' places
-                from .http import _unavailable
-
-                raise _unavailable(e) from None
+                raise unavailable(e) from None
             if isinstance(item, np.ndarray):
                 chunk = await reply.encode(item)
                 if chunk:

@@ -20,7 +20,7 @@ from ...audio.wav import SAMPLE_RATE
 from ...errors import AudioError, InputError
 from ...pipeline.longform import Span
 from .engine import EngineFailed, Job, Unavailable
-from .schema import SEED_HEADER
+from .schema import SEED_HEADER, RequestError
 
 SEND_TIMEOUT = 30.0      # seconds a client may take no audio at all before it is dropped
 ENCODE_THREADS = 2       # FFmpeg's threads, shared by every reply: encoding 24 kHz mono is far faster than real time
@@ -133,6 +133,14 @@ class Reply:
             else:
                 self._work.add_done_callback(lambda _: self.encoder.discard())
         self.metrics.streams.labels(self.job.speech.format, self.outcome).inc()
+
+
+def unavailable(e: Unavailable) -> RequestError:
+    """The engine's `Unavailable` as a 503: overloaded (with Retry-After), or the engine stopped."""
+    if e.retry_after is None:
+        return RequestError(503, str(e), kind="server_error", code="engine_stopped")
+    return RequestError(503, str(e), kind="server_error", code="overloaded",
+                        headers={"Retry-After": str(e.retry_after)})
 
 
 class BrokenStream(Exception):
