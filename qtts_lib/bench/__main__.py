@@ -108,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("-o", "--output", type=Path)
     cores = measurement("cores", "qtts say alone, two at once and beside a busy neighbour; qtts serve beside it",
                         frames=120)
-    cores.add_argument("--settings", default="3000:2,300000:2,3000:1",
-                       help="comma-separated GOMP_SPINCOUNT:threads (the first is the one others are held against)")
+    cores.add_argument("--settings", default="3000:2,300000:2,3000:1,3000:auto",
+                       help="comma-separated GOMP_SPINCOUNT:threads, threads a number or auto (the first is the "
+                            "one the others are held against)")
     cores.add_argument("--precision", default="int8")
     cores.add_argument("--codec-precision", default="int8")
     cores.add_argument("--repeats", type=int, default=3)
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         from .cores import benchmark as cores_benchmark
         from .cores import table
 
-        settings = tuple(tuple(int(v) for v in x.split(":")) for x in a.settings.split(","))
+        settings = tuple((int(spin), threads if threads == "auto" else int(threads))
+                         for spin, threads in (x.split(":") for x in a.settings.split(",")))
         result = cores_benchmark(paths.checkpoint_dir(a.checkpoint), settings, a.precision, a.codec_precision,
                                  a.frames, a.repeats, not a.no_server)
         write_result(result, a.output)

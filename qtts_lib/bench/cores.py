@@ -36,7 +36,7 @@ from .machine import describe
 from .serve import SENTENCES, scenario, start_server
 from .workload import voice_wav
 
-SETTINGS = ((3000, 2), (300000, 2), (3000, 1))  # (GOMP_SPINCOUNT, threads): the runtime's spin, libgomp's own
+SETTINGS = ((3000, 2), (300000, 2), (3000, 1), (3000, "auto"))  # (GOMP_SPINCOUNT, threads)
 FRAMES = 120
 REPEATS = 3
 TEXT = " ".join(SENTENCES[:3])  # about 70 tokens: one segment reaches 120 frames
@@ -170,7 +170,7 @@ def benchmark(model_dir: Path, settings: tuple[tuple[int, int], ...] = SETTINGS,
         if server:
             row["server"] = server_rows(model_dir, spin, threads, precision, codec_precision)
         rows.append(row)
-    machine = describe(sorted({t for _, t in settings}))
+    machine = describe(sorted({t for _, t in settings if isinstance(t, int)}) or [2])
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     return {"machine": machine, "load_average_start": load_start, "checkpoint": model_dir.name,
             "precision": precision, "codec_precision": codec_precision, "frames": frames, "repeats": repeats,

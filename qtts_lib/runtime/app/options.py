@@ -45,12 +45,33 @@ def positive_int(text: str) -> int:
     return value
 
 
+def threads_option(text: str) -> int | str:
+    """--threads: a whole number, at least 1, or auto."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def resolve_threads(threads: int | str, log) -> int:
+    """--threads as a number: auto is `binding.cores.auto_threads`, said in the log when it is not the most."""
+    from ..binding.cores import AUTO_MOST, auto_threads, register
+
+    if threads != "auto":
+        register()  # counted by the processes that choose theirs
+        return threads
+    chosen, busy, peers = auto_threads()
+    if chosen < AUTO_MOST:
+        log(f"threads: {chosen} (other processes keep {busy:.1f} CPUs busy, {peers} other qtts processes run ncnn "
+            "here; --threads N to choose)")
+    return chosen
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """--checkpoint, --threads, --device, --precision, --codec-precision."""
     g = p.add_argument_group("model")
     g.add_argument("--checkpoint", default="tiny-base",
                    help="checkpoint directory (with its ncnn/ exports), or a name under $QTTS_MODELS or ./models")
-    g.add_argument("--threads", type=positive_int, default=2, help="CPU threads for ncnn (at least 1)")
+    g.add_argument("--threads", type=threads_option, default="auto",
+                   help="CPU threads for ncnn: a number, or auto (the default: up to 2, less the CPUs other processes "
+                        "keep busy when it starts; appendix D)")
     g.add_argument("--device", default="cpu", help="cpu, vulkan or vulkan:N")
     g.add_argument("--precision", default="fp32", choices=TIERS,
                    help="weights of the talker and code predictor: fp32 (exact) or fewer bytes (faster, approximate;"
@@ -106,6 +127,6 @@ def sampling_of(synth: Synthesizer, args: argparse.Namespace) -> Sampling:
 
 def load_synthesizer(args: argparse.Namespace, log) -> Synthesizer:
     """The Synthesizer the model options describe."""
-    return Synthesizer(model_dir(args.checkpoint), threads=args.threads, device=args.device,
+    return Synthesizer(model_dir(args.checkpoint), threads=resolve_threads(args.threads, log), device=args.device,
                        precision=args.precision, codec_precision=args.codec_precision, log=log,
                        gpu_batches=(getattr(args, "max_batch", None) or 1) > 1)
