@@ -390,8 +390,8 @@ display(hp)
 # **Artifacts left:** `data/outputs/<ckpt>/11_bench.json`, the chapter report.
 #
 # **If your numbers differ**
-# - *ncnn much slower at 2 threads than at 1* → another process uses the CPU (OpenMP's workers spin before they
-#   sleep, so a busy core stalls every parallel region): read the printed load average; rerun on a quiet machine.
+# - *ncnn much slower at 2 threads than at 1* → another process uses the CPU (a busy core stalls every parallel
+#   region; appendix D measures it): read the printed load average; rerun on a quiet machine.
 # - *Loop far above its floor at full size* → check that the fp16/bf16 paths are off and the threads set
 #   (`runtime.binding.net.make_net`); a 2-D InnerProduct at one row runs one thread.
 # - *Bandwidth far below your hardware's datasheet* → a VM or a busy neighbour: the floor is what it delivers now.

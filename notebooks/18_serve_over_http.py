@@ -133,9 +133,9 @@ check.equal("temperature 0: a 400 naming `temperature`", "status param",
 # ## 3. Stream over HTTP
 # The answer is sent as it is generated: a chunked body (HTTP's `Transfer-Encoding: chunked`, a body sent in
 # pieces of announced length, its total unknown up front), a chunk per piece of `--chunk-frames` frames, read here as
-# it arrives. Newer OpenAI clients ask for `stream_format="sse"`, server-sent events: text lines `data: {json}`
-# separated by blank lines, of which the cell keeps the `data:` lines. `speech.audio.delta` events hold the bytes in
-# base64 and one `speech.audio.done` ends the stream with the usage; joined, the deltas are the same take:
+# it arrives. Newer OpenAI clients ask for `stream_format="sse"`, server-sent events: lines `data: {json}` between
+# blank lines. `speech.audio.delta` events hold the bytes in base64, a `speech.segment` says where a segment lies,
+# one `speech.audio.done` ends with the usage; joined, the deltas are the same take:
 
 # %%
 import base64
@@ -154,8 +154,8 @@ check.at_most("first audio early in the answer (streamed, not whole)", "ttfa / t
               at[0] / at[-1], 0.5)
 with streaming.create(**same, response_format="pcm", stream_format="sse") as sse:
     events = [json.loads(line[5:]) for line in sse.iter_lines() if line[:5] == "data:"]
-deltas = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-print(len(events) - 1, "deltas, then", events[-1])
+deltas = b"".join(base64.b64decode(e["audio"]) for e in events if "audio" in e)
+print(len(events) - 1, "deltas and speech.segment events, then", events[-1])
 check.equal("sse: deltas, then one done event with the usage", "last event",
             events[-1]["type"], "speech.audio.done")
 check.equal("sse: the deltas joined = the same take as audio", "bitwise equal",
@@ -420,10 +420,11 @@ admission[["admitted", "refused", "ttfa_p50_ms", "ttfa_p99_ms", "ran_dry",
            "underrun_max_ms", "delivered_ratio"]]
 
 # %% [markdown]
-# Here one stream alone needs about 80 ms a frame: the server speaks one at a time, and the audio a second stays
-# one client's. First audio comes as soon as the library's (one frame). But a client that plays from its first
-# byte runs dry a few tenths of a second in: the pieces grow (1, 2, 4 frames), and four frames take longer to make
-# than the three before them take to play. A player that buffers a third of a second does not notice.
+# Here one stream alone needs more than a frame's 80 ms for each frame (the step above): the server speaks one at
+# a time, the audio a second stays one client's, and first audio comes as soon as the library's (one frame). The
+# pieces grow only as fast as a listener from the first byte allows at the measured step (chapter 16); at a step
+# over 80 ms that is never, so they stay one frame. No piece size helps a stream made slower than it plays: its
+# listener waits, in total about the difference (`underrun_max_ms`), and a player should buffer that much.
 #
 # ## Summary
 # - `qtts serve` speaks OpenAI's speech API: the official SDK works with only `base_url` changed, whole or streamed;

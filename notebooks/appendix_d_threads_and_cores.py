@@ -23,10 +23,11 @@
 #
 # **You will:** list the OpenMP runtimes loaded in this process; run 60 decoder steps in this thread and in a new
 # one, with this thread's pool kept or released, counting how often the stepping thread sleeps; read what a kept
-# pool cost per frame at full size.
+# pool cost per frame at full size; read what two processes on the same cores cost each other.
 #
 # **You will learn:** why GNU OpenMP (libgomp, the runtime ncnn's wheel bundles) slows a second ncnn thread down
-# when the first thread's pool stays alive, and what `runtime.binding.net.release_threads()` does about it.
+# when the first thread's pool stays alive, and what `runtime.binding.net.release_threads()` does about it; what
+# the workers' spin and `--threads auto` do for processes that share the cores.
 #
 # **You need:** `models/<ckpt>/ncnn/` (chapters 04–05; exported here if missing) and at least two CPUs (with one,
 # ncnn starts no workers and the count is skipped). The full-size timings are read from `data/bench/stream/`.
@@ -160,6 +161,64 @@ display(costs.rename_axis("threads"))
 # that each run ncnn on every core meet the same parking from the outside: the [lab notes](../lab_notes.md) ("What
 # does the second core buy?") measure it, with the other ways to share two cores between the loop and the codec.
 #
+# ## 4. Share the cores with another process
+# Between two regions a libgomp worker first *spins* (polls for the next region) `GOMP_SPINCOUNT` rounds, then
+# sleeps. libgomp reads the count once, when it loads; with no wait policy set it is 300,000. Spinning saves a
+# wake-up per layer on a quiet machine; beside another busy process the spinning worker holds a core that process
+# needs, and a worker whose core the other process holds stalls every region of its own. So the runtime sets 3000
+# before ncnn loads, unless the environment sets it (`runtime.binding`), and `qtts say` and `qtts serve` choose
+# their thread count when they start (`--threads auto`, the default, `runtime.binding.cores`): two at most, less
+# the CPUs other processes keep busy, and at most their share with the other qtts processes running ncnn there.
+
+# %%
+from qtts_lib.runtime.binding import cores as ncnn_cores
+
+print("GOMP_SPINCOUNT in this process:", os.environ.get("GOMP_SPINCOUNT"))
+print("--threads auto here, now: {} (busy elsewhere {:.2f} CPUs, {} qtts peers)"
+      .format(*ncnn_cores.auto_threads()))
+
+# %% [markdown]
+# `python -m qtts_lib.bench cores` runs `qtts say` (full-base int8, 120 frames, fresh processes) alone, two at
+# once, and beside a neighbour that spins on one core, then `qtts serve` with one streaming client alone and beside
+# that neighbour, for each spin and thread count, on the 2-core Xeon VM (its file's note has libgomp's own spin,
+# from a run stopped after its first repeat):
+
+# %%
+SHARE_FILE = "dev-2core-xeon-amx-full-base-int8.json"
+SHARE = json.loads((paths.DATA / "bench" / "cores" / SHARE_FILE).read_text())
+rows = {f"spin {r['gomp_spincount']}, threads {r['threads']}": {
+    "alone s": r["alone_s"], "two at once s": r["pair_s"],
+    "two at once / default alone": r["pair_over_first_alone"],
+    "beside a busy core s": r["beside_s"],
+    "alone / default alone": r["alone_over_first_alone"],
+    "server audio s/s alone": r["server"]["alone"]["delivered_audio_per_s"],
+    "server audio s/s beside": r["server"]["beside_neighbour"]["delivered_audio_per_s"]}
+    for r in SHARE["rows"]}
+print(SHARE["machine"]["cpu"], "load before", SHARE["load_average_start"])
+print(SHARE.get("note", ""))
+display(pd.DataFrame(rows).T)
+
+# %% [markdown]
+# Two processes of two threads on two cores each take several times as long as one alone, where a fair share is
+# twice: their workers wait for cores the other holds at every layer; with libgomp's own spin it is worse still
+# (the note). One thread each costs one alone a good part of its speed but shares the cores well. `auto` is both:
+# two threads alone, one beside another qtts process or a busy core it sees when it starts. A server started on a
+# quiet machine keeps its two threads when a neighbour comes later (its rows): `--threads 1` on a shared machine.
+# The checks hold the file's rows to that:
+
+# %%
+by = {(r["gomp_spincount"], r["threads"]): r for r in SHARE["rows"]}
+two, auto = by[(3000, 2)], by[(3000, "auto")]
+check.at_least("two at once, 2 threads each: over a fair share", "x alone",
+               two["pair_over_alone"], 2.5)
+check.at_most("two at once, --threads auto: within 2.5x one alone", "x default alone",
+              auto["pair_over_first_alone"], 2.5)
+check.at_most("one alone, --threads auto: within 5% of 2 threads", "x default alone",
+              auto["alone_over_first_alone"], 1.05)
+check.at_most("beside a busy core, --threads auto: faster than 2 threads", "x 2",
+              auto["beside_s"] / two["beside_s"], 1.0)
+
+# %% [markdown]
 # ## Summary
 # - GNU OpenMP keeps a worker pool per thread that ran a parallel region; with more workers than CPUs it parks them
 #   in the kernel between regions, and a decoder step of many small layers pays a wake-up for each.
@@ -167,6 +226,9 @@ display(costs.rename_axis("threads"))
 #   thread; `qtts serve`'s engine does.
 # - Counted as voluntary context switches, a kept pool shows without a clock; at full size it cost more than the
 #   second core bought.
+# - Between processes, spinning workers and a thread count fixed at load make two ncnn processes on the same cores
+#   slow each other several times over: the runtime spins 3000 rounds and `--threads auto` takes the cores others
+#   leave it when it starts.
 #
 # **Artifacts left:** the appendix's report.
 #
