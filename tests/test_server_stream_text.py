@@ -69,14 +69,13 @@ def listen(ws) -> tuple[bytes, list[dict], dict]:
 
 
 def test_streamed_text_is_spoken_as_it_comes_and_equals_the_http_answer(server):
-    """The first two sentences in pieces of four words, 40 ms apart, and the third's first piece (the word after a
-    sentence's full stop decides that it ends there): audio comes back before the rest of the text is sent; after
-    text.done the pcm equals, byte for byte, the HTTP answer for the whole text and seed, and each segment's span
-    lies inside the audio, in order."""
+    """The first two sentences in pieces of four words, 40 ms apart: audio comes back before the rest of the text is
+    sent (an x-vector segment starts on its first words); after text.done the pcm equals, byte for byte, the HTTP
+    answer for the whole text and seed, and each segment's span lies inside the audio, in order."""
     ws = connect(server)
     ws.send(json.dumps(START))
     pieces = words(" ".join(SENTENCES))
-    early = len(words(SENTENCES[0] + " " + SENTENCES[1])) + 1
+    early = len(words(SENTENCES[0] + " " + SENTENCES[1]))
     for piece in pieces[:early]:
         ws.send(json.dumps({"type": "text.delta", "text": piece}))
         time.sleep(0.04)
