@@ -63,7 +63,7 @@ from qtts_lib.bench.machine import describe
 from qtts_lib.bench.workload import weight_bytes_per_frame
 
 bandwidth = describe([THREADS])["read_bandwidth_gbs"][str(THREADS)]
-tiers = list(precision.TIERS)
+tiers = ["fp32", "fp16", "int8"]  # precision.TIERS adds int8 in blocks of K too
 bytes_per_frame = {t: weight_bytes_per_frame(ncnn_dir, precision=t) for t in tiers}
 mb = {t: bytes_per_frame[t] / 1e6 for t in tiers}  # MB per frame; MB / (GB/s) = ms
 floors = pd.DataFrame({"bytes per weight": [precision.weight_bytes(t) for t in tiers],

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from .machine import describe
-from .serve import SENTENCES, scenario, start_server
+from .serve import SENTENCES, scenario, start_server, stop_server
 from .workload import voice_wav
 
 SETTINGS = ((3000, 2), (300000, 2), (3000, 1), (3000, "auto"))  # (GOMP_SPINCOUNT, threads)
@@ -113,11 +113,7 @@ def server_rows(model_dir: Path, spin: int, threads: int, precision: str, codec_
             finally:
                 stop(busy)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
 
     def row(r: dict) -> dict:
         return {"first_audio_ms": r["ttfa_ms"]["p50"], "delivered_audio_per_s": r["delivered_audio_per_s"],

@@ -357,6 +357,15 @@ def start_server(model_dir: Path, tree: Path, python: str, args: list[str], log:
     raise RuntimeError("the server did not come up")
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    """Ask the server to stop; kill it if it has not within 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def server_huge_pages(pid: int) -> bool | None:
     """Whether the server runs with its weights in huge pages (`runtime.app.hugepages`: it starts itself again with
     glibc's tunable where it can), from its environment; None where it cannot be read."""
@@ -412,11 +421,7 @@ def benchmark(model_dir: Path, threads: int = 2, precision: str = "fp32", codec_
             rows += [scenario("127.0.0.1", port, n, stagger, chunk_frames) for n in staggered]
             text = streamed_text_first_audio(port, library_repeats, chunk_frames) if streamed_text else None
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
             log_text = log.read_text()
     add_delivered_ratio(rows)
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
