@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     elif a.what == "quality":
         from .quality import measure
 
-        result = measure(model_dir, tuple(t.strip() for t in a.precision.split(",")), a.frames, a.threads)
+        result = measure(model_dir, tuple(t.strip() for t in a.precision.split(",")), a.frames, a.threads,
+                         on_tier=lambda partial: write_result(partial, a.output))
         summary = {t: {k: v for k, v in r.items() if k != "layer_errors"} for t, r in result["tiers"].items()}
         print(json.dumps(summary, indent=1))
     else:

@@ -193,9 +193,10 @@ def _decoders(model_dir: Path) -> list[tuple[str, int, float]]:
 
 
 def measure(model_dir: Path, tiers=("fp32", "fp16", "int8"), frames: int = 200, threads: int = 2,
-            progress: bool = True) -> dict:
+            progress: bool = True, on_tier=None) -> dict:
     """Teacher-forced agreement, first divergent frame, per-layer error and weight bytes per frame of each tier
-    against fp32, and each projection's own error in every int8 form the tiers use."""
+    against fp32, and each projection's own error in every int8 form the tiers use. `on_tier(result)` is called
+    after each tier with what is measured so far (a long run cut off still leaves its finished tiers)."""
     import time
 
     from tqdm.auto import tqdm
@@ -256,6 +257,8 @@ def measure(model_dir: Path, tiers=("fp32", "fp16", "int8"), frames: int = 200, 
             "layer_errors": None if tier == "fp32" else layer_errors(model_dir / "ncnn", tier, embed, threads),
             "seconds": round(time.perf_counter() - t0, 1),
         }
+        if on_tier:
+            on_tier(result)
     forms = sorted({f for t in tiers for n in precision.INT8_GRAPHS if (f := precision.int8_form(t, n))})
     if forms:
         t0 = time.perf_counter()
