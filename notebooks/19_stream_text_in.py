@@ -44,7 +44,7 @@ from IPython.display import Audio, display
 
 from qtts_lib import check, checkpoint, export, paths, reference, settings
 from qtts_lib.isolation import serve_without_torch
-from qtts_lib.runtime import Sampling, Synthesizer, load_wav
+from qtts_lib.runtime import InputError, Sampling, Synthesizer, load_wav
 from qtts_lib.runtime.audio.wav import SAMPLE_RATE, pcm16, save_wav
 from qtts_lib.runtime.pipeline import longform
 from qtts_lib.runtime.pipeline.longform import MAX_SEGMENT_TOKENS
@@ -61,18 +61,17 @@ synth = Synthesizer(model_dir, threads=THREADS)
 check.equal("a Base checkpoint: voices cloned from a clip (x-vector)", "kind",
             synth.kind, "base")
 voice = synth.voice(wav=load_wav(paths.voice_wav()))  # the committed clip's x-vector
-tok, count = synth.tokenizer, synth.prompts.text_tokens  # count: a text's BPE tokens
+builder = synth.prompts  # the PromptBuilder behind synth.prompt (chapter 07)
+tok, count = synth.tokenizer, builder.text_tokens  # count: a text's BPE tokens
 MAX_FRAMES, SEED = 24, 7  # a small frame cap per segment keeps random weights short
 
 # %% [markdown]
 # ## 1. Speak an answer while it is written
-# A voice agent is a language model with a mouth: the model writes its answer token by token, and a reply of a
-# paragraph takes seconds to write. A text-to-speech server that wants the whole `input` first
-# ("fake streaming", as users of such servers call it: the audio streams out, the text does not stream in) keeps
-# the listener waiting for the last word before the first sound. `pipeline.textstream.stream_text` takes the text
-# as an iterable of pieces (**deltas**) and yields audio as it is made; it asks for the next delta only when it has
-# nothing else to do, so the text comes as late as it can. An answer, a word a delta, and the deltas it had asked
-# for when the first audio came:
+# A voice agent is a language model with a mouth, writing its answer token by token over seconds; a server that wants
+# the whole `input` first ("fake streaming": audio out, text not in) keeps the listener waiting for the last word.
+# `pipeline.textstream.stream_text` takes the text as an iterable of pieces (**deltas**) and yields audio as made,
+# taking a delta only when it has nothing else to do: as late as it can. An answer, a word a delta, and the deltas taken
+# by the first audio:
 
 # %%
 TEXT = ("Sure, here is the plan for tomorrow. Dr. Lee arrives at 9.30 a.m. on the "
@@ -93,24 +92,30 @@ def words(text: str, n: int = 1) -> list[str]:
             for i in range(0, len(parts), n)]
 
 
+def noted(deltas: list[str], taken: list[str]):  # yields each delta, noting it in taken
+    for delta in deltas:
+        taken.append(delta)
+        yield delta
+
+
 deltas, taken = words(TEXT), []
-as_written = (taken.append(d) or d for d in deltas)  # notes each delta as it is taken
-audio = stream_text(synth, as_written, "english", voice, Sampling(seed=SEED),
+audio = stream_text(synth, noted(deltas, taken), "english", voice, Sampling(seed=SEED),
                     max_frames=MAX_FRAMES)
-first, at = next(audio), len(taken)
+first = next(audio)  # the stream runs, taking deltas, until its first audio
+at = len(taken)  # the deltas taken by then
 print(f"first audio after {at} of {len(deltas)} deltas: {''.join(taken)!r}")
 streamed = np.concatenate([first, *audio])  # the rest, as the text keeps coming
 check.at_most("first audio before a quarter of the text has come", "deltas taken / all",
               at / len(deltas), 0.25)
 
 # %% [markdown]
-# Audio came once the first sentence was decided, by the word after it. Sections 2–5 take this apart; 6 does it
-# over the server's WebSocket.
+# Audio came once the word after the first sentence decided it. Sections 2–5 take this apart; 6 uses the WebSocket.
 #
 # ## 2. Read the text a token a frame
 # Chapter 07 built the x-vector clone's prompt: the first text token rides on `codec_bos` in the prompt, and the
 # rest of the text, then `tts_eos`, is the **trailing text**, one row added to the talker's input per frame, then
-# `tts_pad` for ever. So frame t reads text token t, and no later one. One sentence's rows, frame by frame:
+# `tts_pad` for ever. So the input that makes frame t holds text token t (frame 0's in the prompt, frame t's in
+# the row added after frame t-1), and no later one. One sentence's rows, frame by frame:
 
 # %%
 SENTENCE = "Sure, here is the plan for tomorrow."
@@ -126,17 +131,17 @@ display(pd.DataFrame({"text token it reads": reads, "text token": [*range(len(id
 
 # %% [markdown]
 # So the prompt need not wait for the text: `PromptBuilder.open_prompt` builds it from the first tokens known,
-# `extend_prompt` appends rows as tokens come, and `Prompt.text_at(t)`, the row frame t+1 reads, is None while
-# its token has not come: the talker waits there. Completed (`last=True` adds `tts_eos` and the chat template's
-# end), the open prompt must be `build`'s, to the byte:
+# `extend_prompt` appends rows as tokens come. `Prompt.text_at(t)` is the row added after frame t, text token t+1 (the
+# one frame t+1 reads), and None while that token has not come: the talker waits there. Completed (`last=True` adds
+# `tts_eos` and the chat template's end), the open prompt must be `build`'s, to the byte. Other prompts cannot: ICL, a
+# built-in speaker and a described voice hold a segment's whole text in the prefill (chapters 08–09), so `open_prompt`
+# refuses them (last, chapter 08's ICL clone), and there a segment starts once its text is complete:
 
 # %%
-def waits_at(p) -> int:
-    """The first frame whose text row has not come: frame t+1 reads `text_at(t)`."""
+def waits_at(p) -> int:  # the first frame whose text token has not come
     return next(t + 1 for t in range(len(ids)) if p.text_at(t) is None)
 
 
-builder = synth.prompts
 opened = builder.open_prompt(ids[:3], "english", voice)  # 3 tokens known
 waits = [waits_at(opened)]
 builder.extend_prompt(opened, ids[3:6], last=False)     # 3 more come
@@ -144,29 +149,31 @@ waits.append(waits_at(opened))
 builder.extend_prompt(opened, ids[6:], last=True)       # the rest: the text is complete
 check.equal("open prompt: frame t waits for text token t", "first frame waiting, "
             "3 then 6 tokens in", waits, [3, 6])
-same = (np.array_equal(opened.embeds, prompt.embeds)
-        and np.array_equal(opened.trailing, prompt.trailing)
-        and opened.text_ids == prompt.text_ids and not opened.open)
-check.equal("open prompt, extended token by token = build()'s prompt", "bitwise equal",
-            same, True)
+for part in ("embeds", "trailing", "text_ids"):  # extended token by token, then closed
+    check.equal(f"open prompt's {part} = build()'s", "bitwise equal",
+                np.array_equal(getattr(opened, part), getattr(prompt, part)), True)
+check.equal("open prompt, completed: no longer open", "open", opened.open, False)
+icl = synth.voice(wav=load_wav(paths.voice_wav()),  # ICL: codes and transcript
+                  text=(paths.INPUTS / "voice.txt").read_text().strip())
+try:
+    builder.open_prompt(ids[:3], "english", icl)
+    refused = "nothing"
+except InputError as err:
+    refused = type(err).__name__
+check.equal("open_prompt refuses an ICL voice", "raised", refused, "InputError")
 
 # %% [markdown]
-# The other prompts cannot: ICL, a built-in speaker and a described voice hold a segment's whole text in the
-# prefill (chapters 08–09), so there a segment starts once its text is complete; the text still streams in.
-#
 # ## 3. Decide segments from the text so far
-# Chapter 16 cut a long text into sentences and packed them into **segments** of at most `MAX_SEGMENT_TOKENS`
-# tokens. Each of its rules reads text around a position, some of it after the position: whether "3." ends a
-# sentence depends on what follows it (3.14?). `text.segment_stream.SegmentStream` takes deltas (`feed`) and gives
-# out a segment only once the text that decides it is in. Its docstring lists what each rule waits for; below it,
-# `segment_stream.decided_until(text)` on a few texts so far: where verdicts stop being final (the first run of end
-# marks whose verdict later text could change), and what each text waits for:
+# Chapter 16 packed a long text's sentences into **segments** of at most `MAX_SEGMENT_TOKENS` tokens. Some rules read
+# past a position: "3." ends a sentence or not by what follows (3.14?). `text.segment_stream.SegmentStream` takes deltas
+# (`feed`) and gives out a segment once the text deciding it is in; its docstring lists what each rule waits for. Below
+# it, `segment_stream.decided_until` of a few texts so far (where verdicts stop being final) and what each waits for:
 
 # %%
 rows = [[c.strip() for c in line.strip()[1:-1].split(" | ")]
         for line in segment_stream.__doc__.splitlines() if line.startswith("| ")]
-pd.set_option("display.max_colwidth", 80)
-display(pd.DataFrame(rows[1:], columns=rows[0]).set_index(rows[0][0]))
+with pd.option_context("display.max_colwidth", 80):
+    display(pd.DataFrame(rows[1:], columns=rows[0]).set_index(rows[0][0]))
 waits = {"It costs 3.": "the next character (3.14?)",
          "It costs 3. Then": "the whole next word (its case, an ordinal?)",
          "Ask Dr.": "the next word",
@@ -177,10 +184,9 @@ display(pd.DataFrame([{"text so far": t, "decided until": until(t), "of": len(t)
                        "waits for": w} for t, w in waits.items()]))
 
 # %% [markdown]
-# Fed the answer a word at a time, the segmenter gives a segment out once it is closed (the next sentence does not
-# fit in it); long before that, `open_text` holds the start of the segment being filled, as far as it is decided:
-# what section 1 started speaking on. After `finish`, the segments given are `segment.segments` of the whole text,
-# however it was cut; 200 random cuts hold it:
+# Fed a word at a time, the segmenter gives a segment out once it is closed (the next sentence does not fit; `given`
+# counts them); long before, `open_text` holds the decided start of the segment being filled: what section 1 spoke on.
+# After `finish`, the segments given are `segment.segments` of the whole text, however cut; 200 random cuts hold it:
 
 # %%
 whole = segments(TEXT, MAX_SEGMENT_TOKENS, count)
@@ -213,10 +219,9 @@ check.equal(f"SegmentStream over 200 random cuts = segments() of the whole text 
 
 # %% [markdown]
 # ## 4. Tokenize across deltas
-# A segment's tokens must be the whole text's too. Tokenizing each delta on its own does not give them: byte-level
-# BPE (chapter 06) merges inside a word, and the **pre-tokenizer** (its word-splitting regex) decides a word's end
-# by reading past it. A word cut in two becomes two words; a delta that ends in a space leaves that space a word of
-# its own, where the whole text gives it to the next word:
+# A segment's tokens must be the whole text's; tokenizing deltas apart does not give them: byte-level BPE (chapter 06)
+# merges inside a word, and the **pre-tokenizer** (its word-splitting regex) reads past a word's end. A word cut in two
+# becomes two words; a delta ending in a space leaves the space a word, which the whole text gives to the next word:
 
 # %%
 names = lambda ids: [tok.decode([i]) for i in ids]  # noqa: E731
@@ -225,13 +230,12 @@ splits = [("Hello wor", "ld."), ("Hello ", "world."), ("New York", "ers")]
 for a, b in splits:
     print(f"{a!r} + {b!r}: apart {names(encode(a) + encode(b))}, whole "
           f"{names(encode(a + b))}")
-check.equal("deltas tokenized apart = the whole text's tokens", "splits that agree",
+check.equal("deltas tokenized apart ≠ the whole text's tokens", "splits that agree",
             sum(encode(a) + encode(b) == encode(a + b) for a, b in splits), 0)
 
 # %% [markdown]
-# `text.bpe_stream.TokenStream` gives out only the ids of words that no continuation can change and holds the rest
-# back (`pending`); its docstring's table lists what each step of the tokenizer (NFC, the regex, BPE) waits for.
-# Fed random cuts, its ids must be the whole text's:
+# `text.bpe_stream.TokenStream` gives out the ids no later text can change, holding the rest (`pending`); its docstring
+# lists what each step (NFC, regex, BPE) waits for. Cut at random, its ids must be the whole text's:
 
 # %%
 tokens = TokenStream(tok)
@@ -249,12 +253,12 @@ check.equal("TokenStream over 200 random cuts = encode() of the whole text",
 
 # %% [markdown]
 # ## 5. Speak text that streams in
-# `pipeline.textstream.TextStream` puts them together. Each closed segment joins chapter 16's queue (`LongText`:
-# its seeds, frame caps, fades, pauses); the segment being filled starts on its `open_text`, an open prompt that
-# each settled token extends; once closed, `tts_eos` follows and its frame cap is set. When the next frame's token
-# has not come, the stream is `idle` and makes nothing until more text is fed. Driven by hand four words a delta,
-# section 1's `stream_text` a word a delta, and `stream_text` over random cuts: each must give `stream_long`'s
-# audio for the whole text and seed, sample for sample:
+# `pipeline.textstream.TextStream` puts them together. Each closed segment joins the text's `longform.LongText`
+# (the queue of segments behind chapter 16's `stream_long`: seeds, frame caps, fades, pauses); the segment being
+# filled starts on its `open_text`, an open prompt each settled token extends (`early=`, the default for an
+# x-vector voice; `early=False` waits for each segment's whole text); once closed, `tts_eos` follows and its frame
+# cap is set. While the next frame's token has not come, the stream is `idle`. By hand four words a delta, section
+# 1's `stream_text`, and `stream_text` over random cuts must each give `stream_long`'s audio, sample for sample:
 
 # %%
 spoken = longform.stream_long(synth, TEXT, "english", voice, Sampling(seed=SEED),
@@ -280,9 +284,8 @@ for name, got in runs.items():
                 got.tobytes() == reference_wav.tobytes(), True)
 
 # %% [markdown]
-# As each segment's audio completes, the stream adds a `Span` (its text, where its audio starts and ends, in
-# seconds), what a player shows as captions: one per segment, in order, the pauses between them silent (shaded: the
-# segments; random weights speak noise):
+# As each segment's audio completes, the stream adds a `Span` (its text, its audio's start and end in seconds), a
+# player's captions: one per segment, in order, the pauses between silent (shaded; random weights speak noise):
 
 # %%
 fig, ax = plt.subplots(figsize=(11, 2.5))
@@ -297,19 +300,18 @@ check.equal("one span per segment, in order", "texts equal",
             [s.text for s in spans] == whole, True)
 gaps = [wav[round(a.end * SAMPLE_RATE):round(b.start * SAMPLE_RATE)]
         for a, b in zip(spans, spans[1:])]
-check.equal("spans inside the audio, the pauses between them silent", "ok",
-            spans[0].start == 0 and abs(spans[-1].end - len(wav) / SAMPLE_RATE) < 1e-6
-            and not any(g.any() for g in gaps), True)
+check.equal("the first span starts the audio", "start (s)", spans[0].start, 0)
+check.at_most("the last span ends the audio", "|end - audio's length| (s)",
+              abs(spans[-1].end - len(wav) / SAMPLE_RATE), 1e-6)
+check.equal("pauses between spans silent", "loud gaps", sum(g.any() for g in gaps), 0)
 
 # %% [markdown]
 # ## 6. Stream text over the WebSocket
-# `qtts serve` (chapter 18) takes streamed text on a **WebSocket** (one connection, kept open, carrying messages
-# both ways), `/v1/audio/speech/stream`, behind the key like every `/v1/` path. The client sends JSON messages: a
-# `speech.start` with the speech request's fields but `input`, any number of `text.delta`, then `text.done`; the
-# server sends `speech.audio.delta` (base64 of the audio's bytes), a `speech.segment` (a span) once a segment's
-# audio is all sent, and `speech.audio.done`. A server started as in chapter 18, with `--admit all`: admission by
-# capacity would grow its pieces for this machine's measured step, and a decode cut into other pieces differs in
-# the last bits of its floats, so the audio would be the HTTP answer's but not section 5's to the bit:
+# `qtts serve` (chapter 18) takes streamed text on a **WebSocket** (one open connection, messages both ways) at
+# `/v1/audio/speech/stream`, behind the key. The client sends JSON: `speech.start` (a speech request's fields but
+# `input`), `text.delta`s, `text.done`; the server sends `speech.audio.delta` (base64 audio), a `speech.segment`
+# (a span) once a segment's audio is sent, and `speech.audio.done`. The server runs with `--admit all`: admission
+# by capacity would size its pieces by this machine's step, and other pieces differ from section 5's by float rounding:
 
 # %%
 KEY = "sk-chapter-19"
@@ -324,27 +326,28 @@ atexit.register(server.terminate)  # a chapter stopped half-way leaves no server
 print(log.read_text().strip())
 
 # %% [markdown]
-# The `websocket-client` package (`import websocket`) speaks it from Python. The client sends the first two
-# sentences four words a delta, 40 ms apart, then waits for the server's first message: audio, before the rest of
-# the text is sent. Then the rest, `text.done`, and every message up to `speech.audio.done`:
+# `websocket-client` (`import websocket`) speaks it from Python: two sentences, four words a delta, 40 ms apart, a
+# wait for the server's first message (audio, before the rest is sent), then the rest, `text.done`, and the replies:
 
 # %%
 ws = websocket.create_connection(url.replace("http", "ws") + "/v1/audio/speech/stream",
                                  header=[f"Authorization: Bearer {KEY}"], timeout=120)
 ws.send(json.dumps({"type": "speech.start", "voice": "alice", "language": "english",
                     "response_format": "pcm", "seed": SEED}))
-parts, early = words(TEXT, 4), len(words(TEXT[:TEXT.index(" The meeting")], 4)) + 1
-for piece in parts[:early]:
+# two sentences, +1 delta: the word after "notes." decides the second ends there
+parts = words(TEXT, 4)
+sent_first = len(words(TEXT[:TEXT.index(" The meeting")], 4)) + 1
+for piece in parts[:sent_first]:
     ws.send(json.dumps({"type": "text.delta", "text": piece}))
     time.sleep(0.04)
 messages = [json.loads(ws.recv())]  # before the rest of the text is sent
-for piece in parts[early:]:
+for piece in parts[sent_first:]:
     ws.send(json.dumps({"type": "text.delta", "text": piece}))
 ws.send(json.dumps({"type": "text.done"}))
 while messages[-1]["type"] not in ("speech.audio.done", "error"):
     messages.append(json.loads(ws.recv()))
 ws.close()
-check.equal(f"audio back after {early} of {len(parts)} deltas, before the rest",
+check.equal(f"audio back after {sent_first} of {len(parts)} deltas, before the rest",
             "first message", messages[0]["type"], "speech.audio.delta")
 print(messages[-1])
 
@@ -364,7 +367,7 @@ check.equal("WebSocket pcm = the HTTP answer for the whole text, same seed",
 check.equal("WebSocket pcm = the library's streamed audio (section 5)", "bitwise equal",
             pcm == pcm16(wav), True)
 events = pd.DataFrame([m for m in messages if m["type"] == "speech.segment"])
-display(events[["start", "end", "text"]].assign(text=events.text.str[:60]))
+display(events[["start", "end", "text"]].assign(text=events.text.str[:50]))
 same = events.drop(columns="type").to_dict("records") == [s.as_dict() for s in spans]
 check.equal("one speech.segment per segment: section 5's spans", "equal", same, True)
 check.at_most("segments inside the audio", "last end (s)", events.end.max(),
@@ -385,7 +388,7 @@ display(Audio(np.frombuffer(pcm, "<i2"), rate=SAMPLE_RATE))
 #
 # **If your numbers differ**
 # - *The first check fails* → not a Base checkpoint: run on `tiny-base` (only a cloned voice has an x-vector prompt).
-# - *First audio late* → `early` off, or the first sentence decided late (no space or word after its end).
+# - *First audio late* → `early=False`, or the first sentence decided late (no space or word after its end).
 # - *Streamed audio ≠ `stream_long`* → another seed, `max_frames`, piece size or `max_batch` (several at once equal
 #   it only to float rounding, chapter 17); or a rule that reads past the text so far (sections 3–4 fail first).
 # - *WebSocket pcm ≠ section 5 but = HTTP* → the server grew its pieces for its measured step: `--admit all`.
@@ -394,6 +397,4 @@ display(Audio(np.frombuffer(pcm, "<i2"), rate=SAMPLE_RATE))
 # %%
 server.terminate()
 server.wait(30)
-check.equal("the server started here has stopped", "running", server.poll() is None,
-            False)
 check.table()

@@ -182,7 +182,7 @@ class PromptBuilder:
     def open_prompt(self, text_ids: list[int], language: str, voice: Voice) -> Prompt:
         """`build`'s x-vector prompt for a text of which only the first ids are known (at least one: it rides on
         codec_bos), the rest to come (`extend_prompt`): the text track is read one token a frame, so the talker needs
-        token t only at frame t (`Prompt.text_at` says None until it has come). Introduced in 16."""
+        token t only at frame t (`Prompt.text_at` says None until it has come). Introduced in 19."""
         if voice.mode != "xvector" or not text_ids:
             raise InputError("only an x-vector voice reads its text a token a frame, and the text needs a token")
         role_ids = self.tokenizer.encode(ROLE_PREFIX)

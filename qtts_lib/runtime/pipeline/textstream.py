@@ -1,5 +1,5 @@
 """Text streamed in, audio streamed out: a long text whose text arrives in pieces (a language model's answer, token
-by token), spoken segment by segment as soon as each segment's text is decided. Introduced in 16.
+by token), spoken segment by segment as soon as each segment's text is decided. Introduced in 19.
 
     stream = TextStream(synth, "english", voice, Sampling(seed=7))
     for delta in deltas:                         # as the text comes

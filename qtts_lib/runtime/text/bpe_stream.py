@@ -15,7 +15,7 @@ rest back; after `finish` the ids given are exactly `Tokenizer.encode(text, adde
 | BPE           | nothing: it merges inside one word               | -                                             |
 
 Added tokens are not cut out (the text is read as text), so nothing waits for an added token's spelling. Introduced
-in 16.
+in 19.
 """
 from __future__ import annotations
 

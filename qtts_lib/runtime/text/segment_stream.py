@@ -26,7 +26,7 @@ no rule looks back across, or else (Chinese and Japanese, no spaces) from the ch
 keeps what the rules that look back see (`_word_before` finds no abbreviation in a word holding "。" or "」", and no URL
 or email spans it when its word has no `/ @ www.` before it); and measures are kept by the text measured, so a long
 text costs about one pass over each delta's neighbourhood, not over the text so far.
-Introduced in 16.
+Introduced in 19.
 """
 from __future__ import annotations
 
