@@ -39,16 +39,11 @@ def synth(tts):
 def serve(synth, tmp_path):
     """serve(**engine options, send_timeout=, send_buffer=) -> (engine, url, paced): an in-process server with the
     voice alice, whose engine steps the test paces (`serving.Served`); stopped afterwards. For the server's tests."""
-    import shutil
+    from serving import Served, alice_folder
 
-    from serving import Served
-
-    from qtts_lib import paths
     from qtts_lib.runtime.app.server.reply import SEND_TIMEOUT
 
-    voices = tmp_path / "voices"
-    voices.mkdir()
-    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    voices = alice_folder(tmp_path)
     served = Served(synth)
 
     def start(send_timeout: float = SEND_TIMEOUT, send_buffer: int | None = None, **options):

@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 
@@ -45,13 +46,19 @@ def request(url: str, path: str, body=None, method: str | None = None, read: int
         return e.code, dict(e.headers), e.read()
 
 
+def alice_folder(tmp_path) -> Path:
+    """tmp_path/voices holding alice (the committed clip, an x-vector voice): the in-process servers' voices."""
+    voices = tmp_path / "voices"
+    voices.mkdir(exist_ok=True)
+    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    return voices
+
+
 def start_server(tmp_path, *extra, ckpt: str = CKPT, env: dict | None = None):
     """A `qtts serve` process over alice and bob: (process, url) once it answers. `--admit all` unless `extra` says
     otherwise: the tests hold what a request gets, not how many a loaded machine speaks at once in real time
     (tests/test_server_admission.py holds that)."""
-    voices = tmp_path / "voices"
-    voices.mkdir(exist_ok=True)
-    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    voices = alice_folder(tmp_path)
     shutil.copy(paths.voice_wav(), voices / "bob.wav")
     shutil.copy(paths.INPUTS / "voice.txt", voices / "bob.txt")   # bob clones in ICL mode
     port = free_port()

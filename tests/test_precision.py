@@ -158,22 +158,29 @@ def params_of_first_gemm(text: str) -> dict:
     return params_dict(next(layer for layer in Graph(text).layers if layer.type == "Gemm"))
 
 
-def test_synthesizer_and_cli_take_a_precision(exported, tmp_path, capsys):
-    from qtts_lib.runtime.app.cli import main
+def test_the_synthesizer_refuses_an_unknown_precision(exported):
     from qtts_lib.runtime.pipeline.synthesizer import Synthesizer
 
     with pytest.raises(PrecisionError):
         Synthesizer(exported, precision="fp8")
-    out = tmp_path / "int8.wav"
+
+
+@pytest.mark.parametrize("tier, refused", [("int8", "int3"), ("int8-k128", "int8-talker")])
+def test_the_cli_takes_a_precision(exported, tmp_path, capsys, tier, refused):
+    """`qtts say` speaks in the runtime's tiers (the block ones too) and refuses others, the quality harness's
+    split tiers included."""
+    from qtts_lib.runtime.app.cli import main
+
+    out = tmp_path / f"{tier}.wav"
     rc = main(["say", "--checkpoint", str(exported), "--voice", str(paths.voice_wav()), "--text", "Hello there.",
-               "--language", "english", "--greedy", "--max-frames", "4", "--precision", "int8", "-o", str(out)])
+               "--language", "english", "--greedy", "--max-frames", "4", "--precision", tier, "-o", str(out)])
     assert rc == 0
     wav, sr = sf.read(out)
     assert sr == 24000 and len(wav) == 4 * 1920
     with pytest.raises(SystemExit) as e:
-        main(["say", "--checkpoint", str(exported), "--text", "Hi.", "--precision", "int3"])
+        main(["say", "--checkpoint", str(exported), "--text", "Hi.", "--precision", refused])
     assert e.value.code == 2
-    assert "int3" in capsys.readouterr().err
+    assert refused in capsys.readouterr().err
 
 
 def test_fusing_shared_input_gemms_changes_nothing(exported, tmp_path):

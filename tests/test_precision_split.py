@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-import soundfile as sf
 
 from qtts_lib import paths
 from qtts_lib.runtime.binding import weights
@@ -138,18 +137,3 @@ def quality_classes(text, cfg):
     from qtts_lib.bench.quality import projection_classes
 
     return projection_classes(text, cfg)
-
-
-def test_the_cli_takes_the_block_tier_and_not_the_split_ones(exported, tmp_path, capsys):
-    from qtts_lib.runtime.app.cli import main
-
-    out = tmp_path / "k128.wav"
-    rc = main(["say", "--checkpoint", str(exported), "--voice", str(paths.voice_wav()), "--text", "Hello there.",
-               "--language", "english", "--greedy", "--max-frames", "4", "--precision", "int8-k128", "-o", str(out)])
-    assert rc == 0
-    wav, sr = sf.read(out)
-    assert sr == 24000 and len(wav) == 4 * 1920
-    with pytest.raises(SystemExit) as e:
-        main(["say", "--checkpoint", str(exported), "--text", "Hi.", "--precision", "int8-talker"])
-    assert e.value.code == 2
-    assert "int8-talker" in capsys.readouterr().err

@@ -167,15 +167,9 @@ def listing(folder) -> list[str]:
 @pytest.fixture
 def quota_server(synth, tmp_path):
     """An in-process server over a voices folder holding alice (`serving.Served`): (url, its store, the folder)."""
-    import shutil
+    from serving import Served, alice_folder
 
-    from serving import Served
-
-    from qtts_lib import paths
-
-    folder = tmp_path / "voices"
-    folder.mkdir()
-    shutil.copy(paths.voice_wav(), folder / "alice.wav")
+    folder = alice_folder(tmp_path)
     served = Served(synth)
     _, url, _ = served.start(folder, max_frames=6, chunk_frames=2, queue_places=2, max_batch=1)
     yield url, served.voices, folder

@@ -2,7 +2,6 @@
 waiting from speaking, the engine thread sleeps while every text waits for its reader, and the voice ids are read
 while the builder writes them. In-process servers paced step by step (`serving.Served`), as test_server_traffic."""
 import json
-import shutil
 import threading
 import time
 import types
@@ -172,11 +171,9 @@ def answer_of(sock) -> bytes:
 def served_app(synth, tmp_path):
     """(url, engine) of an app with a 1-second body timeout, served with the connection limit `qtts serve` sets by
     default (max batch + queue + 32)."""
-    from serving import CKPT, InProcess
+    from serving import CKPT, InProcess, alice_folder
 
-    voices = tmp_path / "voices"
-    voices.mkdir()
-    shutil.copy(paths.voice_wav(), voices / "alice.wav")
+    voices = alice_folder(tmp_path)
     store = Voices(synth, voices, log=lambda m: None)
     store.preload()
     engine = Engine(synth, max_frames=6, chunk_frames=2, queue_places=2, max_batch=2)

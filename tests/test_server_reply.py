@@ -1,14 +1,12 @@
 """A speech answer's FFmpeg work (encoder, atempo) runs off the event loop, its pieces in order; and the mp3 default
 with PyAV missing is a clear error, never WAV bytes. The app in this process (tiny-base), an encoder injected."""
 import json
-import shutil
 import sys
 import threading
 
 import pytest
-from serving import MAGIC, Served, request
+from serving import MAGIC, Served, alice_folder, request
 
-from qtts_lib import paths
 from qtts_lib.runtime.app.server import reply
 from qtts_lib.runtime.audio.encode import Encoder
 
@@ -17,11 +15,8 @@ BODY = {"input": "Hello there, how are you doing today?", "voice": "alice", "see
 
 @pytest.fixture
 def url(synth, tmp_path):
-    folder = tmp_path / "voices"
-    folder.mkdir()
-    shutil.copy(paths.voice_wav(), folder / "alice.wav")
     served = Served(synth)
-    _, url, paced = served.start(folder, max_frames=30, chunk_frames=2)
+    _, url, paced = served.start(alice_folder(tmp_path), max_frames=30, chunk_frames=2)
     paced.run_free()
     yield url
     served.stop()

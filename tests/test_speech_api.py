@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from serving import Served, decoded, post, request, start_server, stop_server, until
+from serving import Served, alice_folder, decoded, post, request, start_server, stop_server, until
 
 from qtts_lib import paths
 from qtts_lib.runtime.app.server import API_KEY_ENV
@@ -371,9 +371,7 @@ def in_process(synth, tmp_path):
 def test_a_voice_is_built_off_the_engines_thread_and_found_after_a_restart(in_process, synth, tmp_path):
     """While a stream is running and the engine's thread is held inside a step, an upload is built and answered:
     its encoders ran elsewhere. A new server over the same folder finds the voice, built from the same samples."""
-    folder = tmp_path / "voices"
-    folder.mkdir()
-    shutil.copy(paths.voice_wav(), folder / "alice.wav")
+    folder = alice_folder(tmp_path)
     engine, url, paced = in_process(folder)
     conn = post(url, {"input": TEXT, "voice": "alice", "response_format": "pcm"})
     paced.allow(2)
