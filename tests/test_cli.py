@@ -288,3 +288,35 @@ def test_timestamps_say_where_each_segment_lies_in_the_audio(exported, tmp_path,
                str(one), "-o", str(tmp_path / "one.wav")) == 0
     assert json.loads(one.read_text())["segments"] == [{"text": "Hello there.", "start": 0.0,
                                                          "end": 4 * 1920 / 24000}]
+
+
+SERVE_EXTRA = ("starlette", "uvicorn", "pydantic", "prometheus_client", "av", "multipart", "wsproto")
+WITHOUT_SERVE_EXTRA = f"""import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {SERVE_EXTRA!r}:
+            raise ModuleNotFoundError('not installed here: ' + name, name=name.split('.')[0])
+sys.meta_path.insert(0, _Block())
+from qtts_lib.runtime.app.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_say_runs_without_the_serve_extra_and_serve_says_what_to_install(exported, tmp_path):
+    import subprocess
+    import sys
+
+    def qtts(*args):
+        return subprocess.run([sys.executable, "-c", WITHOUT_SERVE_EXTRA, *args], capture_output=True, text=True)
+
+    out = tmp_path / "out.wav"
+    r = qtts("say", "--checkpoint", str(paths.model_dir(CKPT)), "--voice", str(paths.voice_wav()), "--text",
+             "Hello.", "--greedy", "--max-frames", "2", "--threads", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert sf.info(out).frames == 2 * 1920
+    r = qtts("serve", "--checkpoint", "tiny-base", "--port", "8123")
+    assert r.returncode == 2
+    missing = r.stderr.partition("serve extra (")[2].partition(" is not installed)")[0]
+    assert missing in SERVE_EXTRA, r.stderr
+    assert r.stderr == (f"qtts: error: qtts serve needs the serve extra ({missing} is not installed): pip install "
+                        "'qtts[serve]'\n")

@@ -53,9 +53,20 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"qtts: error: {message} (see {self.prog} --help)\n")
 
 
-def parser() -> argparse.ArgumentParser:
-    from . import server
+def serve_extra():
+    """The server package, or the name of the serve extra's module that is missing (`qtts say` and `qtts export`
+    run without that extra; `qtts serve` then says what to install)."""
+    try:
+        from . import server
+    except ModuleNotFoundError as e:
+        if (e.name or "qtts_lib").split(".")[0] == "qtts_lib":
+            raise
+        return e.name
+    return server
 
+
+def parser() -> argparse.ArgumentParser:
+    server = serve_extra()
     p = Parser(prog="qtts", description="Qwen3-TTS on ncnn (no torch).")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     say = sub.add_parser("say", help="synthesize speech into a wav file",
@@ -94,8 +105,10 @@ def parser() -> argparse.ArgumentParser:
     add_generation_options(say, "cap on generated frames per segment (12.5 per second); each segment's own cap "
                                 "also scales with its text")
     add_batch_option(say, "segments of a long text")
-    server.add_arguments(sub.add_parser("serve", help="a local HTTP speech server (OpenAI's /v1/audio/speech), "
-                                        "streamed", description="Needs the serve extra: pip install 'qtts[serve]'."))
+    serve = sub.add_parser("serve", help="a local HTTP speech server (OpenAI's /v1/audio/speech), streamed",
+                           description="Needs the serve extra: pip install 'qtts[serve]'.")
+    if not isinstance(server, str):  # else the extra is missing, and `main` says so whatever follows `serve`
+        server.add_arguments(serve)
     export = sub.add_parser("export", help="convert a checkpoint directory for the runtime (chapters 04-05 in one "
                                            "command)", description="Needs the port extra: pip install 'qtts[port]' "
                                                                    "and pip install --no-deps qwen-tts==0.1.1.")
@@ -312,6 +325,11 @@ def write_timestamps(path: Path, spans: list[Span], samples: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["serve"] and isinstance(missing := serve_extra(), str):
+        print(f"qtts: error: qtts serve needs the serve extra ({missing} is not installed): pip install "
+              "'qtts[serve]'", file=sys.stderr)
+        return 2
     args = parser().parse_args(argv)
     try:
         if args.command == "serve":
