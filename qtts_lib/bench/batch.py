@@ -25,6 +25,7 @@ from . import child
 from .machine import Probe, describe
 from .results import check_schema
 from .workload import LANGUAGE, TEXT, voice_wav, weight_bytes_per_frame
+from .workload import voice as workload_voice
 
 
 def texts(batch: int) -> list[str]:
@@ -42,7 +43,7 @@ def run_batch(model_dir: str, frames: int, threads: int, batch: int, precision: 
     probe = Probe(threads)
     synth = Synthesizer(model_dir, threads=threads, precision=precision, codec_precision=codec_precision,
                         device=device, gpu_batches=device != "cpu")
-    voice = synth.voice(wav=load_wav(voice_wav()))
+    voice = workload_voice(synth)  # Base: the clip's x-vector; CustomVoice: a speaker; VoiceDesign: a description
     scheduler = Scheduler(synth, batch)
     tickets = [scheduler.submit(Utterance(t, LANGUAGE, voice, Sampling(greedy=True), max_frames=frames))
                for t in texts(batch)]
@@ -96,10 +97,11 @@ def benchmark(model_dir: Path, frames: int, batches: list[int], precisions: list
 
     machine = describe([threads])
     ncnn_dir = Path(model_dir) / "ncnn"
-    if "int8" in precisions:  # write the tier's files before anything is timed
-        from ..runtime.pipeline.precision import ensure_int8_tier
+    from ..runtime.pipeline.precision import INT8_GRAPHS, ensure_int8_tier, int8_form
 
-        ensure_int8_tier(ncnn_dir, log=print)
+    for p in precisions:  # write each int8 tier's files before anything is timed
+        if any(int8_form(p, n) for n in INT8_GRAPHS):
+            ensure_int8_tier(ncnn_dir, log=print, tier=p)
     runs: dict[tuple, list[dict]] = {(p, c, b): [] for p in precisions for c in codecs for b in batches}
     with tqdm(total=repeats * len(runs), desc="batch bench", unit="run", disable=not progress) as bar:
         for _ in range(repeats):

@@ -26,7 +26,8 @@ import numpy as np
 
 from . import child
 from .machine import Probe, describe
-from .workload import LANGUAGE, TEXT, voice_wav
+from .workload import LANGUAGE, TEXT
+from .workload import voice as workload_voice
 
 GRAPHS = ("talker_decoder", "talker_codec_head", "predictor_decoder", "predictor_heads")
 PER_FRAME = {"predictor_decoder": 15}  # calls a frame makes in a row (a cache as large as 81 MB keeps some of them)
@@ -44,11 +45,11 @@ def weight_bytes_per_call(ncnn_dir: Path, precision: str, groups: int = 16) -> d
 def profile(model_dir: str, frames: int, threads: int, precision: str = "int8") -> dict:
     """One process: `frames` greedy frames of the workload after a warm-up utterance, every graph call timed by
     graph (decoder calls of one position only: the steps, not the prefill), each frame timed whole."""
-    from ..runtime import Sampling, Synthesizer, load_wav
+    from ..runtime import Sampling, Synthesizer
     from ..runtime.binding import cached, net
 
     synth = Synthesizer(model_dir, threads=threads, precision=precision)
-    voice = synth.voice(wav=load_wav(voice_wav()))
+    voice = workload_voice(synth)  # Base: the clip's x-vector; CustomVoice: a speaker; VoiceDesign: a description
     greedy = Sampling(greedy=True)
     synth.synthesize(TEXT, LANGUAGE, voice, greedy, max_frames=8)  # warm: first-touch memory, thread pools
     spent: dict[str, list[float]] = defaultdict(list)

@@ -34,6 +34,7 @@ from . import child
 from .machine import Probe, describe, huge_pages_mb
 from .results import check_schema
 from .workload import LANGUAGE, TEXT, voice_wav, weight_bytes_per_frame
+from .workload import voice as workload_voice
 
 
 def run_ncnn(model_dir: str, frames: int, threads: int, device: str = "cpu", precision: str = "fp32",
@@ -47,7 +48,7 @@ def run_ncnn(model_dir: str, frames: int, threads: int, device: str = "cpu", pre
     synth = Synthesizer(model_dir, threads=threads, device=device, precision=precision,
                         codec_precision=codec_precision)
     load_s = time.perf_counter() - t0
-    voice = synth.voice(wav=load_wav(voice_wav()))
+    voice = workload_voice(synth)  # Base: the clip's x-vector; CustomVoice: a speaker; VoiceDesign: a description
     probe()
     result = synth.synthesize(TEXT, LANGUAGE, voice, Sampling(greedy=True), max_frames=frames, on_frame=probe)
     probe()
@@ -180,10 +181,11 @@ def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: i
     machine = describe(thread_counts)
     ncnn_dir = Path(model_dir) / "ncnn"
     weights = {p: weight_bytes_per_frame(ncnn_dir, precision=p) for p in {"fp32", *precisions}}
-    if "int8" in precisions:  # write the tier's files before anything is timed
-        from ..runtime.pipeline.precision import ensure_int8_tier
+    from ..runtime.pipeline.precision import INT8_GRAPHS, ensure_int8_tier, int8_form
 
-        ensure_int8_tier(ncnn_dir, log=print)
+    for p in precisions:  # write each int8 tier's files before anything is timed
+        if any(int8_form(p, n) for n in INT8_GRAPHS):
+            ensure_int8_tier(ncnn_dir, log=print, tier=p)
     usable = {"pytorch": ("cpu", "cuda"), "ncnn": ("cpu", "vulkan")}
     ncnn_cpu = lambda r, d: r == "ncnn" and d == "cpu"  # noqa: E731
     keys = [(r, d, p, t, c, h) for t in thread_counts for r in runtimes for d in devices
