@@ -8,9 +8,9 @@ STAMP := $(VENV)/.qtts-installed
 CHAPTERS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py)) $(sort $(wildcard notebooks/appendix_*.py)) \
 	$(wildcard notebooks/results.py)
 # The chapters that port a checkpoint (split, goldens, export, KV cache, generation, voices, every kind, the batch,
-# and the two pitfall appendices) run again on each of VARIANTS after the default pass: a 1.7B talker wider than its
-# code predictor, with instructions, and a VoiceDesign checkpoint.
-PER_CHECKPOINT := 02 03 04 05 06 07 08 09 17 appendix_a appendix_b
+# the two pitfall appendices and the 1.7B one) run again on each of VARIANTS after the default pass: a 1.7B talker
+# wider than its code predictor, with instructions, and a VoiceDesign checkpoint.
+PER_CHECKPOINT := 02 03 04 05 06 07 08 09 17 appendix_a appendix_b appendix_e
 VARIANT_CHAPTERS := $(filter $(foreach n,$(PER_CHECKPOINT),notebooks/$(n)_%),$(CHAPTERS))
 VARIANTS := tiny-1.7b-customvoice tiny-voicedesign
 NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=1800 -q
