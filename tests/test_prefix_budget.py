@@ -79,3 +79,18 @@ def test_putting_a_head_again_replaces_it():
 def test_a_cache_must_hold_the_head_it_is_put_for():
     with pytest.raises(ValueError, match="positions"):
         Prefixes().put(head(0, positions=9), Cache(8, 1024))
+
+
+def test_bounded_cache_keeps_the_most_recently_used_within_bytes_and_count():
+    from qtts_lib.runtime.pipeline.bounded import BoundedCache
+
+    cache = BoundedCache(max_bytes=100, max_count=3)
+    for key in "abc":
+        assert cache.put(key, key.upper(), 30)
+    assert cache.get("a") == "A"            # a is now the most recently used
+    assert cache.put("d", "D", 30)          # a fourth: b, the least recently used, leaves
+    assert [k for k in "abcd" if k in cache] == ["a", "c", "d"] and cache.nbytes == 90
+    assert cache.put("e", "E", 60)          # bytes: c, then a, leave until 60 fits beside d
+    assert [k for k in "acde" if k in cache] == ["d", "e"] and cache.nbytes == 90
+    assert not cache.put("d", "D2", 101)    # larger than the whole budget: refused, the old d gone too
+    assert "d" not in cache and cache.get("d") is None and cache.nbytes == 60 and len(cache) == 1

@@ -153,7 +153,7 @@ def test_the_cache_keeps_the_most_recently_used_within_its_count_and_bytes():
     asyncio.run(small.voice(clips[0], None))
     asyncio.run(small.voice(clips[1], None))
     asyncio.run(small.voice(clips[2], None))
-    assert len(small.cache) == 2 and small.bytes <= 2500 and len(small.store.builds) == 3
+    assert len(small.cache) == 2 and small.cache.nbytes <= 2500 and len(small.store.builds) == 3
 
 
 @pytest.mark.parametrize("text", ["", "   ", "data:audio/wav;base64,", "QQ=", "data:;base64,@@"])

@@ -44,7 +44,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -54,6 +54,7 @@ import numpy as np
 from ..audio.wav import FRAME_RATE
 from ..binding.cached import KvCache
 from ..errors import InputError
+from .bounded import BoundedCache
 from .config import ModelConfig
 from .loop import Batch, Loop, Sequence
 from .prompt import Prompt, PromptBuilder, Voice, frame_cap
@@ -133,21 +134,20 @@ class Prefixes:
         if budget_mb < 0:
             raise ValueError(f"a budget of {budget_mb} MB")
         self.budget = int(budget_mb * 2**20)  # bytes
-        self.nbytes = 0                       # what the kept caches hold now
-        self._caches: OrderedDict[bytes, tuple[KvCache, int]] = OrderedDict()  # oldest use first
+        self._kept = BoundedCache(self.budget)  # digest of the head's rows -> its cache
 
     def __len__(self) -> int:
-        return len(self._caches)
+        return len(self._kept)
+
+    @property
+    def nbytes(self) -> int:
+        """What the kept caches hold now."""
+        return self._kept.nbytes
 
     def get(self, rows: np.ndarray) -> KvCache | None:
         """The kept cache of `rows` (not a copy: `Loop.start(prefix=)` copies it), or None. Found, it becomes the
         most recently used."""
-        key = _digest(rows)
-        kept = self._caches.get(key)
-        if kept is None:
-            return None
-        self._caches.move_to_end(key)
-        return kept[0]
+        return self._kept.get(_digest(rows))
 
     def put(self, rows: np.ndarray, cache: KvCache) -> None:
         """Keep a copy of `cache`, which holds `rows` and nothing more, as the most recently used; the least
@@ -156,16 +156,11 @@ class Prefixes:
         if cache.past != len(rows):
             raise ValueError(f"a cache of {cache.past} positions for a head of {len(rows)}")
         key = _digest(rows)
-        if key in self._caches:
-            self.nbytes -= self._caches.pop(key)[1]
-        if cache_bytes(cache) > self.budget:
+        if not self._kept.fits(cache_bytes(cache)):
+            self._kept.discard(key)
             return
         copy = cache.copy()
-        size = cache_bytes(copy)
-        while self._caches and self.nbytes + size > self.budget:
-            self.nbytes -= self._caches.popitem(last=False)[1][1]
-        self._caches[key] = (copy, size)
-        self.nbytes += size
+        self._kept.put(key, copy, cache_bytes(copy))
 
 
 def cache_bytes(cache: KvCache) -> int:

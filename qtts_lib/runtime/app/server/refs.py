@@ -10,12 +10,12 @@ import asyncio
 import base64
 import binascii
 import hashlib
-from collections import OrderedDict
 
 import numpy as np
 
 from ...audio.clips import MAX_UPLOAD_SECONDS, read_voice_clip
 from ...errors import AudioError, InputError
+from ...pipeline.bounded import BoundedCache
 
 REF_VOICES = 32     # voices kept: a client that speaks with its own clip pays for its build once ...
 REF_VOICES_MB = 8   # ... and their arrays at most this many megabytes (an ICL voice of 15 s: 188 x 16 codes, ~24 kB)
@@ -60,19 +60,17 @@ class RefVoices:
     clip even when requests bring it at once."""
 
     def __init__(self, store, count: int = REF_VOICES, megabytes: float = REF_VOICES_MB):
-        self.store, self.count, self.limit = store, count, int(megabytes * 10**6)
-        self.cache: OrderedDict[tuple[str, str | None], tuple[object, int]] = OrderedDict()
+        self.store = store
+        self.cache = BoundedCache(int(megabytes * 10**6), count)  # (clip digest, transcript) -> its voice
         self.building: dict[tuple[str, str | None], asyncio.Future] = {}
-        self.bytes = 0
 
     async def voice(self, ref_audio: str, ref_text: str | None):
         """The `Voice` of the clip in `ref_audio` (ICL with `ref_text`): from the cache, else decoded, checked and
         built; a `BadClip` saying why it cannot be."""
         data, digest = await asyncio.to_thread(_decoded, ref_audio)
         key = (digest, ref_text)
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self.cache[key][0]
+        if (kept := self.cache.get(key)) is not None:
+            return kept
         if key not in self.building:  # the first request with this clip builds it; the others wait for it
             future = asyncio.ensure_future(self.store.off_loop(self._build, data, ref_text))
             self.building[key] = future
@@ -82,7 +80,7 @@ class RefVoices:
     def _built(self, key, future: asyncio.Future) -> None:
         self.building.pop(key, None)
         if not future.cancelled() and future.exception() is None:
-            self._keep(key, future.result())
+            self.cache.put(key, future.result(), _size(future.result()))
 
     def _build(self, data: bytes, text: str | None):
         try:
@@ -94,16 +92,6 @@ class RefVoices:
             return self.store.synth.voice(wav=clip.wav, text=text)
         except (AudioError, InputError) as e:
             raise BadClip(str(e), "ref_text" if text else FIELD) from None
-
-    def _keep(self, key, voice) -> None:
-        size = _size(voice)
-        if key in self.cache or size > self.limit:
-            return
-        self.cache[key] = voice, size
-        self.bytes += size
-        while len(self.cache) > self.count or self.bytes > self.limit:
-            _, (_, dropped) = self.cache.popitem(last=False)
-            self.bytes -= dropped
 
 
 def _decoded(ref_audio: str) -> tuple[bytes, str]:
