@@ -9,18 +9,30 @@ import subprocess
 import sys
 
 BLOCKED = ("torch", "transformers", "qwen_tts")
-PRELUDE = f"""import sys
+
+
+def prelude(blocked: tuple[str, ...]) -> str:
+    """Python source that makes the packages `blocked` fail to import, as a missing package does."""
+    return f"""import sys
 class _Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {BLOCKED!r}:
-            raise ImportError('blocked for this run: ' + name)
+        if name.split('.')[0] in {tuple(blocked)!r}:
+            raise ModuleNotFoundError('blocked for this run: ' + name, name=name.split('.')[0])
 sys.meta_path.insert(0, _Block())
 """
 
 
+PRELUDE = prelude(BLOCKED)
+
+
+def run_without(blocked: tuple[str, ...], code: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -c code args...` in a process where the packages `blocked` cannot be imported, output captured."""
+    return subprocess.run([sys.executable, "-c", prelude(blocked) + code, *args], capture_output=True, text=True)
+
+
 def run_without_torch(code: str, *args: str) -> subprocess.CompletedProcess:
     """`python -c PRELUDE + code args...`, output captured as text."""
-    return subprocess.run([sys.executable, "-c", PRELUDE + code, *args], capture_output=True, text=True)
+    return run_without(BLOCKED, code, *args)
 
 
 def qtts_without_torch(*args: str) -> subprocess.CompletedProcess:

@@ -291,23 +291,14 @@ def test_timestamps_say_where_each_segment_lies_in_the_audio(exported, tmp_path,
 
 
 SERVE_EXTRA = ("starlette", "uvicorn", "pydantic", "prometheus_client", "av", "multipart", "wsproto")
-WITHOUT_SERVE_EXTRA = f"""import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {SERVE_EXTRA!r}:
-            raise ModuleNotFoundError('not installed here: ' + name, name=name.split('.')[0])
-sys.meta_path.insert(0, _Block())
-from qtts_lib.runtime.app.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def test_say_runs_without_the_serve_extra_and_serve_says_what_to_install(exported, tmp_path):
-    import subprocess
-    import sys
+    from qtts_lib.isolation import run_without
 
     def qtts(*args):
-        return subprocess.run([sys.executable, "-c", WITHOUT_SERVE_EXTRA, *args], capture_output=True, text=True)
+        return run_without(SERVE_EXTRA, "from qtts_lib.runtime.app.cli import main\nsys.exit(main(sys.argv[1:]))",
+                           *args)
 
     out = tmp_path / "out.wav"
     r = qtts("say", "--checkpoint", str(paths.model_dir(CKPT)), "--voice", str(paths.voice_wav()), "--text",

@@ -97,11 +97,10 @@ def benchmark(model_dir: Path, frames: int, batches: list[int], precisions: list
 
     machine = describe([threads])
     ncnn_dir = Path(model_dir) / "ncnn"
-    from ..runtime.pipeline.precision import INT8_GRAPHS, ensure_int8_tier, int8_form
+    from ..runtime.pipeline.precision import ensure_int8_tier
 
-    for p in precisions:  # write each int8 tier's files before anything is timed
-        if any(int8_form(p, n) for n in INT8_GRAPHS):
-            ensure_int8_tier(ncnn_dir, log=print, tier=p)
+    for p in precisions:  # each int8 tier's files written before anything is timed (the others have none)
+        ensure_int8_tier(ncnn_dir, log=print, tier=p)
     runs: dict[tuple, list[dict]] = {(p, c, b): [] for p in precisions for c in codecs for b in batches}
     with tqdm(total=repeats * len(runs), desc="batch bench", unit="run", disable=not progress) as bar:
         for _ in range(repeats):

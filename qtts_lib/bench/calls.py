@@ -164,8 +164,7 @@ def calls_benchmark(model_dir: Path, frames: int, threads: int, repeats: int = 3
     from .serve import tree_commit
 
     ncnn_dir = Path(model_dir) / "ncnn"
-    if precision == "int8":
-        ensure_int8_tier(ncnn_dir, log=print)
+    ensure_int8_tier(ncnn_dir, log=print, tier=precision)  # an int8 tier's files, before anything is timed
     trees = [None] + ([str(Path(against).resolve())] if against else [])
     runs: dict = {t: [] for t in trees}
     with tqdm(total=repeats * len(trees), desc="calls", unit="run", disable=not progress) as bar:

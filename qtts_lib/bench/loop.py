@@ -181,11 +181,10 @@ def benchmark(model_dir: Path, frames: int, thread_counts: list[int], repeats: i
     machine = describe(thread_counts)
     ncnn_dir = Path(model_dir) / "ncnn"
     weights = {p: weight_bytes_per_frame(ncnn_dir, precision=p) for p in {"fp32", *precisions}}
-    from ..runtime.pipeline.precision import INT8_GRAPHS, ensure_int8_tier, int8_form
+    from ..runtime.pipeline.precision import ensure_int8_tier
 
-    for p in precisions:  # write each int8 tier's files before anything is timed
-        if any(int8_form(p, n) for n in INT8_GRAPHS):
-            ensure_int8_tier(ncnn_dir, log=print, tier=p)
+    for p in precisions:  # each int8 tier's files written before anything is timed (the others have none)
+        ensure_int8_tier(ncnn_dir, log=print, tier=p)
     usable = {"pytorch": ("cpu", "cuda"), "ncnn": ("cpu", "vulkan")}
     ncnn_cpu = lambda r, d: r == "ncnn" and d == "cpu"  # noqa: E731
     keys = [(r, d, p, t, c, h) for t in thread_counts for r in runtimes for d in devices
