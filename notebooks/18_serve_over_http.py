@@ -20,9 +20,8 @@
 # seed; add and delete voices while it runs; lock it with a key; watch it refuse work it cannot bound.
 #
 # **You will learn:** what the server adds to the library (a request is parsed, bounded, given a place, a row of
-# the engine's batch (chapter 17), streamed; the
-# audio is the library's, bit for bit); why a seed is drawn per request; what each bound protects; how streams fare
-# under load. Every option is listed on the [how-to page](../howto.md).
+# the engine's batch (chapter 17), streamed; the audio is the library's, bit for bit); why a seed is drawn per
+# request; what each bound protects; how streams fare under load. Every option is listed on the [how-to page](../howto.md).
 #
 # **You need:** the exported graphs (chapters 04–05; made here if missing), the server's packages and `openai`
 # (`make setup`). **Leaves behind:** `data/outputs/<ckpt>/18_voices/`, the chapter report. The set-up loads the
@@ -233,8 +232,9 @@ if synth.kind == "base":
 # %% [markdown]
 # ## 6. Instructions, by checkpoint kind
 # OpenAI's `instructions` is a style for a built-in speaker on 1.7B CustomVoice and the voice itself on VoiceDesign
-# (voice `design`); 0.6B CustomVoice cannot follow one, and a server cannot show a warning, so it refuses the
-# request (400) where `synthesize` drops the field with one. One request per kind, to the app `qtts serve` runs:
+# (voice `design`); 0.6B CustomVoice cannot follow one, and a server cannot show a warning, so it refuses the request
+# (400) where `synthesize` drops the field with one. One request per kind, to the app `qtts serve` runs, admitting
+# all (its pieces then follow `stream_long`'s schedule, not one sized by a capacity measured now):
 
 # %%
 from starlette.testclient import TestClient
@@ -248,7 +248,7 @@ def ask(name: str, voice: str, instructions: str):
     """A greedy pcm request with `instructions` to an app of checkpoint `name`, here."""
     export.ensure(reference.load(checkpoint.ensure(name), threads=THREADS), name)
     other = Synthesizer(paths.model_dir(name), threads=THREADS)
-    engine = Engine(other, max_frames=8, chunk_frames=4, queue_places=2)
+    engine = Engine(other, max_frames=8, chunk_frames=4, queue_places=2, admit="all")
     body = {"input": TEXT, "language": "english", "greedy": True, "instructions":
             instructions, "voice": voice or other.speakers[0], "response_format": "pcm"}
     app = build_app(engine, Voices(other, None), name)  # no voices folder: its own
