@@ -129,6 +129,22 @@ def test_streamed_fades_equal_the_whole_fade(sizes):
     np.testing.assert_array_equal(np.concatenate(streamed), whole)
 
 
+@pytest.mark.parametrize("sizes", [[480, 480, 960, 1920, 1920], [1920, 1920], [3840], [240, 1680, 1920, 7]])
+def test_a_segment_known_to_reach_two_frames_gives_its_first_frame_whole(sizes):
+    """A segment known to hold two frames at least (`at_least`): its first frame's samples go out as they come,
+    none held for a fade-out that cannot fall on them, and the pieces still join to the whole fade."""
+    rng = np.random.default_rng(len(sizes))
+    pieces = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    fader = longform.Fader(240, at_least=3840)
+    out = [fader.push(p) for p in pieces]
+    given = np.cumsum([sum(len(f) for f in o) for o in out])
+    pushed = np.cumsum(sizes)
+    assert all(g == (p if p >= 480 else 0) for g, p in zip(given, pushed) if p <= 1920)  # all once faded in
+    assert all(g == max(p, 3840) - 240 for g, p in zip(given, pushed) if p > 1920)  # then the last 10 ms held
+    streamed = [f for o in out for f in o] + fader.finish()
+    np.testing.assert_array_equal(np.concatenate(streamed), longform.fade(np.concatenate(pieces), 240))
+
+
 def test_stream_long_equals_synthesize_long(synth):
     """Both sample (the checkpoint's defaults), each segment with its own seed, one segment at a time: the same audio
     (the stream given the seed the whole text drew). One at a time on both sides: a batch's rows agree with the same

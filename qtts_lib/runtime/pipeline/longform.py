@@ -48,11 +48,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..audio.wav import FRAME_RATE, SAMPLE_RATE
+from ..audio.wav import FRAME_RATE, SAMPLE_RATE, SAMPLES_PER_FRAME
 from ..errors import InputError
 from ..text.segment import segments
 from .prompt import FRAMES_PER_TOKEN, MARGIN_FRAMES, Prompt, Voice, frame_cap
-from .sampling import Sampling
+from .sampling import TALKER_MIN_NEW_TOKENS, Sampling
 from .scheduler import DEFAULT_MAX_BATCH, Event, Scheduler, Utterance
 
 if TYPE_CHECKING:
@@ -157,10 +157,15 @@ def join(wavs: list[np.ndarray], pause_samples: int, fade_samples: int) -> tuple
 class Fader:
     """`fade` over a segment that arrives in pieces: `push` each piece, `finish` at its end; the pieces given back
     are, concatenated, `fade` of the whole. The first `samples` wait until the segment is known to hold at least
-    2·samples (then `fade` uses the full ramp), and the last `samples` are held back until the end."""
+    2·samples (then `fade` uses the full ramp), and the samples that may be among its last `samples` are held back
+    until the end: those past `at_least` (the samples the segment is known to reach) less `samples`. A stream's first
+    piece is one frame, and the talker makes two at least (`TALKER_MIN_NEW_TOKENS`), so with `at_least` set the
+    whole first frame goes out at once, not 10 ms short of it: 10 ms more in front of a listener while the second
+    frame is made, where the margin is smallest."""
 
-    def __init__(self, samples: int):
-        self.samples, self.buf, self.started = samples, np.zeros(0, np.float32), False
+    def __init__(self, samples: int, at_least: int = 0):
+        self.samples, self.buf, self.started, self.at_least = samples, np.zeros(0, np.float32), False, at_least
+        self.given = 0  # samples given back so far
         self.ramp = fade(np.ones(2 * samples, np.float32), samples)[:samples] if samples else None
 
     def push(self, piece: np.ndarray) -> list[np.ndarray]:
@@ -169,15 +174,20 @@ class Fader:
         if not self.started and n and len(self.buf) >= 2 * n:
             self.buf[:n] *= self.ramp
             self.started = True
-        if (self.started or not n) and len(self.buf) > n:
-            out, self.buf = self.buf[: len(self.buf) - n], self.buf[len(self.buf) - n:]
-            return [out]
-        return []
+        if not (self.started or not n):
+            return []
+        free = min(len(self.buf), max(self.given + len(self.buf), self.at_least) - n - self.given)
+        if free <= 0:
+            return []
+        out, self.buf = self.buf[:free], self.buf[free:]
+        self.given += free
+        return [out]
 
     def finish(self) -> list[np.ndarray]:
         buf, self.buf = self.buf, np.zeros(0, np.float32)
         if self.started:
-            buf[len(buf) - self.samples:] *= self.ramp[::-1]
+            tail = min(self.samples, len(buf))  # all of the last `samples` unless the segment fell short of at_least
+            buf[len(buf) - tail:] *= self.ramp[::-1][self.samples - tail:]
             return [buf]
         return [fade(buf, self.samples)] if len(buf) else []
 
@@ -262,6 +272,8 @@ class LongText:
             i, seg = self.submitted, self.segments[self.submitted]
             where = f"segment {i + 1}/{n}"
             warn = (lambda m, w=where: self.on_warning(f"{w}: {m}")) if self.on_warning else None
+            # the talker makes TALKER_MIN_NEW_TOKENS frames at least (within the cap): their audio can go out whole
+            self.faders[i].at_least = min(TALKER_MIN_NEW_TOKENS, seg.cap) * SAMPLES_PER_FRAME
             ticket = self.scheduler.submit(
                 Utterance(seg.text, self.language, self.voice, self.sampling.replace(seed=self.sampling.seed + i),
                           max_frames=seg.cap), self.chunk_frames, on_warning=warn, on_frame=self.on_frame,
