@@ -81,7 +81,7 @@ def test_a_stalled_step_does_not_set_the_capacity():
 
 def test_an_admitted_streams_pieces_grow_only_as_fast_as_its_listener_plays(synth):
     """The engine cuts each admitted stream's pieces for the step it measured (`Capacity.piece_rtf`): a step of
-    60 ms at batch 1 grows them for a real-time factor of 1.2 x 60 / 80 = 0.9, so the first nine are one frame each
+    48 ms at batch 1 grows them for a real-time factor of 1.5 x 48 / 80 = 0.9, so the first nine are one frame each
     where the default growth would double them (1, 2, 4); a listener who plays from the first piece never waits."""
     import asyncio
 
@@ -94,7 +94,7 @@ def test_an_admitted_streams_pieces_grow_only_as_fast_as_its_listener_plays(synt
     from qtts_lib.runtime.audio.wav import SAMPLE_RATE, SAMPLES_PER_FRAME, load_wav
     from qtts_lib.runtime.pipeline.longform import FADE_SECONDS
 
-    capacity = Capacity({1: 0.06, 2: 0.2}, max_batch=2)
+    capacity = Capacity({1: 0.048, 2: 0.2}, max_batch=2)
     assert capacity.streams == 1 and capacity.piece_rtf() == pytest.approx(0.9)
     engine = Engine(synth, max_frames=40, chunk_frames=4, queue_places=1, max_batch=2, admit="realtime",
                     step_seconds=capacity.seconds, log=lambda m: None)
@@ -115,8 +115,9 @@ def test_an_admitted_streams_pieces_grow_only_as_fast_as_its_listener_plays(synt
         engine.stop()
         engine.thread.join(60)
     held = int(round(FADE_SECONDS * SAMPLE_RATE))  # the fade holds a segment's last 10 ms back until its end
-    out = np.cumsum(lengths[:-1]) + held
-    ends = [int(n) // SAMPLES_PER_FRAME for n in out if n % SAMPLES_PER_FRAME == 0]
+    out = np.cumsum(lengths[:-1])  # but none of its first frame: a second one follows it (`longform.Fader`)
+    ends = [(int(n) + held * (n > SAMPLES_PER_FRAME)) // SAMPLES_PER_FRAME for n in out
+            if (n + held * (n > SAMPLES_PER_FRAME)) % SAMPLES_PER_FRAME == 0]
     assert ends[-1] >= 12, f"only {ends[-1]} frames: too few to see the pieces grow"
     expected = list(np.cumsum(sizes_for(0.9, ends[-1])))
     assert ends == expected[:len(ends)], (ends, expected)

@@ -24,9 +24,13 @@ from ...codec.stream import PIECE_RTF
 from ...pipeline.scheduler import Utterance
 
 FRAME_SECONDS = 0.08     # the audio one frame makes (12.5 frames a second)
-ADMIT_HEADROOM = 0.85    # a step may take this share of a frame's 80 ms at the admitted batch
+ADMIT_HEADROOM = 0.7     # a step may take this share of a frame's 80 ms at the admitted batch (0.85 admitted two
+                         # streams at 67 ms a step on a 2-core Zen 5: served, with their prefills and pieces of
+                         # one frame, they ran at 0.92 of real time and ran dry mid-sentence)
 MEASURE_FRAMES = 24      # frames each measured utterance makes
-PIECE_MARGIN = 1.2       # pieces grow for steps this much slower than measured (a prefill joining, the spread)
+PIECE_MARGIN = 1.5       # pieces grow for steps this much slower than measured: a prefill joining, the spread, and
+                         # what piece_frames leaves out (the first piece's pieces, the fade's 10 ms held back, each
+                         # piece's decode); at 1.2, streams started as another ended ran dry 230 ms in (2-core Zen 5)
 OUTLIER_TIMES = 5        # a measured step this many times the median is the machine's stall, not the model's cost
 MEASURE_TEXT = "One two three four five six seven eight nine ten, and then the count goes on again."
 
