@@ -137,3 +137,29 @@ def quality_classes(text, cfg):
     from qtts_lib.bench.quality import projection_classes
 
     return projection_classes(text, cfg)
+
+
+def test_a_class_kept_fp32_is_written_apart_and_left_out_of_int8(model):
+    """`bench quality --keep-fp32 down`: inside `kept_fp32`, each decoder's int8 graph leaves its down projections
+    fp32 (one a layer), in its own folder; outside, the tier's own files are as before."""
+    from qtts_lib.bench import quality
+    from qtts_lib.runtime.binding.graph import Graph, params_dict
+
+    ncnn_dir = model / "ncnn"
+    cfg = json.loads((model / "config.json").read_text())["talker_config"]
+    plain = precision.ensure_int8(ncnn_dir, "talker_decoder", form="k32")[0]
+    with quality.kept_fp32(model, "down") as kept:
+        param, _ = precision.ensure_int8(ncnn_dir, "talker_decoder", form="k32")
+        precision.ensure_int8(ncnn_dir, "predictor_decoder", form="k32")
+    assert param.parent.name == "int8-k32-keep-down" and precision.int8_paths(ncnn_dir, "talker_decoder",
+                                                                              "k32")[0] == plain
+    assert kept == {"talker_decoder": cfg["num_hidden_layers"],
+                    "predictor_decoder": cfg["code_predictor_config"]["num_hidden_layers"]}
+    fp32_gemms = {layer.name for layer in Graph(param.read_text()).layers if layer.type == "Gemm"
+                  and params_dict(layer).get("18", "0") == "0"}
+    downs = {g for g, c in quality.projection_classes((ncnn_dir / "talker_decoder_kv.param").read_text(), cfg)
+             if c == "down"}
+    assert downs and downs <= fp32_gemms
+    with pytest.raises(ValueError, match="no projection class"):
+        with quality.kept_fp32(model, "mlp"):
+            pass

@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     quality = measurement("quality", "what a precision tier costs against fp32", frames=200)
     quality.add_argument("--precision", default="fp32,fp16,int8")
     quality.add_argument("--threads", type=int, default=2)
+    quality.add_argument("--keep-fp32", metavar="CLASS", help="a probe: the int8 tiers with one class of projection "
+                                                                "left fp32 (q, k, v, o, gate, up, down, in_proj)")
     overlap = measurement("overlap", "decoding on one core while the other generates")
     overlap.add_argument("--precision", default="int8")
     overlap.add_argument("--threads", type=int, default=0, help="cores for the sequential run (default: all)")
@@ -211,10 +213,16 @@ def main(argv: list[str] | None = None) -> int:
 
         result = parity_measure(model_dir, a.frames, a.threads, a.cases.split(",") if a.cases else None)
     elif a.what == "quality":
-        from .quality import measure
+        from contextlib import nullcontext
 
-        result = measure(model_dir, tuple(t.strip() for t in a.precision.split(",")), a.frames, a.threads,
-                         on_tier=lambda partial: write_result(partial, a.output))
+        from .quality import kept_fp32, measure
+
+        with kept_fp32(model_dir, a.keep_fp32) if a.keep_fp32 else nullcontext() as kept:
+            def probe(r: dict) -> dict:
+                return r | {"kept_fp32": {"class": a.keep_fp32, "projections": kept}} if a.keep_fp32 else r
+
+            result = probe(measure(model_dir, tuple(t.strip() for t in a.precision.split(",")), a.frames,
+                                   a.threads, on_tier=lambda partial: write_result(probe(partial), a.output)))
         summary = {t: {k: v for k, v in r.items() if k != "layer_errors"} for t, r in result["tiers"].items()}
         print(json.dumps(summary, indent=1))
     else:

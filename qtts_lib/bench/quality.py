@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gc
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,43 @@ def projection_classes(text: str, cfg: dict) -> list[tuple[str, str]]:
             raise ValueError(f"{g.name} ({d['8']} x {d['9']}) is not a {cls} projection")
         out.append((g.name, cls))
     return out
+
+
+@contextmanager
+def kept_fp32(model_dir: Path, cls: str):
+    """A probe, for this harness alone (no tier of the runtime): inside it, every int8 decoder graph is written with
+    the projections of class `cls` (`projection_classes`: q, k, v, o, gate, up, down, in_proj) left fp32, into
+    folders of their own (`ncnn/int8-<form>-keep-<cls>/`), so the int8 tiers measured inside say what keeping one
+    class wider buys. Yields {decoder: projections kept}."""
+    from ..runtime.pipeline import precision
+
+    if cls not in (*PROJECTIONS, "in_proj"):
+        raise ValueError(f"no projection class {cls!r}; there are {', '.join((*PROJECTIONS, 'in_proj'))}")
+    talker = json.loads((Path(model_dir) / "config.json").read_text())["talker_config"]
+    configs = {"talker_decoder": talker, "predictor_decoder": talker["code_predictor_config"]}
+    kept: dict[str, int] = {}
+    graph, paths = precision.int8_graph, precision.int8_paths
+
+    def keeping(text, data, fuse=True, keep=(), form="rows"):
+        for name, cfg in configs.items():
+            try:  # a graph of the other decoder (another layer count) or a head is refused here
+                names = [g for g, c in projection_classes(text, cfg) if c == cls]
+            except ValueError:
+                continue
+            kept[name] = len(names)
+            return graph(text, data, fuse=fuse, keep=(*keep, *names), form=form)
+        return graph(text, data, fuse=fuse, keep=keep, form=form)
+
+    def own_folder(ncnn_dir, name, form="rows"):
+        param, bin_ = paths(ncnn_dir, name, form)
+        folder = param.parent.with_name(f"{param.parent.name}-keep-{cls}")
+        return folder / param.name, folder / bin_.name
+
+    precision.int8_graph, precision.int8_paths = keeping, own_folder
+    try:
+        yield kept
+    finally:
+        precision.int8_graph, precision.int8_paths = graph, paths
 
 
 def projection_errors(ncnn_dir: Path, forms, embed: np.ndarray, threads: int) -> dict:
