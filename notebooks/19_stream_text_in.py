@@ -17,35 +17,26 @@
 # > audio, sample for sample.
 #
 # **You will:** speak a text that arrives in pieces, as a language model writes it; decide segments and tokens from
-# the text so far; send text over `qtts serve`'s WebSocket and get audio back before the text is finished.
+# the text so far; get its first audio before most of the text has come, and the whole text's audio in the end.
 #
 # **You will learn:** why an x-vector prompt can start before its text is complete; which rule of the segmenter
 # waits for what; why tokenizing each piece on its own gives other tokens; why the audio is the whole text's.
 #
 # **You need:** a Base checkpoint (an x-vector voice, chapter 08), the exported graphs (chapters 04–05; made here if
-# missing), the server's packages and `websocket-client` (`make setup`). **Leaves behind:**
-# `data/outputs/<ckpt>/19_voices/`, `19_streamed.wav`, `19_server.log`, the chapter report.
+# missing). **Leaves behind:** `data/outputs/<ckpt>/19_streamed.wav`, the chapter report. Chapter 20 sends the same
+# text to `qtts serve` over a WebSocket.
 
 # %%
-import atexit
-import base64
-import json
-import os
 import random
-import shutil
-import time
 
-import httpx
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import websocket  # the websocket-client package
 from IPython.display import Audio, display
 
 from qtts_lib import check, checkpoint, export, paths, reference, settings
-from qtts_lib.isolation import serve_without_torch
 from qtts_lib.runtime import InputError, Sampling, Synthesizer, load_wav
-from qtts_lib.runtime.audio.wav import SAMPLE_RATE, pcm16, save_wav
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, save_wav
 from qtts_lib.runtime.pipeline import longform
 from qtts_lib.runtime.pipeline.longform import MAX_SEGMENT_TOKENS
 from qtts_lib.runtime.pipeline.textstream import TextStream, stream_text
@@ -109,7 +100,7 @@ check.at_most("first audio before a quarter of the text has come", "deltas taken
               at / len(deltas), 0.25)
 
 # %% [markdown]
-# Audio came once the word after the first sentence decided it. Sections 2–5 take this apart; 6 uses the WebSocket.
+# Audio came once the word after the first sentence decided it. Sections 2–5 take this apart.
 #
 # ## 2. Read the text a token a frame
 # Chapter 07 built the x-vector clone's prompt: the first text token rides on `codec_bos` in the prompt, and the
@@ -304,76 +295,8 @@ check.equal("the first span starts the audio", "start (s)", spans[0].start, 0)
 check.at_most("the last span ends the audio", "|end - audio's length| (s)",
               abs(spans[-1].end - len(wav) / SAMPLE_RATE), 1e-6)
 check.equal("pauses between spans silent", "loud gaps", sum(g.any() for g in gaps), 0)
-
-# %% [markdown]
-# ## 6. Stream text over the WebSocket
-# `qtts serve` (chapter 18) takes streamed text on a **WebSocket** (one open connection, messages both ways) at
-# `/v1/audio/speech/stream`, behind the key. The client sends JSON: `speech.start` (a speech request's fields but
-# `input`), `text.delta`s, `text.done`; the server sends `speech.audio.delta` (base64 audio), a `speech.segment`
-# (a span) once a segment's audio is sent, and `speech.audio.done`. The server runs with `--admit all`: admission
-# by capacity would size its pieces by this machine's step, and other pieces differ from section 5's by float rounding:
-
-# %%
-KEY = "sk-chapter-19"
-voices_dir = paths.outputs_dir(ckpt) / "19_voices"  # the server's voices: alice alone
-voices_dir.mkdir(parents=True, exist_ok=True)
-shutil.copy(paths.voice_wav(), voices_dir / "alice.wav")
-log = paths.outputs_dir(ckpt) / "19_server.log"
-args = ["--checkpoint", str(model_dir), "--voices", str(voices_dir), "--threads",
-        str(THREADS), "--max-frames", str(MAX_FRAMES), "--admit", "all"]
-server, url = serve_without_torch(args, log, env=dict(os.environ, QTTS_API_KEY=KEY))
-atexit.register(server.terminate)  # a chapter stopped half-way leaves no server
-print(log.read_text().strip())
-
-# %% [markdown]
-# `websocket-client` (`import websocket`) speaks it from Python: two sentences, four words a delta, 40 ms apart, a
-# wait for the server's first message (audio, before the rest is sent), then the rest, `text.done`, and the replies:
-
-# %%
-ws = websocket.create_connection(url.replace("http", "ws") + "/v1/audio/speech/stream",
-                                 header=[f"Authorization: Bearer {KEY}"], timeout=120)
-ws.send(json.dumps({"type": "speech.start", "voice": "alice", "language": "english",
-                    "response_format": "pcm", "seed": SEED}))
-# two sentences, +1 delta: the word after "notes." decides the second ends there
-parts = words(TEXT, 4)
-sent_first = len(words(TEXT[:TEXT.index(" The meeting")], 4)) + 1
-for piece in parts[:sent_first]:
-    ws.send(json.dumps({"type": "text.delta", "text": piece}))
-    time.sleep(0.04)
-messages = [json.loads(ws.recv())]  # before the rest of the text is sent
-for piece in parts[sent_first:]:
-    ws.send(json.dumps({"type": "text.delta", "text": piece}))
-ws.send(json.dumps({"type": "text.done"}))
-while messages[-1]["type"] not in ("speech.audio.done", "error"):
-    messages.append(json.loads(ws.recv()))
-ws.close()
-check.equal(f"audio back after {sent_first} of {len(parts)} deltas, before the rest",
-            "first message", messages[0]["type"], "speech.audio.delta")
-print(messages[-1])
-
-# %% [markdown]
-# The audio deltas joined must be the HTTP answer for the whole text with the same seed, byte for byte, and the
-# library's (section 5) in 16 bits; one `speech.segment` per segment, inside the audio:
-
-# %%
-pcm = b"".join(base64.b64decode(m["audio"]) for m in messages
-               if m["type"] == "speech.audio.delta")
-answer = httpx.post(f"{url}/v1/audio/speech", timeout=600,
-                    headers={"Authorization": f"Bearer {KEY}"},
-                    json={"input": TEXT, "voice": "alice", "language": "english",
-                          "response_format": "pcm", "seed": SEED})
-check.equal("WebSocket pcm = the HTTP answer for the whole text, same seed",
-            "bitwise equal", pcm == answer.content, True)
-check.equal("WebSocket pcm = the library's streamed audio (section 5)", "bitwise equal",
-            pcm == pcm16(wav), True)
-events = pd.DataFrame([m for m in messages if m["type"] == "speech.segment"])
-display(events[["start", "end", "text"]].assign(text=events.text.str[:50]))
-same = events.drop(columns="type").to_dict("records") == [s.as_dict() for s in spans]
-check.equal("one speech.segment per segment: section 5's spans", "equal", same, True)
-check.at_most("segments inside the audio", "last end (s)", events.end.max(),
-              len(pcm) / 2 / SAMPLE_RATE + 1e-6)
-save_wav(paths.outputs_dir(ckpt) / "19_streamed.wav", wav)  # = pcm, as floats
-display(Audio(np.frombuffer(pcm, "<i2"), rate=SAMPLE_RATE))
+save_wav(paths.outputs_dir(ckpt) / "19_streamed.wav", wav)
+display(Audio(wav, rate=SAMPLE_RATE))
 
 # %% [markdown]
 # ## Summary
@@ -381,20 +304,16 @@ display(Audio(np.frombuffer(pcm, "<i2"), rate=SAMPLE_RATE))
 #   decided sentence and grow as tokens come (`open_prompt`, `extend_prompt`); the completed prompt is `build`'s.
 # - `SegmentStream` gives a segment once the text that decides it is in (each rule waits for what it reads);
 #   `TokenStream` gives a token once no later text can change it. Both equal the whole text's, however it is cut.
-# - `TextStream` / `stream_text` speak text as it comes: `stream_long`'s audio for the whole text, sample for sample.
-# - `qtts serve`'s WebSocket speaks before the text is done, and its pcm is the HTTP answer's, byte for byte.
+# - `TextStream` / `stream_text` speak text as it comes: `stream_long`'s audio for the whole text, sample for sample,
+#   with a span per segment where its audio lies. Chapter 20 serves them over `qtts serve`'s WebSocket.
 #
-# **Artifacts left:** `data/outputs/<ckpt>/19_voices/`, `19_streamed.wav`, `19_server.log`, the chapter report.
+# **Artifacts left:** `data/outputs/<ckpt>/19_streamed.wav`, the chapter report.
 #
 # **If your numbers differ**
 # - *The first check fails* → not a Base checkpoint: run on `tiny-base` (only a cloned voice has an x-vector prompt).
 # - *First audio late* → `early=False`, or the first sentence decided late (no space or word after its end).
 # - *Streamed audio ≠ `stream_long`* → another seed, `max_frames`, piece size or `max_batch` (several at once equal
 #   it only to float rounding, chapter 17); or a rule that reads past the text so far (sections 3–4 fail first).
-# - *WebSocket pcm ≠ section 5 but = HTTP* → the server grew its pieces for its measured step: `--admit all`.
-# - *The server does not come up* → read `19_server.log`: `pip install 'qtts[serve]'`, or export (chapters 04–05).
 
 # %%
-server.terminate()
-server.wait(30)
 check.table()

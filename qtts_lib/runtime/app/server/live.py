@@ -1,4 +1,4 @@
-"""`qtts serve`'s WebSocket, `/v1/audio/speech/stream`: text streamed in, audio streamed out. Introduced in 19.
+"""`qtts serve`'s WebSocket, `/v1/audio/speech/stream`: text streamed in, audio streamed out. Introduced in 20.
 
 A language model writes its answer a token at a time; this route speaks it as it comes. The client sends JSON text
 frames:

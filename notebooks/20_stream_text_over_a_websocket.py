@@ -1,0 +1,266 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 20 · Stream text over a WebSocket
+# > A voice agent's text comes a piece at a time over one open connection; its audio goes back the same way, before
+# > the text is finished, and it is the HTTP answer's, byte for byte.
+#
+# **You will:** open `qtts serve`'s WebSocket, send it a text as a language model writes it, hear audio back before
+# the rest is sent, read where each segment lies; get an error for a wrong message.
+#
+# **You will learn:** what a WebSocket is and why streamed text needs one; the messages each way and their fields;
+# why the server runs with `--admit all` here; why the audio equals the library's and the HTTP answer's.
+#
+# **You need:** a Base checkpoint (an x-vector voice, chapter 08), the exported graphs (chapters 04–05; made here if
+# missing), chapter 19's library (`pipeline.textstream`), the server's packages and `websocket-client`
+# (`make setup`). **Leaves behind:** `data/outputs/<ckpt>/20_voices/`, `20_streamed.wav`, `20_server.log`, the
+# chapter report. The set-up loads the checkpoint here too, to make what the server's audio must equal:
+
+# %%
+import atexit
+import base64
+import json
+import os
+import shutil
+import time
+
+import httpx
+import numpy as np
+import pandas as pd
+import websocket  # the websocket-client package
+from IPython.display import Audio, display
+
+from qtts_lib import check, checkpoint, export, paths, reference, settings
+from qtts_lib.isolation import serve_without_torch
+from qtts_lib.runtime import Sampling, Synthesizer, load_wav
+from qtts_lib.runtime.audio.wav import SAMPLE_RATE, pcm16, save_wav
+from qtts_lib.runtime.pipeline.textstream import TextStream
+
+ckpt, THREADS = settings.checkpoint(), settings.threads()
+report = check.begin("20_stream_text_over_a_websocket", ckpt)
+model_dir = checkpoint.ensure(ckpt)
+export.ensure(reference.load(model_dir, threads=THREADS), ckpt)  # 04-05's graphs
+synth = Synthesizer(model_dir, threads=THREADS)
+check.equal("a Base checkpoint: voices cloned from a clip (x-vector)", "kind",
+            synth.kind, "base")
+voice = synth.voice(wav=load_wav(paths.voice_wav()))  # the committed clip's x-vector
+MAX_FRAMES, SEED, KEY = 24, 7, "sk-chapter-20"  # chapter 19's frame cap and seed
+
+# %% [markdown]
+# ## 1. Speak the text with the library first
+# Chapter 19's answer, the same text, seed and frame cap. `TextStream` speaks it four words a **delta** (a piece of
+# the text, as it arrives) and keeps a **span** per segment (its text, where its audio starts and ends in seconds):
+# the server must send this audio, and these spans, whichever way its text comes.
+
+# %%
+TEXT = ("Sure, here is the plan for tomorrow. Dr. Lee arrives at 9.30 a.m. on the "
+        "early train from the city, and she asks that someone meets her at the "
+        "station with the notes. The meeting starts at ten in the small room on the "
+        "second floor, the one with the long table and the old map of the harbour on "
+        "the wall. Bring the printed slides... and the laptop too! Are the figures on"
+        " page 3 up to date? If not, the latest ones are at "
+        "https://example.com/q3.html before noon. After lunch the team walks down to "
+        "the river, and anyone who would rather stay behind can finish the report in "
+        "the library.")
+
+
+def words(text: str, n: int = 1) -> list[str]:
+    """`text` in pieces of n words, each with the space after it, as a model writes."""
+    parts = text.split(" ")
+    return [" ".join(parts[i:i + n]) + (" " if i + n < len(parts) else "")
+            for i in range(0, len(parts), n)]
+
+
+stream = TextStream(synth, "english", voice, Sampling(seed=SEED), max_frames=MAX_FRAMES)
+pieces = []
+for delta in words(TEXT, 4):
+    stream.feed(delta)
+    while not stream.idle:  # what the text so far allows
+        pieces += stream.step()
+stream.finish()
+while not stream.done:
+    pieces += stream.step()
+wav, spans = np.concatenate(pieces), stream.spans
+print(f"{len(wav) / SAMPLE_RATE:.2f} s of audio, {len(spans)} segments")
+check.at_most("the library's last span ends its audio", "|end - audio's length| (s)",
+              abs(spans[-1].end - len(wav) / SAMPLE_RATE), 1e-6)
+
+# %% [markdown]
+# ## 2. Read the protocol
+# An HTTP request (chapter 18) sends its whole body, then reads the answer: the text must be complete before it is
+# sent. A **WebSocket** is a connection opened by an HTTP request that asks to *upgrade* (the handshake, where the
+# key is checked) and then kept open, carrying **messages** both ways at any time. `qtts serve` takes one at
+# `/v1/audio/speech/stream`, one request per connection; every message is a JSON object whose `type` names it.
+# JSON carries text, not bytes, so audio comes in **base64** (bytes written as letters, 4 for every 3 bytes). The
+# messages each way, and what each carries:
+
+# %%
+PROTOCOL = pd.DataFrame([
+    ("speech.start", "in", "a speech request's fields but input: voice, "
+     "language, response_format, seed, ...", "first, once"),
+    ("text.delta", "in", "text: the next piece of the text", "as the text is written"),
+    ("text.done", "in", "(none)", "once, at the text's end"),
+    ("speech.audio.delta", "out", "audio: the next bytes of response_format, base64",
+     "as audio is made"),
+    ("speech.segment", "out", "text, start, end: a span, in seconds of this audio",
+     "once a segment's audio is all sent"),
+    ("speech.audio.done", "out", "seed, usage (text tokens in, frames out)",
+     "last; then the server closes"),
+    ("error", "out", "error: message, type, param, code (HTTP's error body)",
+     "instead, on anything wrong; then the close"),
+], columns=["message", "direction", "fields", "when"]).set_index("message")
+with pd.option_context("display.max_colwidth", 90):
+    display(PROTOCOL.replace({"direction": {"in": "client → server",
+                                            "out": "server → client"}}))
+
+# %% [markdown]
+# Here `response_format` is `pcm`: raw 16-bit samples, 24 kHz mono, no header, so the bytes can be compared.
+#
+# ## 3. Start the server with every request admitted
+# By default `qtts serve` admits by capacity (chapter 18, section 10): at start it times a step, speaks at once only
+# as many requests as keep real time, and grows each stream's **pieces** (the frames the codec decodes at once,
+# chapter 15) as fast as that measured step lets a listener keep up. The codec's audio is the same whatever the
+# pieces only to float rounding, so that schedule, which differs from machine to machine, would change the last bits.
+# `--admit all` starts every request that has a place and keeps the library's pieces (1, 2, 4, 4, … frames): the
+# audio can be checked bit for bit. One request runs at a time here, so there is nothing to refuse. The key goes in
+# `$QTTS_API_KEY`, as in chapter 18; `serve_without_torch` returns once the server answers:
+
+# %%
+voices_dir = paths.outputs_dir(ckpt) / "20_voices"  # the server's voices: alice alone
+shutil.rmtree(voices_dir, ignore_errors=True)
+voices_dir.mkdir(parents=True)
+shutil.copy(paths.voice_wav(), voices_dir / "alice.wav")
+log = paths.outputs_dir(ckpt) / "20_server.log"
+args = ["--checkpoint", str(model_dir), "--voices", str(voices_dir), "--threads",
+        str(THREADS), "--max-frames", str(MAX_FRAMES), "--admit", "all"]
+server, url = serve_without_torch(args, log, env=dict(os.environ, QTTS_API_KEY=KEY))
+atexit.register(server.terminate)  # a chapter stopped half-way leaves no server
+print(log.read_text().strip())
+STREAM = url.replace("http", "ws", 1) + "/v1/audio/speech/stream"  # ws://: a WebSocket
+AUTH = [f"Authorization: Bearer {KEY}"]  # the key, on the handshake
+
+# %% [markdown]
+# ## 4. Get one error for a wrong message
+# The first message must be a `speech.start`. Anything wrong (here, text before the start) is answered with one
+# `error` message, shaped as an HTTP error's body, and the server closes the connection; nothing is spoken:
+
+# %%
+ws = websocket.create_connection(STREAM, header=AUTH, timeout=120)
+ws.send(json.dumps({"type": "text.delta", "text": "Hello."}))
+error = json.loads(ws.recv())
+print(error)
+try:  # websocket-client's recv gives "" for the server's close
+    closed = ws.recv() == "" and not ws.connected
+except websocket.WebSocketConnectionClosedException:
+    closed = True
+check.equal("text before speech.start: one error, on the field `type`", "type / param",
+            (error["type"], error["error"]["param"]), ("error", "type"))
+check.equal("after the error the server closes", "closed", closed, True)
+
+# %% [markdown]
+# ## 5. Send text as it is written
+# `websocket-client` (`import websocket`) speaks it from Python. The start, then the first two sentences four words a
+# delta, 40 ms apart, as a model writes; one delta more (the word after "notes." decides that the second sentence
+# ends there, chapter 19 section 3), then a wait for the server's first message: audio, before the rest is sent.
+# Then the rest, `text.done`, and every reply until `speech.audio.done`:
+
+# %%
+ws = websocket.create_connection(STREAM, header=AUTH, timeout=120)
+ws.send(json.dumps({"type": "speech.start", "voice": "alice", "language": "english",
+                    "response_format": "pcm", "seed": SEED}))
+parts = words(TEXT, 4)
+sent_first = len(words(TEXT[:TEXT.index(" The meeting")], 4)) + 1
+for piece in parts[:sent_first]:
+    ws.send(json.dumps({"type": "text.delta", "text": piece}))
+    time.sleep(0.04)
+messages = [json.loads(ws.recv())]  # before the rest of the text is sent
+for piece in parts[sent_first:]:
+    ws.send(json.dumps({"type": "text.delta", "text": piece}))
+ws.send(json.dumps({"type": "text.done"}))
+while messages[-1]["type"] not in ("speech.audio.done", "error"):
+    messages.append(json.loads(ws.recv()))
+ws.close()
+check.equal(f"audio back after {sent_first} of {len(parts)} deltas, before the rest",
+            "first message", messages[0]["type"], "speech.audio.delta")
+kinds = pd.Series([m["type"] for m in messages]).value_counts()
+display(kinds.to_frame("messages"))
+print(messages[-1])
+
+# %% [markdown]
+# The replies are the table's, in its order: audio deltas and segments as they come, `speech.audio.done` last with
+# the request's seed; each `speech.segment` carries exactly a span's fields:
+
+# %%
+replies = sorted(PROTOCOL.index[PROTOCOL.direction == "out"].drop("error"))
+check.equal("the replies: the table's server messages, no error", "types",
+            sorted(kinds.index), replies)
+check.equal("speech.audio.done comes last, once", "count, last",
+            (int(kinds["speech.audio.done"]), messages[-1]["type"]),
+            (1, "speech.audio.done"))
+check.equal("speech.audio.done carries the request's seed", "seed",
+            messages[-1]["seed"], SEED)
+fields = {k for m in messages if m["type"] == "speech.segment" for k in m}
+check.equal("a speech.segment's fields", "keys", sorted(fields),
+            ["end", "start", "text", "type"])
+
+# %% [markdown]
+# ## 6. Check the audio and the segments
+# The audio deltas, decoded from base64 and joined, must be the HTTP answer for the whole text with the same seed,
+# byte for byte, and the library's audio of section 1 in 16 bits (`pcm16`); the `speech.segment` messages must be
+# section 1's spans, one per segment, inside the audio:
+
+# %%
+pcm = b"".join(base64.b64decode(m["audio"]) for m in messages
+               if m["type"] == "speech.audio.delta")
+answer = httpx.post(f"{url}/v1/audio/speech", timeout=600,
+                    headers={"Authorization": f"Bearer {KEY}"},
+                    json={"input": TEXT, "voice": "alice", "language": "english",
+                          "response_format": "pcm", "seed": SEED})
+check.equal("WebSocket pcm = the HTTP answer for the whole text, same seed",
+            "bitwise equal", pcm == answer.content, True)
+check.equal("WebSocket pcm = the library's streamed audio (section 1)", "bitwise equal",
+            pcm == pcm16(wav), True)
+events = pd.DataFrame([m for m in messages if m["type"] == "speech.segment"])
+display(events[["start", "end", "text"]].assign(text=events.text.str[:50]))
+same = events.drop(columns="type").to_dict("records") == [s.as_dict() for s in spans]
+check.equal("one speech.segment per segment: section 1's spans", "equal", same, True)
+check.at_most("segments inside the audio", "last end (s)", events.end.max(),
+              len(pcm) / 2 / SAMPLE_RATE + 1e-6)
+save_wav(paths.outputs_dir(ckpt) / "20_streamed.wav", wav)  # = pcm, as floats
+display(Audio(np.frombuffer(pcm, "<i2"), rate=SAMPLE_RATE))
+
+# %% [markdown]
+# ## Summary
+# - A WebSocket keeps one connection open with messages both ways, so the text can go in while the audio comes out:
+#   `speech.start`, `text.delta`s and `text.done` in; `speech.audio.delta`, `speech.segment`, `speech.audio.done` out.
+# - Audio comes back before the rest of the text is sent, as soon as the first segment is decided (chapter 19).
+# - With `--admit all` its pcm is the HTTP answer's and the library's, byte for byte; its segments are the spans.
+# - A wrong message is one `error`, shaped as HTTP's, then the close.
+#
+# **Artifacts left:** `data/outputs/<ckpt>/20_voices/`, `20_streamed.wav`, `20_server.log`, the chapter report.
+#
+# **If your numbers differ**
+# - *The first check fails* → not a Base checkpoint: run on `tiny-base` (only a cloned voice has an x-vector prompt).
+# - *The server does not come up* → read `20_server.log`: `pip install 'qtts[serve]'`, or export (chapters 04–05).
+# - *The handshake is refused (403)* → no key or the wrong one in `Authorization: Bearer`.
+# - *First message an error* → read it: its `param` names the field (a voice the server lacks, `input` in the start).
+# - *WebSocket pcm ≠ section 1 but = HTTP* → the server grew its pieces for its measured step: `--admit all`.
+# - *WebSocket pcm ≠ HTTP* → another seed, language or `--threads` in one of the two requests.
+
+# %%
+server.terminate()
+server.wait(30)
+check.equal("the server started here has stopped", "running", server.poll() is None,
+            False)
+check.table()
