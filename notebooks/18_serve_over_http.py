@@ -375,12 +375,11 @@ print(over.json()["error"], full.json()["error"], sep="\n")
 
 # %% [markdown]
 # ## 10. The server under load, at full size
-# `python -m qtts_lib.bench serve` times every chunk of streaming clients (1 to 8 at once, 8 arriving apart) on
-# `full-base` int8, here on a 2-core Intel Xeon VM with AMX. Its two files compare two scheduling rules: in
-# *before*, a long text's next segment queued behind new requests; in *after* (the server's rule), it keeps its
-# place. The columns: `gap_p99_over_p50`, a stream's 99th-percentile wait between two pieces over its median wait
-# (1 is an even pace); `longest_gap_p99_ms`, the longest such wait; `ttfa_p99_ms`, first audio of the slowest
-# clients; `rtf`, the audio's real-time factor:
+# `python -m qtts_lib.bench serve` times every chunk of streaming clients (1 to 8 at once, 8 arriving 2 s apart) on
+# `full-base` int8, here on a 2-core Intel Xeon VM with AMX, under two scheduling rules: in *before*, a long text's next
+# segment queues behind new requests; in *after* (the server's), it keeps its place. `gap_p99_over_p50`: a stream's
+# 99th-percentile wait between two pieces over its median (1 is an even pace); `longest_gap_p99_ms`, the longest such
+# wait; `ttfa_p99_ms`, first audio of the slowest clients; `rtf`, the audio's real-time factor:
 
 # %%
 import matplotlib.pyplot as plt
@@ -394,17 +393,18 @@ plt.show()
 load[["gap_p99_over_p50", "longest_gap_p99_ms", "ttfa_p99_ms", "rtf"]].unstack()
 
 # %% [markdown]
-# Past the batch's room (8 clients, 4 places), under the *before* rule newcomers took a running stream's place
-# between segments (its longest gap grows); under the *after* rule every stream that started keeps its pace, and
-# the wait moves to where a server can bound it: a waiting request's first audio. Other machines: the
-# [results](results.ipynb) page.
+# Past the batch's room (8 clients, 4 places), under *before* newcomers take a running stream's place between segments
+# (its longest gap grows); under *after* every stream that started keeps its pace, and the wait moves to where a server
+# can bound it: a waiting request's first audio. Other machines: the [results](results.ipynb) page.
 #
-# A stream that keeps its pace can still be slower than its listener: four streams in one batch each get a frame a
-# step, but that step takes longer than a frame's 80 ms. So `qtts serve` admits by capacity: at start it times a step
-# at each batch size and speaks as many requests at once as a step under 70% of a frame allows (the rest pays for
-# prefills, encoding, the first piece's pieces); the others wait `--max-wait` seconds in order, then get a 503 with
-# Retry-After. The same bench on the Xeon VM and an AMD EPYC Zen 5 VM plays each stream from its first byte
-# (`ran_dry`: streams whose next piece came after the audio before it had played out):
+# A stream that keeps its pace can still be slower than its listener: four streams in one batch each get a frame a step,
+# but that step takes longer than a frame's 80 ms. So `qtts serve` admits by capacity: at start it times a step at each
+# batch size and speaks as many requests at once as a step under 70% of a frame allows, one at least (the rest pays for
+# prefills, encoding, the first piece's early parts); the others wait their turn up to `--max-wait` (30 s), then get a
+# 503 with Retry-After. The same bench on the Xeon and an AMD EPYC Zen 5 VM plays each stream from its first byte:
+# `admitted`, requests answered with audio (some after their turn came); `refused`, the 503s; `ran_dry`, streams whose
+# next piece came after the audio before it had played out; `delivered_ratio`, audio a second over one client's alone.
+# The bars: first audio within 30 ms of the library's, at least 0.9 of one client's audio a second at any load:
 
 # %%
 folder, vms = paths.DATA / "bench" / "serve", ("xeon-amx", "zen5")
@@ -423,13 +423,13 @@ admission[["admitted", "refused", "ttfa_p50_ms", "library_first_audio_ms", "ran_
            "underrun_max_ms", "delivered_ratio"]]
 
 # %% [markdown]
-# Both speak one stream at a time, at one client's audio a second. On the Zen 5 (49 ms a frame) pieces grow as fast as a
-# listener from the first byte allows (chapter 16): no stream runs dry. On the Xeon (96 ms, over a frame's 80 ms) pieces
-# stay one frame, and a listener waits about the difference in all (`underrun_max_ms`): buffer that much.
+# Both speak one stream at a time. On the Zen 5 (49 ms a frame) the pieces grow as fast as a listener from the first
+# byte allows (chapter 16), and no stream runs dry. On the Xeon (96 ms, over a frame's 80 ms of audio) the pieces stay
+# one frame; a listener waits, in total, about the difference (`underrun_max_ms`): a player should buffer that much.
 #
 # ## Summary
 # - `qtts serve` speaks OpenAI's speech API: the official SDK works with only `base_url` changed, whole or streamed;
-#   its samples are `stream_long`'s, bit for bit. A fresh take per request, replayed by its `X-Seed`.
+#   admitting all, its samples are `stream_long`'s, bit for bit. A fresh take per request, replayed by `X-Seed`.
 # - Voices are uploaded and deleted while it runs; `instructions` are followed or refused, never dropped.
 # - A key guards the API; work past a bound is refused; a hung engine shows in `/health`; admission keeps real time.
 #
