@@ -89,18 +89,21 @@ def noted(deltas: list[str], taken: list[str]):  # yields each delta, noting it 
         yield delta
 
 
+FIRST = "Sure, here is the plan for tomorrow."  # the first sentence
 deltas, taken = words(TEXT), []
 audio = stream_text(synth, noted(deltas, taken), "english", voice, Sampling(seed=SEED),
                     max_frames=MAX_FRAMES)
 first = next(audio)  # the stream runs, taking deltas, until its first audio
 at = len(taken)  # the deltas taken by then
-print(f"first audio after {at} of {len(deltas)} deltas: {''.join(taken)!r}")
+print(f"first audio after {at} of {len(deltas)} deltas ({at / len(deltas):.0%}): "
+      f"{''.join(taken)!r}")
 streamed = np.concatenate([first, *audio])  # the rest, as the text keeps coming
-check.at_most("first audio before a quarter of the text has come", "deltas taken / all",
-              at / len(deltas), 0.25)
+check.at_most("first audio once the first sentence and the word after it are in",
+              "deltas taken", at, len(words(FIRST)) + 1)
 
 # %% [markdown]
-# Audio came once the word after the first sentence decided it. Sections 2–5 take this apart.
+# The bound is the first sentence's words plus one: audio came once the word after the first sentence decided that
+# the sentence ends there. Sections 2–5 take this apart.
 #
 # ## 2. Read the text a token a frame
 # Chapter 07 built the x-vector clone's prompt: the first text token rides on `codec_bos` in the prompt, and the
@@ -109,9 +112,8 @@ check.at_most("first audio before a quarter of the text has come", "deltas taken
 # the row added after frame t-1), and no later one. One sentence's rows, frame by frame:
 
 # %%
-SENTENCE = "Sure, here is the plan for tomorrow."
-ids = tok.encode(SENTENCE, added_tokens=False)
-prompt = synth.prompt(SENTENCE, "english", voice)
+ids = tok.encode(FIRST, added_tokens=False)
+prompt = synth.prompt(FIRST, "english", voice)  # PromptBuilder.build's prompt
 e, top = synth.embeddings, synth.config.config
 eos = e.text([top["tts_eos_token_id"]])
 check.equal("x-vector prompt: trailing text = tokens 1.. then tts_eos", "bitwise equal",
@@ -124,9 +126,10 @@ display(pd.DataFrame({"text token it reads": reads, "text token": [*range(len(id
 # So the prompt need not wait for the text: `PromptBuilder.open_prompt` builds it from the first tokens known,
 # `extend_prompt` appends rows as tokens come. `Prompt.text_at(t)` is the row added after frame t, text token t+1 (the
 # one frame t+1 reads), and None while that token has not come: the talker waits there. Completed (`last=True` adds
-# `tts_eos` and the chat template's end), the open prompt must be `build`'s, to the byte. Other prompts cannot: ICL, a
-# built-in speaker and a described voice hold a segment's whole text in the prefill (chapters 08–09), so `open_prompt`
-# refuses them (last, chapter 08's ICL clone), and there a segment starts once its text is complete:
+# `tts_eos` and the chat template's end), the open prompt must be the one `PromptBuilder.build` makes from the whole
+# sentence (what `synth.prompt` gave above), to the byte. Other prompts cannot be opened: ICL, a built-in speaker and
+# a described voice hold a segment's whole text in the prefill (chapters 08–09), so `open_prompt` refuses them, and
+# there a segment starts once its text is complete. The cell ends by trying chapter 08's ICL clone:
 
 # %%
 def waits_at(p) -> int:  # the first frame whose text token has not come
@@ -134,12 +137,12 @@ def waits_at(p) -> int:  # the first frame whose text token has not come
 
 
 opened = builder.open_prompt(ids[:3], "english", voice)  # 3 tokens known
-waits = [waits_at(opened)]
+first_waiting = [waits_at(opened)]
 builder.extend_prompt(opened, ids[3:6], last=False)     # 3 more come
-waits.append(waits_at(opened))
+first_waiting.append(waits_at(opened))
 builder.extend_prompt(opened, ids[6:], last=True)       # the rest: the text is complete
 check.equal("open prompt: frame t waits for text token t", "first frame waiting, "
-            "3 then 6 tokens in", waits, [3, 6])
+            "3 then 6 tokens in", first_waiting, [3, 6])
 for part in ("embeds", "trailing", "text_ids"):  # extended token by token, then closed
     check.equal(f"open prompt's {part} = build()'s", "bitwise equal",
                 np.array_equal(getattr(opened, part), getattr(prompt, part)), True)
@@ -158,21 +161,37 @@ check.equal("open_prompt refuses an ICL voice", "raised", refused, "InputError")
 # Chapter 16 packed a long text's sentences into **segments** of at most `MAX_SEGMENT_TOKENS` tokens. Some rules read
 # past a position: "3." ends a sentence or not by what follows (3.14?). `text.segment_stream.SegmentStream` takes deltas
 # (`feed`) and gives out a segment once the text deciding it is in; its docstring lists what each rule waits for. Below
-# it, `segment_stream.decided_until` of a few texts so far (where verdicts stop being final) and what each waits for:
+# it, for a few texts so far: `segment_stream.decided_until` (the first place where text still to come could change
+# whether a sentence ends), what each waits for, and the shortest text after it that decides it. Each example's text
+# that decides is typed beside it and checked: every shorter start of it leaves the text undecided, and it decides:
 
 # %%
 rows = [[c.strip() for c in line.strip()[1:-1].split(" | ")]
         for line in segment_stream.__doc__.splitlines() if line.startswith("| ")]
 with pd.option_context("display.max_colwidth", 80):
     display(pd.DataFrame(rows[1:], columns=rows[0]).set_index(rows[0][0]))
-waits = {"It costs 3.": "the next character (3.14?)",
-         "It costs 3. Then": "the whole next word (its case, an ordinal?)",
-         "Ask Dr.": "the next word",
-         "Wait...": "nothing: an ellipsis never ends",
-         "Go! Now ": "nothing: the next word is in"}
+examples = {  # text so far: (what it waits for, the shortest text after that decides)
+    "It costs 3.": ("a next character, not a space (3.14: no end)", "1"),
+    "It costs 3. Then": ("the word's end, the space after it (an ordinal?)", " "),
+    "Ask Dr.": ("the whole next word, to the space after it", " Lee "),
+    "Wait...": ("a character after the run and its spaces (...! goes on)", " a"),
+    "Go! Now ": ("nothing: the word after it is in, to its space", ""),
+}
 until = segment_stream.decided_until
-display(pd.DataFrame([{"text so far": t, "decided until": until(t), "of": len(t),
-                       "waits for": w} for t, w in waits.items()]))
+
+
+def decided_by(text: str, more: str) -> str | None:
+    """The shortest start of `more` after which `text` is decided (None: none)."""
+    return next((more[:k] for k in range(len(more) + 1)
+                 if until(text + more[:k]) >= len(text)), None)
+
+
+table = [{"text so far": t, "decided until": until(t), "of": len(t), "waits for": w,
+          "decided by": repr(decided_by(t, m))} for t, (w, m) in examples.items()]
+with pd.option_context("display.max_colwidth", 80):
+    display(pd.DataFrame(table))
+check.equal("each example waits for exactly the text typed beside it", "examples wrong",
+            sum(decided_by(t, m) != m for t, (_, m) in examples.items()), 0)
 
 # %% [markdown]
 # Fed a word at a time, the segmenter gives a segment out once it is closed (the next sentence does not fit; `given`
@@ -181,14 +200,14 @@ display(pd.DataFrame([{"text so far": t, "decided until": until(t), "of": len(t)
 
 # %%
 whole = segments(TEXT, MAX_SEGMENT_TOKENS, count)
-stream, opened_at = segment_stream.SegmentStream(MAX_SEGMENT_TOKENS, count), None
+segmenter, opened_at = segment_stream.SegmentStream(MAX_SEGMENT_TOKENS, count), None
 for i, delta in enumerate(deltas, 1):
-    for seg in stream.feed(delta):
-        print(f"word {i} ({delta!r}) closes segment {stream.given}: {seg[:40]!r}...")
-    if stream.open_text and opened_at is None:
+    for seg in segmenter.feed(delta):
+        print(f"word {i} ({delta!r}) closes segment {segmenter.given}: {seg[:40]!r}...")
+    if segmenter.open_text and opened_at is None:
         opened_at = i
-        print(f"word {i} ({delta!r}) decides the open start {stream.open_text!r}")
-print(f"finish gives {len(stream.finish())} more: {stream.given} of {len(whole)}")
+        print(f"word {i} ({delta!r}) decides the open start {segmenter.open_text!r}")
+print(f"finish gives {len(segmenter.finish())} more: {segmenter.given} of {len(whole)}")
 check.equal("the first segment's start is decided when section 1 spoke", "word",
             opened_at, at)
 
@@ -201,9 +220,9 @@ def cuts(text: str, rng: random.Random, n: int) -> list[str]:
 
 rng, wrong = random.Random(0), 0
 for _ in range(200):
-    stream = segment_stream.SegmentStream(MAX_SEGMENT_TOKENS, count)
-    got = [s for p in cuts(TEXT, rng, rng.randint(1, 60)) for s in stream.feed(p)]
-    got += stream.finish()
+    segmenter = segment_stream.SegmentStream(MAX_SEGMENT_TOKENS, count)
+    got = [s for p in cuts(TEXT, rng, rng.randint(1, 60)) for s in segmenter.feed(p)]
+    got += segmenter.finish()
     wrong += got != whole
 check.equal(f"SegmentStream over 200 random cuts = segments() of the whole text "
             f"({len(whole)} segments)", "cuts wrong", wrong, 0)
@@ -215,7 +234,7 @@ check.equal(f"SegmentStream over 200 random cuts = segments() of the whole text 
 # becomes two words; a delta ending in a space leaves the space a word, which the whole text gives to the next word:
 
 # %%
-names = lambda ids: [tok.decode([i]) for i in ids]  # noqa: E731
+names = lambda token_ids: [tok.decode([i]) for i in token_ids]  # noqa: E731
 encode = lambda text: tok.encode(text, added_tokens=False)  # noqa: E731
 splits = [("Hello wor", "ld."), ("Hello ", "world."), ("New York", "ers")]
 for a, b in splits:
@@ -225,8 +244,10 @@ check.equal("deltas tokenized apart ≠ the whole text's tokens", "splits that a
             sum(encode(a) + encode(b) == encode(a + b) for a, b in splits), 0)
 
 # %% [markdown]
-# `text.bpe_stream.TokenStream` gives out the ids no later text can change, holding the rest (`pending`); its docstring
-# lists what each step (NFC, regex, BPE) waits for. Cut at random, its ids must be the whole text's:
+# `text.bpe_stream.TokenStream` gives out the ids no later text can change, holding the rest (`pending`). NFC holds back
+# a last character that a later accent may compose with; the pre-tokenizer holds back the last word when its run
+# reaches the text's end ("wor" may go on) and a space at the end (it may start the next word); BPE holds back nothing
+# more, as it merges inside one word. Cut at random, its ids must be the whole text's:
 
 # %%
 tokens = TokenStream(tok)
@@ -246,25 +267,27 @@ check.equal("TokenStream over 200 random cuts = encode() of the whole text",
 # ## 5. Speak text that streams in
 # `pipeline.textstream.TextStream` puts them together. Each closed segment joins the text's `longform.LongText`
 # (the queue of segments behind chapter 16's `stream_long`: seeds, frame caps, fades, pauses); the segment being
-# filled starts on its `open_text`, an open prompt each settled token extends (`early=`, the default for an
-# x-vector voice; `early=False` waits for each segment's whole text); once closed, `tts_eos` follows and its frame
-# cap is set. While the next frame's token has not come, the stream is `idle`. By hand four words a delta, section
-# 1's `stream_text`, and `stream_text` over random cuts must each give `stream_long`'s audio, sample for sample:
+# filled starts on its `open_text` as an open prompt, and each token `TokenStream` gives out extends it (`early=`, on
+# by default for an x-vector voice, checked below; `early=False` waits for each segment's whole text); once closed,
+# `tts_eos` follows and its frame cap is set. While the next frame's token has not come, the stream is `idle`. By
+# hand four words a delta, section 1's `stream_text`, and `stream_text` over random cuts must each give
+# `stream_long`'s audio, sample for sample:
 
 # %%
 spoken = longform.stream_long(synth, TEXT, "english", voice, Sampling(seed=SEED),
                               max_frames=MAX_FRAMES)  # the whole text's (chapter 16)
 reference_wav = np.concatenate(list(spoken))
 stream = TextStream(synth, "english", voice, Sampling(seed=SEED), max_frames=MAX_FRAMES)
-pieces = []
+check.equal("early= on by default for an x-vector voice", "early", stream.early, True)
+chunks = []  # the audio, as the stream makes it
 for delta in words(TEXT, 4):
     stream.feed(delta)
     while not stream.idle:  # what the text so far allows
-        pieces += stream.step()
+        chunks += stream.step()
 stream.finish()
 while not stream.done:
-    pieces += stream.step()
-wav, spans, rng = np.concatenate(pieces), stream.spans, random.Random(2)
+    chunks += stream.step()
+wav, spans, rng = np.concatenate(chunks), stream.spans, random.Random(2)
 runs = {"TextStream, 4 words a delta": wav, "stream_text, a word a delta": streamed}
 for k in (5, 40):
     runs[f"stream_text, {k} random cuts"] = np.concatenate(list(stream_text(
@@ -276,7 +299,8 @@ for name, got in runs.items():
 
 # %% [markdown]
 # As each segment's audio completes, the stream adds a `Span` (its text, its audio's start and end in seconds), a
-# player's captions: one per segment, in order, the pauses between silent (shaded; random weights speak noise):
+# player's captions: one per segment, in order. The plot shades each span, its text above it; the pauses between
+# spans are silent (random weights speak noise):
 
 # %%
 fig, ax = plt.subplots(figsize=(11, 2.5))
@@ -301,7 +325,8 @@ display(Audio(wav, rate=SAMPLE_RATE))
 # %% [markdown]
 # ## Summary
 # - An x-vector prompt reads its text a token a frame (the trailing text), so a segment can start on its first
-#   decided sentence and grow as tokens come (`open_prompt`, `extend_prompt`); the completed prompt is `build`'s.
+#   decided sentence and grow as tokens come (`open_prompt`, `extend_prompt`); the completed prompt is the one
+#   `PromptBuilder.build` makes from the whole text.
 # - `SegmentStream` gives a segment once the text that decides it is in (each rule waits for what it reads);
 #   `TokenStream` gives a token once no later text can change it. Both equal the whole text's, however it is cut.
 # - `TextStream` / `stream_text` speak text as it comes: `stream_long`'s audio for the whole text, sample for sample,
