@@ -174,7 +174,7 @@ class Fader:
         if not self.started and n and len(self.buf) >= 2 * n:
             self.buf[:n] *= self.ramp
             self.started = True
-        if not (self.started or not n):
+        if n and not self.started:
             return []
         free = min(len(self.buf), max(self.given + len(self.buf), self.at_least) - n - self.given)
         if free <= 0:
