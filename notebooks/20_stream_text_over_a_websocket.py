@@ -42,7 +42,8 @@ import pandas as pd
 import websocket  # the websocket-client package
 from IPython.display import Audio, display
 
-from qtts_lib import check, checkpoint, export, paths, reference, settings
+from qtts_lib import check, checkpoint, export, inputs, paths, reference, settings
+from qtts_lib.inputs import words  # `text` in deltas of n words, as a model writes
 from qtts_lib.isolation import serve_without_torch
 from qtts_lib.runtime import Sampling, Synthesizer, load_wav
 from qtts_lib.runtime.app.server import add_arguments  # qtts serve's options
@@ -67,23 +68,7 @@ MAX_FRAMES, SEED, KEY = 24, 7, "sk-chapter-20"  # chapter 19's frame cap and see
 # and ends in seconds): the server must send this audio, and these spans, whichever way its text comes.
 
 # %%
-TEXT = ("Sure, here is the plan for tomorrow. Dr. Lee arrives at 9.30 a.m. on the "
-        "early train from the city, and she asks that someone meets her at the "
-        "station with the notes. The meeting starts at ten in the small room on the "
-        "second floor, the one with the long table and the old map of the harbour on "
-        "the wall. Bring the printed slides... and the laptop too! Are the figures on"
-        " page 3 up to date? If not, the latest ones are at "
-        "https://example.com/q3.html before noon. After lunch the team walks down to "
-        "the river, and anyone who would rather stay behind can finish the report in "
-        "the library.")
-
-
-def words(text: str, n: int = 1) -> list[str]:
-    """`text` in deltas of n words, each with the space after it, as a model writes."""
-    parts = text.split(" ")
-    return [" ".join(parts[i:i + n]) + (" " if i + n < len(parts) else "")
-            for i in range(0, len(parts), n)]
-
+TEXT = inputs.ANSWER_TEXT  # a language model's answer (`qtts_lib.inputs`)
 
 stream = TextStream(synth, "english", voice, Sampling(seed=SEED), max_frames=MAX_FRAMES)
 chunks = []  # the audio, as the stream makes it

@@ -22,6 +22,20 @@ TARGET_TEXT = "Hello from ncnn. Every token of this sentence is checked against 
 LANGUAGE = "english"
 # 45 new tokens = 44 frames x 16 codes = 704 tokens to match, as in the original write-up.
 GOLDEN_MAX_NEW_TOKENS = 45
+# A voice agent's answer, as a language model writes it (chapters 19 and 20): abbreviations, a decimal, an ellipsis,
+# a question and a URL, so that each rule of the sentence segmenter has something to wait for.
+ANSWER_TEXT = ("Sure, here is the plan for tomorrow. Dr. Lee arrives at 9.30 a.m. on the early train from the city, "
+               "and she asks that someone meets her at the station with the notes. The meeting starts at ten in the "
+               "small room on the second floor, the one with the long table and the old map of the harbour on the "
+               "wall. Bring the printed slides... and the laptop too! Are the figures on page 3 up to date? If not, "
+               "the latest ones are at https://example.com/q3.html before noon. After lunch the team walks down to "
+               "the river, and anyone who would rather stay behind can finish the report in the library.")
+
+
+def words(text: str, n: int = 1) -> list[str]:
+    """`text` in deltas of n words, each with the space after it, as a language model writes it."""
+    parts = text.split(" ")
+    return [" ".join(parts[i:i + n]) + (" " if i + n < len(parts) else "") for i in range(0, len(parts), n)]
 
 
 def make_voice_wav(out: Path | None = None) -> Path:
